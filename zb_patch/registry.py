@@ -1,0 +1,524 @@
+"""Patch specs as data, and the machinery that verifies, applies, rolls back and undoes them.
+
+Vocabulary
+----------
+* **Target** ``"package.module:Qual.name.attr"``: an attribute of a module or class in an upstream package.
+  It is resolved through the owner's ``__dict__`` (never ``getattr``), so an inherited attribute is *not*
+  found on a subclass: a patch must name the class that defines what it replaces.
+* **Fingerprint**: hash of the normalised AST of the target's source (docstrings, comments and layout
+  dropped; decorators, names and code kept). :func:`fingerprint_object` computes it from a live object,
+  :func:`fingerprint_source` from a source file that was never imported (used to compute fingerprints for
+  releases that are not installed, e.g. from a git tag). Both give the same answer for the same code.
+* **Guard**: a target the adapter relies on without replacing it (a caller whose behaviour the patch
+  assumes). Its fingerprint is verified like a patch's.
+* **Patch**: a target, a factory ``make(original) -> replacement``, the accepted fingerprints of the
+  original, and the reasons (why / upstream PRs / remove-when).
+
+Apply is all-or-nothing: every target of the set is resolved and fingerprinted first; only if all match is
+anything written, and an exception while writing rolls back what was written. Unpatch restores the exact
+original objects (identity). Whether a target is patched is read from the live object (marker attributes
+on the replacement), never from a process-global flag, so it stays true after ``fork``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import os
+import sys
+import textwrap
+import types
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+FINGERPRINT_ALGO = "ast-sha256-16"
+
+# Marker attributes set on every replacement object.
+MARK_ID = "__zb_patch_id__"
+MARK_ORIGINAL = "__zb_patch_original__"
+MARK_PID = "__zb_patch_pid__"
+
+ROLES = ("frontend", "engine", "worker")
+
+
+class PatchError(RuntimeError):
+    """A patch set could not be verified or applied (the message says which target and why)."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Targets and fingerprints
+# ----------------------------------------------------------------------------------------------------
+
+
+def split_target(spec: str) -> tuple[str, tuple[str, ...]]:
+    """``"pkg.mod:Cls.meth"`` -> ``("pkg.mod", ("Cls", "meth"))``."""
+    if spec.count(":") != 1:
+        raise ValueError(f"target {spec!r} must look like 'package.module:Qualified.name'")
+    module, qual = spec.split(":")
+    parts = tuple(qual.split("."))
+    if not module or not all(parts):
+        raise ValueError(f"target {spec!r} must look like 'package.module:Qualified.name'")
+    return module, parts
+
+
+def _strip_docstrings(node: ast.AST) -> None:
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = sub.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                sub.body = body[1:] or [ast.Pass()]
+
+
+def fingerprint_node(node: ast.AST) -> str:
+    """Fingerprint of one ``FunctionDef`` / ``ClassDef`` node (it is modified: docstrings dropped)."""
+    _strip_docstrings(node)
+    dumped = ast.dump(node, annotate_fields=True, include_attributes=False)
+    return hashlib.sha256(dumped.encode("utf-8")).hexdigest()[:16]
+
+
+def underlying_function(obj: Any) -> Any:
+    """The plain function behind descriptors and well-known wrappers (staticmethod, classmethod,
+    property getter, functools.wraps chains, Triton ``JITFunction``, torch.compile wrappers)."""
+    seen = set()
+    while id(obj) not in seen:
+        seen.add(id(obj))
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        elif isinstance(obj, property):
+            obj = obj.fget
+        elif hasattr(obj, MARK_ORIGINAL):
+            # our own replacement: the fingerprint that matters is the original's
+            obj = getattr(obj, MARK_ORIGINAL)
+        elif type(obj).__name__ in ("JITFunction", "Autotuner", "Heuristics") and hasattr(obj, "fn"):
+            obj = obj.fn
+        elif not isinstance(obj, (types.FunctionType, type)) and hasattr(obj, "__wrapped__"):
+            obj = obj.__wrapped__
+        elif isinstance(obj, types.FunctionType) and hasattr(obj, "__wrapped__") and hasattr(obj, "_torchdynamo_orig_callable"):
+            obj = obj._torchdynamo_orig_callable
+        else:
+            break
+    return obj
+
+
+def fingerprint_object(obj: Any) -> str:
+    """Fingerprint of a live function / method / class from its source code."""
+    fn = underlying_function(obj)
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError) as exc:
+        raise PatchError(f"no source for {fn!r}: {exc}") from exc
+    tree = ast.parse(textwrap.dedent(src))
+    if not tree.body or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        raise PatchError(f"source of {fn!r} is not a def/class")
+    return fingerprint_node(tree.body[0])
+
+
+def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:
+    """Find a def/class by qualified name in a module AST (last definition wins, as at run time)."""
+    scope: list[ast.stmt] = tree.body
+    node: Optional[ast.AST] = None
+    for part in qualname:
+        found = None
+        for stmt in scope:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == part:
+                found = stmt
+        if found is None:
+            return None
+        node = found
+        scope = getattr(found, "body", [])
+    return node
+
+
+def fingerprint_source(source: str, qualname: str | Sequence[str]) -> Optional[str]:
+    """Fingerprint of ``qualname`` in a module's source text, without importing it. None if absent."""
+    parts = tuple(qualname.split(".")) if isinstance(qualname, str) else tuple(qualname)
+    node = find_node(ast.parse(source), parts)
+    return None if node is None else fingerprint_node(node)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Specs
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """A target the adapter relies on and verifies, but does not replace."""
+
+    target: str
+    fingerprints: Mapping[str, str]   # label (where it was computed) -> fingerprint
+    why: str = ""
+
+    @property
+    def id(self) -> str:
+        return "guard:" + self.target
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One replacement of one target.
+
+    ``make(original)`` returns the replacement object; it is called at apply time with the exact original
+    (so a replacement can delegate to it). ``native`` receives the detected :class:`~zb_patch.detect.Versions`
+    and returns a reason string when the installed release already carries the fix (verdict "native").
+    """
+
+    id: str
+    target: str
+    make: Callable[[Any], Any]
+    fingerprints: Mapping[str, str]
+    why: str
+    upstream: tuple[str, ...]
+    remove_when: str
+    how: str = ""
+    roles: tuple[str, ...] = ("worker",)
+    aliases: tuple[str, ...] = ()           # "module:name" bindings made by ``from x import f``
+    native: Optional[Callable[[Any], Optional[str]]] = None
+
+    def __post_init__(self) -> None:
+        split_target(self.target)
+        for alias in self.aliases:
+            split_target(alias)
+        if not self.fingerprints:
+            raise ValueError(f"patch {self.id}: at least one fingerprint of the original is required")
+        for role in self.roles:
+            if role not in ROLES:
+                raise ValueError(f"patch {self.id}: unknown role {role!r} (valid: {', '.join(ROLES)})")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Resolution
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Resolved:
+    """A target looked up in the running process."""
+
+    target: str
+    found: bool
+    owner: Any = None
+    attr: str = ""
+    raw: Any = None                  # the value in owner.__dict__ (possibly our replacement)
+    original: Any = None             # the upstream object (unwrapped from our replacement if patched)
+    patched_by: Optional[str] = None  # patch id when our replacement is live
+    patched_pid: Optional[int] = None
+    fingerprint: Optional[str] = None
+    reason: str = ""
+
+    @property
+    def module(self) -> str:
+        return split_target(self.target)[0]
+
+
+def _module_ready(name: str) -> bool:
+    mod = sys.modules.get(name)
+    if mod is None:
+        return False
+    spec = getattr(mod, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
+
+def resolve(target: str, *, import_missing: bool = False) -> Resolved:
+    module_name, parts = split_target(target)
+    if import_missing and module_name not in sys.modules:
+        try:
+            importlib.import_module(module_name)
+        except Exception as exc:
+            return Resolved(target, False, reason=f"cannot import {module_name}: {type(exc).__name__}: {exc}")
+    if not _module_ready(module_name):
+        return Resolved(target, False, reason=f"module {module_name} is not imported")
+    owner: Any = sys.modules[module_name]
+    for i, part in enumerate(parts[:-1]):
+        nxt = owner.__dict__.get(part) if hasattr(owner, "__dict__") else None
+        if nxt is None:
+            where = module_name + (":" + ".".join(parts[:i]) if i else "")
+            return Resolved(target, False, reason=f"{part!r} not defined in {where}")
+        owner = nxt
+    attr = parts[-1]
+    d = getattr(owner, "__dict__", {})
+    if attr not in d:
+        inherited = ""
+        if isinstance(owner, type):
+            for base in owner.__mro__[1:]:
+                if attr in base.__dict__:
+                    inherited = f" (inherited from {base.__module__}.{base.__qualname__})"
+                    break
+        return Resolved(target, False, owner=owner, attr=attr,
+                        reason=f"{attr!r} not defined in {target.split(':')[1].rsplit('.', 1)[0] if len(parts) > 1 else module_name}{inherited}")
+    raw = d[attr]
+    original = raw
+    patched_by = getattr(raw, MARK_ID, None)
+    patched_pid = getattr(raw, MARK_PID, None)
+    if patched_by is not None:
+        original = getattr(raw, MARK_ORIGINAL)
+    res = Resolved(target, True, owner=owner, attr=attr, raw=raw, original=original,
+                   patched_by=patched_by, patched_pid=patched_pid)
+    try:
+        res.fingerprint = fingerprint_object(original)
+    except Exception as exc:
+        res.reason = f"cannot fingerprint: {exc}"
+    return res
+
+
+# ----------------------------------------------------------------------------------------------------
+# Verification, application, rollback, unpatch
+# ----------------------------------------------------------------------------------------------------
+
+APPLIED = "applied"
+ALREADY = "already-applied"
+NATIVE = "native"
+DISABLED = "disabled"
+REFUSED = "refused"
+PENDING = "pending"
+OK = "ok"
+
+
+@dataclasses.dataclass
+class ItemReport:
+    id: str
+    target: str
+    kind: str                         # "patch" | "guard"
+    verdict: str                      # ok / applied / already-applied / native / disabled / refused / pending
+    found: bool = False
+    fingerprint: Optional[str] = None
+    expected: dict = dataclasses.field(default_factory=dict)
+    matched: Optional[str] = None     # label of the matching fingerprint
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_fingerprint(res: Resolved, expected: Mapping[str, str]) -> tuple[Optional[str], str]:
+    """Return (matching label, "") or (None, reason)."""
+    if not res.found:
+        return None, f"target not found: {res.reason}"
+    if res.fingerprint is None:
+        return None, res.reason or "no fingerprint"
+    for label, fp in expected.items():
+        if fp == res.fingerprint:
+            return label, ""
+    exp = ", ".join(f"{fp} ({label})" for label, fp in expected.items())
+    return None, f"fingerprint mismatch: found {res.fingerprint}, expected {exp}"
+
+
+def _check_aliases(patch: Patch, original: Any) -> list[tuple[Any, str, str]]:
+    """Aliases to rebind, as (module object, name, spec). Raises PatchError on drift."""
+    out = []
+    for alias in patch.aliases:
+        mod_name, parts = split_target(alias)
+        if len(parts) != 1:
+            raise PatchError(f"alias {alias} must be a module-level name")
+        mod = sys.modules.get(mod_name)
+        if mod is None:
+            continue  # imported later: its `from x import f` will bind the replacement
+        if parts[0] not in mod.__dict__:
+            raise PatchError(f"alias {alias} not found")
+        current = mod.__dict__[parts[0]]
+        if current is not original and getattr(current, MARK_ORIGINAL, None) is not original:
+            raise PatchError(f"alias {alias} is bound to {current!r}, not to the original of {patch.target}")
+        out.append((mod, parts[0], alias))
+    return out
+
+
+def _mark(replacement: Any, patch: Patch, original: Any) -> Any:
+    try:
+        setattr(replacement, MARK_ID, patch.id)
+        setattr(replacement, MARK_ORIGINAL, original)
+        setattr(replacement, MARK_PID, os.getpid())
+        if isinstance(replacement, types.FunctionType):
+            replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    except AttributeError as exc:
+        raise PatchError(f"patch {patch.id}: replacement {replacement!r} cannot carry markers: {exc}") from exc
+    return replacement
+
+
+@dataclasses.dataclass
+class SetReport:
+    """Outcome of verifying or applying one adapter's patch set in this process."""
+
+    name: str
+    verdict: str                       # ok / applied / already-applied / refused / pending / disabled
+    items: list[ItemReport]
+    reason: str = ""
+    pid: int = dataclasses.field(default_factory=os.getpid)
+
+    def by_verdict(self, verdict: str) -> list[str]:
+        return [i.id for i in self.items if i.kind == "patch" and i.verdict == verdict]
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "verdict": self.verdict, "reason": self.reason, "pid": self.pid,
+                "items": [i.as_dict() for i in self.items]}
+
+
+class PatchSet:
+    """The patches and guards of one adapter, applied together or not at all."""
+
+    def __init__(self, name: str, patches: Iterable[Patch], guards: Iterable[Guard] = ()):
+        self.name = name
+        self.patches = tuple(patches)
+        self.guards = tuple(guards)
+        ids = [p.id for p in self.patches]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{name}: duplicate patch ids")
+        targets = [p.target for p in self.patches]
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"{name}: two patches replace the same target")
+
+    # -- what is needed --------------------------------------------------------------------------
+    def modules(self, enabled: Optional[Iterable[str]] = None) -> list[str]:
+        enabled = None if enabled is None else set(enabled)
+        mods = []
+        for p in self.patches:
+            if enabled is None or p.id in enabled:
+                mods.append(split_target(p.target)[0])
+        for g in self.guards:
+            mods.append(split_target(g.target)[0])
+        return sorted(set(mods))
+
+    def select(self, versions: Any, disabled: Iterable[str]) -> tuple[list[Patch], dict[str, tuple[str, str]]]:
+        """Split patches into (to apply, {id: (verdict, reason)} for native / disabled ones)."""
+        disabled = set(disabled)
+        chosen, skipped = [], {}
+        for p in self.patches:
+            if "*" in disabled or p.id in disabled:
+                skipped[p.id] = (DISABLED, "disabled by ZB_PATCH_DISABLE")
+                continue
+            why_native = p.native(versions) if (p.native and versions is not None) else None
+            if why_native:
+                skipped[p.id] = (NATIVE, why_native)
+                continue
+            chosen.append(p)
+        return chosen, skipped
+
+    # -- verification --------------------------------------------------------------------------
+    def verify(self, versions: Any = None, disabled: Iterable[str] = (), *,
+               import_missing: bool = False) -> tuple[SetReport, list[tuple[Patch, Resolved]]]:
+        chosen, skipped = self.select(versions, disabled)
+        items: list[ItemReport] = []
+        resolved: list[tuple[Patch, Resolved]] = []
+        problems: list[str] = []
+        pending: list[str] = []
+        for g in self.guards:
+            res = resolve(g.target, import_missing=import_missing)
+            label, why = check_fingerprint(res, g.fingerprints)
+            if not res.found and "is not imported" in res.reason:
+                verdict = PENDING
+                pending.append(g.target)
+            else:
+                verdict = OK if label else REFUSED
+                if not label:
+                    problems.append(f"{g.target}: {why}")
+            items.append(ItemReport(g.id, g.target, "guard", verdict, res.found, res.fingerprint,
+                                    dict(g.fingerprints), label, why))
+        for p in self.patches:
+            if p.id in skipped:
+                verdict, why = skipped[p.id]
+                res = resolve(p.target, import_missing=import_missing)
+                items.append(ItemReport(p.id, p.target, "patch", verdict, res.found, res.fingerprint,
+                                        dict(p.fingerprints), None, why))
+                continue
+            res = resolve(p.target, import_missing=import_missing)
+            label, why = check_fingerprint(res, p.fingerprints)
+            if not res.found and "is not imported" in res.reason:
+                verdict = PENDING
+                pending.append(p.target)
+            elif not label:
+                verdict = REFUSED
+                problems.append(f"{p.target}: {why}")
+            else:
+                verdict = ALREADY if res.patched_by == p.id else OK
+                if res.patched_by and res.patched_by != p.id:
+                    verdict, why = REFUSED, f"already replaced by another zb-patch patch {res.patched_by}"
+                    problems.append(f"{p.target}: {why}")
+            if verdict in (OK, ALREADY):
+                try:
+                    _check_aliases(p, res.original)
+                except PatchError as exc:
+                    verdict, why = REFUSED, str(exc)
+                    problems.append(f"{p.target}: {why}")
+            items.append(ItemReport(p.id, p.target, "patch", verdict, res.found, res.fingerprint,
+                                    dict(p.fingerprints), label, why))
+            resolved.append((p, res))
+        if problems:
+            report = SetReport(self.name, REFUSED, items, "; ".join(problems))
+        elif pending:
+            report = SetReport(self.name, PENDING, items, "waiting for " + ", ".join(sorted(set(
+                split_target(t)[0] for t in pending))))
+        else:
+            report = SetReport(self.name, OK, items)
+        return report, resolved
+
+    # -- application --------------------------------------------------------------------------
+    def apply(self, versions: Any = None, disabled: Iterable[str] = ()) -> SetReport:
+        """Verify everything, then apply everything or nothing."""
+        report, resolved = self.verify(versions, disabled)
+        if report.verdict != OK:
+            for item in report.items:
+                if item.kind == "patch" and item.verdict in (OK, ALREADY):
+                    item.verdict = REFUSED if report.verdict == REFUSED else PENDING
+                    item.reason = item.reason or f"not applied: {report.reason}"
+            return report
+        done: list[tuple[Any, str, Any, list]] = []   # (owner, attr, raw original, [(mod, name, old)])
+        items = {i.id: i for i in report.items}
+        try:
+            for patch, res in resolved:
+                if res.patched_by == patch.id:
+                    items[patch.id].verdict = ALREADY
+                    pid = res.patched_pid
+                    items[patch.id].reason = (
+                        f"applied earlier in this process" if pid == os.getpid()
+                        else f"inherited from parent process {pid}")
+                    continue
+                aliases = _check_aliases(patch, res.original)
+                replacement = _mark(patch.make(res.original), patch, res.raw)
+                setattr(res.owner, res.attr, replacement)
+                rebound = []
+                done.append((res.owner, res.attr, res.raw, rebound))
+                for mod, name, _spec in aliases:
+                    rebound.append((mod, name, mod.__dict__[name]))
+                    setattr(mod, name, replacement)
+                items[patch.id].verdict = APPLIED
+        except Exception as exc:
+            for owner, attr, raw, rebound in reversed(done):
+                setattr(owner, attr, raw)
+                for mod, name, old in rebound:
+                    setattr(mod, name, old)
+            for item in report.items:
+                if item.kind == "patch" and item.verdict in (APPLIED, OK):
+                    item.verdict = REFUSED
+                    item.reason = "rolled back"
+            report.verdict = REFUSED
+            report.reason = f"apply failed and was rolled back: {type(exc).__name__}: {exc}"
+            return report
+        verdicts = {i.verdict for i in report.items if i.kind == "patch"}
+        report.verdict = APPLIED if APPLIED in verdicts else (ALREADY if ALREADY in verdicts else OK)
+        return report
+
+    def unpatch(self) -> list[str]:
+        """Restore every original this set replaced (wherever it was applied). Returns ids restored."""
+        restored = []
+        for p in self.patches:
+            module_name, parts = split_target(p.target)
+            if module_name not in sys.modules:
+                continue
+            res = resolve(p.target)
+            if not res.found or res.patched_by != p.id:
+                continue
+            original_raw = getattr(res.raw, MARK_ORIGINAL)
+            setattr(res.owner, res.attr, original_raw)
+            for alias in p.aliases:
+                mod_name, (name,) = split_target(alias)
+                mod = sys.modules.get(mod_name)
+                if mod is not None and mod.__dict__.get(name) is res.raw:
+                    setattr(mod, name, original_raw)
+            restored.append(p.id)
+        return restored
