@@ -171,6 +171,10 @@ def _print_doctor(d: dict, out=sys.stdout) -> None:
 
 
 def cmd_doctor(args) -> int:
+    if args.probe:
+        from . import probe
+
+        return probe.run_cli(args)
     data = doctor_data(import_targets=not args.no_import)
     if args.json:
         json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
@@ -178,6 +182,12 @@ def cmd_doctor(args) -> int:
     else:
         _print_doctor(data)
     return data["exit_code"]
+
+
+def cmd_selftest(args) -> int:
+    from . import selftest
+
+    return selftest.run_cli(args)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -241,7 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="stable JSON output (schema zb-patch-doctor/1)")
     d.add_argument("--no-import", action="store_true",
                    help="do not import vLLM / vllm-ascend modules (only what is already imported is verified)")
+    d.add_argument("--probe", action="store_true",
+                   help="start the smallest engine the installed vLLM allows (or PROBE_CMD) and report what "
+                        "zb-patch did in each of its processes (front end, EngineCore, workers)")
+    d.add_argument("--timeout", type=float, default=300.0, help="--probe: give up after this many seconds")
     d.set_defaults(func=cmd_doctor)
+
+    st = sub.add_parser("selftest", help="prove the zero-bubble bookkeeping against vLLM's real scheduler",
+                        description="Drive the installed vLLM's real AsyncScheduler with a deterministic fake "
+                                    "model, once synchronously and once zero-bubble (optimistic CPU counts + "
+                                    "device-side corrections), and compare every step. Exit 1 on any divergence.")
+    st.add_argument("--steps", type=int, default=2000, help="engine steps per mode (default 2000)")
+    st.add_argument("--seed", type=int, default=0, help="workload / acceptance seed")
+    st.add_argument("--json", action="store_true", help="JSON report")
+    st.add_argument("--quiet", action="store_true", help="no progress bar")
+    st.set_defaults(func=cmd_selftest)
 
     f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
                        description="Compute the fingerprint of every adapter target from a source tree that is "
