@@ -142,21 +142,25 @@ def detect_role() -> str:
 class Activation:
     """What zb-patch decided and did in this process."""
 
-    def __init__(self, settings: Settings, role: str):
+    def __init__(self, settings: Settings, role: str, selection: Any = None, versions: Any = None):
         from .detect import detect
         from .versions import select
 
         self.pid = os.getpid()
         self.role = role
         self.settings = settings
-        self.versions = detect()
-        self.selection = select(self.versions)
+        self.versions = versions if versions is not None else detect()
+        self.selection = selection if selection is not None else select(self.versions)
         self.state = "armed"            # armed / applied / refused / native / not-applicable / off
         self.adapter_id: Optional[str] = None
         self.report: Any = None         # registry.SetReport of the adapter finally used
         self.tried: dict[str, Any] = {}  # adapter id -> SetReport of a refused candidate
         self.reason = self.selection.reason
         self._lock = threading.RLock()
+
+    def _inherited_selection(self):
+        """The selection a forked child starts from: the parent's (same installed packages)."""
+        return self.selection
 
     # -- reporting -----------------------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -284,11 +288,15 @@ _ACTIVATIONS: dict[int, Activation] = {}
 def _post_import_hook(module) -> None:
     act = current()
     if act is not None:
-        act.on_import()
+        from .registry import module_executed
+
+        with module_executed(module.__name__):
+            act.on_import()
 
 
-def _activate(settings: Settings, role: str) -> Optional[Activation]:
-    act = Activation(settings, role)
+def _activate(settings: Settings, role: str, selection: Any = None, versions: Any = None) -> Activation:
+    """Create and start this process's activation. ``selection`` / ``versions`` are injected by tests only."""
+    act = Activation(settings, role, selection, versions)
     _ACTIVATIONS.clear()              # states of other pids (a parent before fork) are not ours
     _ACTIVATIONS[act.pid] = act
     act.start()
@@ -305,7 +313,8 @@ def current() -> Optional[Activation]:
     act = _ACTIVATIONS.get(os.getpid())
     if act is None and _ACTIVATIONS:
         parent = next(iter(_ACTIVATIONS.values()))
-        act = _activate(parent.settings, role=detect_role())
+        act = _activate(parent.settings, role=detect_role(), selection=parent._inherited_selection(),
+                        versions=parent.versions)
     return act
 
 

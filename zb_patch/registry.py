@@ -23,6 +23,7 @@ on the replacement), never from a process-global flag, so it stays true after ``
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -218,10 +219,28 @@ class Resolved:
         return split_target(self.target)[0]
 
 
+# Modules whose code has fully executed although importlib still flags them as initializing: a post-import
+# hook runs inside the loader's exec_module, before importlib clears ``__spec__._initializing``.
+_JUST_EXECUTED: set[str] = set()
+
+
+@contextlib.contextmanager
+def module_executed(name: str):
+    """Within this block, treat ``name`` as fully imported (used by post-import hooks)."""
+    _JUST_EXECUTED.add(name)
+    try:
+        yield
+    finally:
+        _JUST_EXECUTED.discard(name)
+
+
 def _module_ready(name: str) -> bool:
+    """True when ``name`` is imported and its code finished executing (not a partial, circular import)."""
     mod = sys.modules.get(name)
     if mod is None:
         return False
+    if name in _JUST_EXECUTED:
+        return True
     spec = getattr(mod, "__spec__", None)
     return not getattr(spec, "_initializing", False)
 

@@ -1,0 +1,72 @@
+import textwrap
+
+import pytest
+
+from zb_patch.registry import PatchError, fingerprint_object, fingerprint_source, underlying_function
+
+
+def _fp(src, qual):
+    return fingerprint_source(textwrap.dedent(src), qual)
+
+
+def test_layout_comments_and_docstrings_do_not_matter():
+    a = _fp('''
+    def f(x, y=1):
+        """Doc."""
+        return x + y  # comment
+    ''', "f")
+    b = _fp('''
+    def f(x,
+          y=1):
+        # another comment
+        return (x + y)
+    ''', "f")
+    assert a == b and len(a) == 16
+
+
+@pytest.mark.parametrize("changed", [
+    "def f(x, y=2):\n    return x + y\n",          # default
+    "def f(x, y=1):\n    return x - y\n",          # operator
+    "def f(x, z=1):\n    return x + z\n",          # name
+    "@staticmethod\ndef f(x, y=1):\n    return x + y\n",  # decorator
+])
+def test_code_changes_change_the_fingerprint(changed):
+    assert _fp("def f(x, y=1):\n    return x + y\n", "f") != _fp(changed, "f")
+
+
+def test_nested_qualname_and_absent_names():
+    src = "class A:\n    def m(self):\n        return 1\n    class B:\n        def m(self):\n            return 2\n"
+    assert _fp(src, "A.m") != _fp(src, "A.B.m")
+    assert _fp(src, "A.nope") is None
+    assert _fp(src, "Z") is None
+
+
+def test_last_definition_wins_as_at_runtime():
+    src = "def f():\n    return 1\n\ndef f():\n    return 2\n"
+    assert _fp(src, "f") == _fp("def f():\n    return 2\n", "f")
+
+
+def test_live_object_and_source_agree(upstream):
+    mod = upstream.load()
+    src = (upstream.root / upstream.pkg / "runner.py").read_text()
+    for qual, obj in [("helper", mod.helper), ("Runner.step", mod.Runner.__dict__["step"]),
+                      ("Runner.pure", mod.Runner.__dict__["pure"]), ("Runner.build", mod.Runner.__dict__["build"])]:
+        assert fingerprint_object(obj) == fingerprint_source(src, qual), qual
+
+
+def test_bom_source_file(upstream):
+    upstream.write("bom", "\ufeffdef g():\n    return 3\n")
+    mod = upstream.load("bom")
+    assert fingerprint_object(mod.g) == fingerprint_source("def g():\n    return 3\n", "g")
+
+
+def test_underlying_function_unwraps_descriptors(upstream):
+    mod = upstream.load()
+    raw = mod.Runner.__dict__["pure"]
+    assert isinstance(raw, staticmethod)
+    assert underlying_function(raw) is raw.__func__
+
+
+def test_object_without_source_is_a_patch_error():
+    with pytest.raises(PatchError):
+        fingerprint_object(len)

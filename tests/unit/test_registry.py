@@ -1,0 +1,195 @@
+import os
+import sys
+
+import pytest
+
+from zb_patch import registry as R
+from zb_patch.registry import Guard, Patch, PatchSet, fingerprint_object
+
+
+def _patch(upstream, qual, make, pid="p", fps=None, **kw):
+    mod = upstream.load()
+    owner = mod
+    parts = qual.split(".")
+    for p in parts[:-1]:
+        owner = owner.__dict__[p]
+    fp = fingerprint_object(owner.__dict__[parts[-1]])
+    return Patch(id=pid, target=upstream.target(qual), make=make,
+                 fingerprints=fps if fps is not None else {"test": fp},
+                 why="test", upstream=("#0",), remove_when="never", **kw)
+
+
+def _double_step(orig):
+    def step(self, x):
+        return orig(self, x) * 10
+    return step
+
+
+def test_apply_replaces_and_unpatch_restores_identity(upstream):
+    mod = upstream.load()
+    original = mod.Runner.__dict__["step"]
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)])
+    rep = ps.apply()
+    assert rep.verdict == R.APPLIED, rep.reason
+    assert mod.Runner().step(3) == 60
+    live = mod.Runner.__dict__["step"]
+    assert getattr(live, R.MARK_ID) == "p"
+    assert getattr(live, R.MARK_ORIGINAL) is original
+    assert getattr(live, R.MARK_PID) == os.getpid()
+    assert ps.unpatch() == ["p"]
+    assert mod.Runner.__dict__["step"] is original
+    assert mod.Runner().step(3) == 6
+    assert ps.unpatch() == []  # nothing left to undo
+
+
+def test_second_apply_is_already_applied_not_double_wrapped(upstream):
+    mod = upstream.load()
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)])
+    assert ps.apply().verdict == R.APPLIED
+    rep = ps.apply()
+    assert rep.verdict == R.ALREADY
+    assert "earlier in this process" in rep.items[0].reason
+    assert mod.Runner().step(1) == 20  # wrapped once
+
+
+def test_fingerprint_mismatch_applies_nothing_and_names_both_fingerprints(upstream):
+    mod = upstream.load()
+    orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]
+    good = _patch(upstream, "Runner.step", _double_step, pid="a")
+    bad = _patch(upstream, "Runner.prepare", lambda o: o, pid="b", fps={"rel 1.0": "0123456789abcdef"})
+    rep = PatchSet("t", [good, bad]).apply()
+    assert rep.verdict == R.REFUSED
+    found = fingerprint_object(orig_prep)
+    assert upstream.target("Runner.prepare") in rep.reason
+    assert "0123456789abcdef (rel 1.0)" in rep.reason and found in rep.reason
+    assert {i.id: i.verdict for i in rep.items} == {"a": R.REFUSED, "b": R.REFUSED}
+    assert mod.Runner.__dict__["step"] is orig_step and mod.Runner.__dict__["prepare"] is orig_prep
+
+
+def test_guard_mismatch_refuses_the_whole_set(upstream):
+    mod = upstream.load()
+    orig = mod.Runner.__dict__["step"]
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)],
+                  [Guard(upstream.target("Runner.prepare"), {"x": "ffffffffffffffff"})])
+    rep = ps.apply()
+    assert rep.verdict == R.REFUSED and "Runner.prepare" in rep.reason
+    assert mod.Runner.__dict__["step"] is orig
+
+
+def test_failure_while_applying_rolls_back(upstream):
+    mod = upstream.load()
+    orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]
+
+    def boom(orig):
+        raise RuntimeError("factory failed")
+
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step, pid="a"),
+                        _patch(upstream, "Runner.prepare", boom, pid="b")])
+    rep = ps.apply()
+    assert rep.verdict == R.REFUSED and "rolled back" in rep.reason and "factory failed" in rep.reason
+    assert mod.Runner.__dict__["step"] is orig_step
+    assert mod.Runner.__dict__["prepare"] is orig_prep
+
+
+def test_inherited_attribute_is_not_found_on_subclass(upstream):
+    upstream.load()
+    p = Patch(id="x", target=upstream.target("Runner.inherited"), make=lambda o: o, fingerprints={"a": "0" * 16},
+              why="", upstream=(), remove_when="")
+    rep = PatchSet("t", [p]).apply()
+    assert rep.verdict == R.REFUSED
+    assert "inherited from" in rep.reason and ".Base" in rep.reason
+
+
+def test_missing_target_and_bad_spec(upstream):
+    upstream.load()
+    p = Patch(id="x", target=upstream.target("Runner.nope"), make=lambda o: o, fingerprints={"a": "0" * 16},
+              why="", upstream=(), remove_when="")
+    assert PatchSet("t", [p]).apply().verdict == R.REFUSED
+    with pytest.raises(ValueError):
+        R.split_target("no_colon.here")
+    with pytest.raises(ValueError):
+        Patch(id="y", target="a:b", make=lambda o: o, fingerprints={}, why="", upstream=(), remove_when="")
+    with pytest.raises(ValueError):
+        Patch(id="y", target="a:b", make=lambda o: o, fingerprints={"a": "b"}, why="", upstream=(),
+              remove_when="", roles=("gpu",))
+
+
+def test_pending_when_module_not_imported(upstream):
+    p = Patch(id="x", target=upstream.target("Runner.step"), make=_double_step, fingerprints={"a": "0" * 16},
+              why="", upstream=(), remove_when="")
+    rep = PatchSet("t", [p]).apply()
+    assert rep.verdict == R.PENDING
+    assert upstream.mod() not in sys.modules  # apply never imports
+
+
+def test_staticmethod_and_classmethod_targets(upstream):
+    mod = upstream.load()
+    raw_pure = mod.Runner.__dict__["pure"]
+    ps = PatchSet("t", [_patch(upstream, "Runner.pure", lambda o: staticmethod(lambda a, b: o.__func__(a, b) + 100),
+                               pid="s")])
+    assert ps.apply().verdict == R.APPLIED
+    assert mod.Runner.pure(5, 3) == 102
+    ps.unpatch()
+    assert mod.Runner.__dict__["pure"] is raw_pure
+
+
+def test_aliases_are_rebound_verified_and_restored(upstream):
+    mod = upstream.load()
+    user = upstream.load("user")
+    original = mod.helper
+    p = _patch(upstream, "helper", lambda o: (lambda x: o(x) * 100), pid="h",
+               aliases=(f"{upstream.mod('user')}:helper",))
+    ps = PatchSet("t", [p])
+    assert ps.apply().verdict == R.APPLIED
+    assert user.use(1) == 200 and mod.helper(1) == 200
+    ps.unpatch()
+    assert mod.helper is original and user.helper is original
+
+
+def test_alias_drift_refuses(upstream):
+    upstream.load()
+    user = upstream.load("user")
+    user.helper = lambda x: x  # someone else rebound it
+    p = _patch(upstream, "helper", lambda o: o, pid="h", aliases=(f"{upstream.mod('user')}:helper",))
+    rep = PatchSet("t", [p]).apply()
+    assert rep.verdict == R.REFUSED and "alias" in rep.reason
+
+
+def test_native_and_disabled_verdicts(upstream):
+    mod = upstream.load()
+    orig = mod.Runner.__dict__["step"]
+    native = _patch(upstream, "Runner.step", _double_step, pid="n", native=lambda v: "release has it")
+    other = _patch(upstream, "Runner.prepare", lambda o: (lambda self, n: []), pid="d")
+    ps = PatchSet("t", [native, other])
+    rep = ps.apply(versions=object(), disabled={"d"})
+    assert {i.id: i.verdict for i in rep.items} == {"n": R.NATIVE, "d": R.DISABLED}
+    assert mod.Runner.__dict__["step"] is orig
+    assert mod.Runner().prepare(2) == [0, 1]
+    rep = ps.apply(versions=object(), disabled={"*"})
+    assert rep.by_verdict(R.DISABLED) == ["n", "d"]
+
+
+def test_duplicate_ids_or_targets_rejected(upstream):
+    upstream.load()
+    a = _patch(upstream, "Runner.step", _double_step, pid="a")
+    with pytest.raises(ValueError):
+        PatchSet("t", [a, a])
+
+
+def test_applied_state_survives_fork_as_inherited(upstream):
+    mod = upstream.load()
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)])
+    assert ps.apply().verdict == R.APPLIED
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: live state says applied by the parent; nothing is applied twice
+        try:
+            rep = ps.apply()
+            ok = rep.verdict == R.ALREADY and "inherited from parent" in rep.items[0].reason \
+                and mod.Runner().step(1) == 20
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
