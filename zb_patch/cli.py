@@ -184,6 +184,26 @@ def cmd_doctor(args) -> int:
     return data["exit_code"]
 
 
+def supported_markdown() -> str:
+    from . import versions as V
+
+    lines = ["| vllm-ascend | vLLM | verdict | adapter | patches |", "|---|---|---|---|---|"]
+    for r in V.supported_table():
+        lines.append(f"| {r['vllm_ascend']} | {r['vllm']} | {r['verdict']} | {r['adapter']} | {r['patches']} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_supported(args) -> int:
+    from . import versions as V
+
+    if args.markdown:
+        sys.stdout.write(supported_markdown())
+    else:
+        for r in V.supported_table():
+            print(f"{r['vllm_ascend']:<22} {r['vllm']:<22} {r['verdict']:<8} {r['adapter']:<18} {r['patches']}")
+    return 0
+
+
 def cmd_selftest(args) -> int:
     from . import selftest
 
@@ -266,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="JSON report")
     st.add_argument("--quiet", action="store_true", help="no progress bar")
     st.set_defaults(func=cmd_selftest)
+
+    t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")
+    t.add_argument("--markdown", action="store_true", help="markdown table (as in README.md)")
+    t.set_defaults(func=cmd_supported)
 
     f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
                        description="Compute the fingerprint of every adapter target from a source tree that is "
