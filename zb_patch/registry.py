@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
+import functools
 import hashlib
 import importlib
 import inspect
+import linecache
 import os
 import sys
-import textwrap
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -99,26 +101,61 @@ def underlying_function(obj: Any) -> Any:
             obj = getattr(obj, MARK_ORIGINAL)
         elif type(obj).__name__ in ("JITFunction", "Autotuner", "Heuristics") and hasattr(obj, "fn"):
             obj = obj.fn
-        elif not isinstance(obj, (types.FunctionType, type)) and hasattr(obj, "__wrapped__"):
-            obj = obj.__wrapped__
-        elif isinstance(obj, types.FunctionType) and hasattr(obj, "__wrapped__") and hasattr(obj, "_torchdynamo_orig_callable"):
+        elif isinstance(obj, types.FunctionType) and hasattr(obj, "_torchdynamo_orig_callable"):
             obj = obj._torchdynamo_orig_callable
+        elif not isinstance(obj, type) and hasattr(obj, "__wrapped__"):
+            # functools.wraps decorators (torch.inference_mode, ...): the decorated def holds the code and
+            # its decorator list, which the fingerprint includes
+            obj = obj.__wrapped__
         else:
             break
     return obj
 
 
+@functools.lru_cache(maxsize=16)
+def _module_tree(filename: str, mtime: float, size: int) -> ast.Module:
+    lines = linecache.getlines(filename)
+    if not lines:
+        raise PatchError(f"no source lines for {filename}")
+    return ast.parse("".join(lines))
+
+
+def _first_line(node: ast.AST) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
 def fingerprint_object(obj: Any) -> str:
-    """Fingerprint of a live function / method / class from its source code."""
+    """Fingerprint of a live function / method / class, from the def/class node in its module's source.
+
+    The node is located in the parsed source file (by the code object's first line for functions, by
+    qualified name for classes), never by re-parsing a dedented snippet: dedenting would alter the
+    contents of multi-line string literals and so the fingerprint.
+    """
     fn = underlying_function(obj)
     try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError) as exc:
+        filename = inspect.getsourcefile(fn)
+    except TypeError as exc:
         raise PatchError(f"no source for {fn!r}: {exc}") from exc
-    tree = ast.parse(textwrap.dedent(src))
-    if not tree.body or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        raise PatchError(f"source of {fn!r} is not a def/class")
-    return fingerprint_node(tree.body[0])
+    if not filename:
+        raise PatchError(f"no source file for {fn!r}")
+    try:
+        st = os.stat(filename)
+        tree = _module_tree(filename, st.st_mtime, st.st_size)
+    except (OSError, SyntaxError) as exc:
+        raise PatchError(f"cannot read source of {fn!r}: {exc}") from exc
+    node = None
+    if isinstance(fn, types.FunctionType):
+        first = fn.__code__.co_firstlineno
+        for sub in ast.walk(tree):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == first \
+                    and sub.name == fn.__code__.co_name:
+                node = sub
+                break
+    elif isinstance(fn, type):
+        node = find_node(tree, fn.__qualname__.split("."))
+    if node is None:
+        raise PatchError(f"cannot locate the definition of {fn!r} in {filename}")
+    return fingerprint_node(copy.deepcopy(node))
 
 
 def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:

@@ -70,3 +70,45 @@ def test_underlying_function_unwraps_descriptors(upstream):
 def test_object_without_source_is_a_patch_error():
     with pytest.raises(PatchError):
         fingerprint_object(len)
+
+
+def test_method_with_multiline_string_agrees_with_source(upstream):
+    # Regression: re-parsing a dedented getsource() snippet changes multi-line string constants
+    # (dedent strips their indentation too) and so gave a different fingerprint than the source tree.
+    src = (
+        "class K:\n"
+        "    def m(self):\n"
+        "        msg = '''first\n"
+        "continued at column 0\n"
+        "        indented'''\n"
+        "        return msg\n"
+        "\n"
+        "    @staticmethod\n"
+        "    def s():\n"
+        "        return 1\n"
+    )
+    upstream.write("strings", src)
+    mod = upstream.load("strings")
+    assert fingerprint_object(mod.K.__dict__["m"]) == fingerprint_source(src, "K.m")
+    assert fingerprint_object(mod.K.__dict__["s"]) == fingerprint_source(src, "K.s")
+    assert fingerprint_object(mod.K) == fingerprint_source(src, "K")
+
+
+def test_functools_wraps_decorated_method_agrees_with_source(upstream):
+    src = (
+        "import functools\n"
+        "def deco(f):\n"
+        "    @functools.wraps(f)\n"
+        "    def inner(*a, **k):\n"
+        "        return f(*a, **k)\n"
+        "    return inner\n"
+        "class K:\n"
+        "    @deco\n"
+        "    def m(self):\n"
+        "        return 1\n"
+    )
+    upstream.write("decorated", src)
+    mod = upstream.load("decorated")
+    assert fingerprint_object(mod.K.__dict__["m"]) == fingerprint_source(src, "K.m")
+    # the decorator is part of the fingerprint
+    assert fingerprint_source(src, "K.m") != fingerprint_source(src.replace("    @deco\n", ""), "K.m")
