@@ -1,0 +1,282 @@
+"""Token-count correction kernel (+ fused positions / seq_lens) == pure-torch reference, exactly."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zb_patch import kernels
+from zb_patch.kernels.reference import token_counts_reference, vllm_update_num_computed_tokens_for_batch_change
+
+from kernel_env import KERNEL_DEVICE, examples, requires_kernels
+
+POISON = -999
+
+
+@dataclass
+class Step:
+    """Inputs of one step's correction, laid out like the runner's buffers."""
+
+    num_computed: torch.Tensor  # int32 [max_reqs]  (device state after the previous step)
+    num_accepted: torch.Tensor  # [max_reqs]
+    prev_positions: torch.Tensor  # int64 [num_reqs]
+    valid_count: torch.Tensor | None  # [num_prev]
+    prev_drafts: torch.Tensor  # int32 [max_reqs]
+    cpu_computed: torch.Tensor  # int32 [num_reqs]
+    num_scheduled: torch.Tensor  # int32 [num_reqs]
+    max_reqs: int
+    pad_tokens: int = 3
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_reqs(self) -> int:
+        return self.prev_positions.numel()
+
+    def token_layout(self):
+        sched = self.num_scheduled.long()
+        n_tok = int(sched.sum())
+        req = torch.repeat_interleave(torch.arange(self.num_reqs), sched)
+        qpos = torch.cat([torch.arange(int(s)) for s in sched]) if self.num_reqs else torch.zeros(0, dtype=torch.int64)
+        size = n_tok + self.pad_tokens + 4
+        req_buf = torch.full((size,), 0, dtype=torch.int64)
+        qpos_buf = torch.full((size,), 0, dtype=torch.int64)
+        req_buf[:n_tok], qpos_buf[:n_tok] = req, qpos
+        return n_tok, req_buf, qpos_buf
+
+
+def run_pair(step: Step, dev: str | None, *, correct=True, with_accepted=True, with_positions=True,
+             num_prev_reqs=None, tiles=None):
+    """Run the kernel (dev) and the reference (CPU) on copies; return both states as dicts."""
+    n_tok, req_buf, qpos_buf = step.token_layout()
+    num_positions = n_tok + step.pad_tokens
+
+    def state(device):
+        return dict(
+            num_computed=step.num_computed.clone().to(device),
+            num_accepted=step.num_accepted.clone().to(device),
+            seq_lens=torch.full((step.max_reqs,), POISON, dtype=torch.int32, device=device),
+            positions=torch.full((num_positions + 4,), POISON, dtype=torch.int64, device=device),
+        )
+
+    def call(fn, s, device, **extra):
+        to = lambda t: None if t is None else t.to(device)  # noqa: E731
+        fn(s["num_computed"], s["num_accepted"] if with_accepted else None,
+           to(step.prev_positions) if correct else None, to(step.valid_count) if correct else None,
+           to(step.prev_drafts) if correct else None, to(step.cpu_computed), to(step.num_scheduled), s["seq_lens"],
+           num_reqs=step.num_reqs, req_indices=to(req_buf) if with_positions else None,
+           query_pos=to(qpos_buf) if with_positions else None,
+           positions=s["positions"] if with_positions else None, num_tokens=n_tok,
+           num_positions=num_positions, num_prev_reqs=num_prev_reqs, **extra)
+
+    ref = state("cpu")
+    call(token_counts_reference, ref, "cpu")
+    if dev is None:
+        return None, ref
+    ker = state(dev)
+    call(kernels.update_token_counts, ker, dev, **({"tiles": tiles} if tiles else {}))
+    return {k: v.cpu() for k, v in ker.items()}, ref
+
+
+def assert_same(ker, ref):
+    for name in ref:
+        if not torch.equal(ker[name], ref[name]):
+            bad = (ker[name] != ref[name]).nonzero().flatten()[:8].tolist()
+            raise AssertionError(f"{name}: kernel != reference at {bad}: "
+                                 f"{ker[name][bad].tolist()} vs {ref[name][bad].tolist()}")
+
+
+def make_step(prev_positions, valid, drafts, *, nc_before=None, cpu=None, sched=None, max_reqs=None,
+              accepted_dtype=torch.int32, valid_dtype=torch.int64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = len(prev_positions)
+    max_reqs = max_reqs or max(n, len(valid), len(drafts)) + 3
+    nc = torch.randint(10, 500, (max_reqs,), dtype=torch.int32, generator=g)
+    if nc_before is not None:
+        nc[: len(nc_before)] = torch.tensor(nc_before, dtype=torch.int32)
+    drafts_buf = torch.zeros(max_reqs, dtype=torch.int32)
+    drafts_buf[: len(drafts)] = torch.tensor(drafts, dtype=torch.int32)
+    return Step(
+        num_computed=nc,
+        num_accepted=torch.randint(1, 5, (max_reqs,), dtype=accepted_dtype, generator=g),
+        prev_positions=torch.tensor(prev_positions, dtype=torch.int64),
+        valid_count=None if valid is None else torch.tensor(valid, dtype=valid_dtype),
+        prev_drafts=drafts_buf,
+        cpu_computed=torch.tensor(cpu, dtype=torch.int32) if cpu is not None
+        else torch.randint(100, 900, (n,), dtype=torch.int32, generator=g),
+        num_scheduled=torch.tensor(sched, dtype=torch.int32) if sched is not None
+        else torch.randint(1, 5, (n,), dtype=torch.int32, generator=g),
+        max_reqs=max_reqs,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Scenarios of a real batch change
+# ------------------------------------------------------------------------------------------------
+SCENARIOS = {
+    # prev batch [a b c d], drafts 3 each; current [a b c d] unchanged
+    "steady-all-accepted": ([0, 1, 2, 3], [4, 4, 4, 4], [3, 3, 3, 3]),
+    "steady-none-accepted": ([0, 1, 2, 3], [1, 1, 1, 1], [3, 3, 3, 3]),
+    "steady-partial": ([0, 1, 2, 3], [1, 2, 4, 3], [3, 3, 3, 3]),
+    # new requests appended (prev -1)
+    "new-requests": ([0, 1, -1, -1], [2, 3], [2, 2]),
+    # b finished, batch condensed: [a c d] came from rows [0 2 3]
+    "finished-condensed": ([0, 2, 3], [2, 1, 3, 4], [3, 3, 3, 3]),
+    # reordered (swap / permutation): reads rows that other rows overwrite -> in-place hazard
+    "reordered": ([3, 2, 1, 0], [1, 2, 3, 4], [3, 3, 3, 3]),
+    # prefills (no drafts last step) do not participate
+    "prefill-no-drafts": ([0, 1, 2], [5, 6, 7], [0, 2, 0]),
+    # stale previous rows beyond the previous batch (upstream hardening)
+    "stale-prev-rows": ([-1, 3, 1], [2, 4, 6], [1, 1, 1]),
+    # nothing to gather from
+    "empty-counts": ([0, 1, -1], [], [2, 2]),
+    "empty-batch": ([], [1, 2], [1, 1]),
+    "one-request": ([0], [2], [1]),
+}
+
+
+@requires_kernels
+@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("tiles", [None, (4, 4)], ids=["default-tiles", "tiny-tiles"])
+def test_scenarios(dev, name, tiles):
+    prev, valid, drafts = SCENARIOS[name]
+    step = make_step(prev, valid, drafts, seed=zlib.crc32(name.encode()))
+    assert_same(*run_pair(step, dev, tiles=tiles))
+
+
+def test_upstream_hardening_example_values():
+    # values of upstream's test_batch_change_ignores_out_of_range_previous_rows
+    nc = torch.tensor([10, 20, 30], dtype=torch.int32)
+    acc = torch.tensor([7, 8, 9], dtype=torch.int32)
+    seq = torch.zeros(3, dtype=torch.int32)
+    token_counts_reference(nc, acc, torch.tensor([-1, 3, 1]), torch.tensor([2, 4, 6], dtype=torch.int32),
+                           torch.tensor([1, 1, 1], dtype=torch.int32), torch.tensor([100, 200, 300], dtype=torch.int32),
+                           torch.tensor([1, 1, 1], dtype=torch.int32), seq, num_reqs=3)
+    assert nc.tolist() == [100, 200, 24]
+    assert acc.tolist() == [7, 8, 4]
+    assert seq.tolist() == [101, 201, 25]
+
+
+@requires_kernels
+def test_upstream_hardening_example_values_kernel(dev):
+    nc = torch.tensor([10, 20, 30], dtype=torch.int32, device=dev)
+    acc = torch.tensor([7, 8, 9], dtype=torch.int32, device=dev)
+    seq = torch.zeros(3, dtype=torch.int32, device=dev)
+    kernels.update_token_counts(
+        nc, acc, torch.tensor([-1, 3, 1], device=dev), torch.tensor([2, 4, 6], dtype=torch.int32, device=dev),
+        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev), torch.tensor([100, 200, 300], dtype=torch.int32, device=dev),
+        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev), seq, num_reqs=3)
+    assert nc.cpu().tolist() == [100, 200, 24]
+    assert acc.cpu().tolist() == [7, 8, 4]
+
+
+@requires_kernels
+@pytest.mark.parametrize("with_accepted", [True, False])
+@pytest.mark.parametrize("with_positions", [True, False])
+@pytest.mark.parametrize("correct", [True, False], ids=["async", "copy-cpu"])
+def test_flag_combinations(dev, correct, with_accepted, with_positions):
+    step = make_step([2, 0, -1, 1, 5], [3, 1, 2, 4], [2, 0, 3, 3], seed=3)
+    assert_same(*run_pair(step, dev, correct=correct, with_accepted=with_accepted, with_positions=with_positions))
+
+
+@requires_kernels
+@pytest.mark.parametrize("accepted_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("valid_dtype", [torch.int32, torch.int64])
+def test_dtypes(dev, accepted_dtype, valid_dtype):
+    step = make_step([1, 0, 2], [3, 1, 2], [2, 2, 2], accepted_dtype=accepted_dtype, valid_dtype=valid_dtype)
+    assert_same(*run_pair(step, dev))
+
+
+@requires_kernels
+def test_num_prev_reqs_bounds_participation(dev):
+    # the previous batch had 2 rows although the count buffer has 4: row 3 is stale
+    step = make_step([0, 1, 3], [2, 2, 2, 2], [1, 1, 1, 1])
+    ker, ref = run_pair(step, dev, num_prev_reqs=2)
+    assert_same(ker, ref)
+    assert ref["num_computed"][2] == step.cpu_computed[2]
+
+
+@requires_kernels
+def test_many_rows_in_place_permutation_multi_tile(dev):
+    # 70 rows, a random permutation of the previous batch, tiles of 8 rows: the read-at-prev /
+    # write-at-current hazard crosses tiles in both directions
+    g = torch.Generator().manual_seed(7)
+    perm = torch.randperm(70, generator=g).tolist()
+    step = make_step(perm, torch.randint(1, 5, (70,), generator=g).tolist(), [3] * 70, seed=7)
+    assert_same(*run_pair(step, dev, tiles=(8, 16)))
+
+
+def test_positions_and_seq_lens_semantics():
+    step = make_step([0, -1], [2], [1], nc_before=[40], cpu=[7, 11], sched=[2, 3])
+    _, ref = run_pair(step, None)
+    assert ref["num_computed"][:2].tolist() == [42, 11]
+    assert ref["seq_lens"].tolist()[:2] == [44, 14] and (ref["seq_lens"][2:] == 0).all()
+    assert ref["positions"][:5].tolist() == [42, 43, 11, 12, 13]
+    assert (ref["positions"][5:8] == 0).all() and (ref["positions"][8:] == POISON).all()
+
+
+def test_reference_agrees_with_unhardened_upstream_semantics_in_range():
+    g = torch.Generator().manual_seed(11)
+    for trial in range(20):
+        n_prev = int(torch.randint(1, 12, (1,), generator=g))
+        n = int(torch.randint(0, 12, (1,), generator=g))
+        prev = torch.where(torch.rand(n, generator=g) < 0.3, -1, torch.randint(0, n_prev, (n,), generator=g))
+        valid = torch.randint(1, 5, (n_prev,), generator=g)
+        drafts = torch.randint(0, 4, (16,), dtype=torch.int32, generator=g)
+        nc = torch.randint(0, 100, (16,), dtype=torch.int32, generator=g)
+        acc = torch.randint(1, 4, (n,), dtype=torch.int32, generator=g)
+        cpu = torch.randint(0, 100, (n,), dtype=torch.int32, generator=g)
+        a_nc, a_acc = nc.clone(), acc.clone()
+        vllm_update_num_computed_tokens_for_batch_change(a_nc, a_acc, prev, valid, drafts, cpu)
+        b_nc, b_acc = nc.clone(), acc.clone()
+        token_counts_reference(b_nc, b_acc, prev, valid, drafts, cpu, torch.ones(n, dtype=torch.int32),
+                               torch.zeros(16, dtype=torch.int32), num_reqs=n)
+        assert torch.equal(a_nc, b_nc) and torch.equal(a_acc, b_acc), trial
+
+
+def test_reference_differs_from_a_wrong_variant():
+    """Teeth: reading the *current* row instead of the previous one gives a different answer."""
+    step = make_step([1, 0], [3, 2], [2, 2], nc_before=[100, 200], cpu=[0, 0])
+    _, ref = run_pair(step, None)
+    wrong = step.num_computed.clone()
+    wrong[:2] = wrong[:2] + step.valid_count[[1, 0]].int()  # row r read at r, not at prev[r]
+    assert ref["num_computed"][:2].tolist() == [202, 103]
+    assert not torch.equal(ref["num_computed"], wrong)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hypothesis
+# ------------------------------------------------------------------------------------------------
+@st.composite
+def steps(draw):
+    n_prev = draw(st.integers(0, 24))
+    n = draw(st.integers(0, 24))
+    carried = draw(st.permutations(list(range(n_prev))))[: draw(st.integers(0, min(n, n_prev)))]
+    prev = list(carried) + [-1] * (n - len(carried))
+    prev = draw(st.permutations(prev)) if prev else prev
+    stale = draw(st.lists(st.integers(0, n - 1), max_size=3)) if n else []
+    for i in stale:
+        prev[i] = n_prev + draw(st.integers(0, 3))
+    drafts = draw(st.lists(st.integers(0, 4), min_size=n_prev, max_size=n_prev))
+    valid = [draw(st.integers(1, d + 1)) for d in drafts]
+    if draw(st.integers(0, 9)) == 0:
+        valid = []
+    return dict(prev=prev, valid=valid, drafts=drafts, seed=draw(st.integers(0, 2**16)),
+                tiles=draw(st.sampled_from([None, (4, 8), (16, 4)])),
+                correct=draw(st.sampled_from([True, True, False])), with_accepted=draw(st.booleans()),
+                accepted_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+                num_prev_reqs=draw(st.sampled_from([None, None, max(0, n_prev - 1)])))
+
+
+@requires_kernels
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=steps())
+def test_hypothesis_kernel_equals_reference(case):
+    step = make_step(case["prev"], case["valid"], case["drafts"], seed=case["seed"],
+                     accepted_dtype=case["accepted_dtype"])
+    assert_same(*run_pair(step, KERNEL_DEVICE, correct=case["correct"], with_accepted=case["with_accepted"],
+                          num_prev_reqs=case["num_prev_reqs"], tiles=case["tiles"]))

@@ -1,0 +1,180 @@
+"""zb-patch kernels: Triton kernels, their pure-torch reference twins, and the dispatch between them.
+
+Public API (all leaves: no vLLM, no release knowledge)
+
+* :func:`slot_mapper` / :func:`compute_slot_mapping` — slot mapping from ``query_start_loc``,
+  ``positions`` and the block table, with context parallelism and hybrid block sizes
+  (:mod:`zb_patch.kernels.slot_mapping` documents semantics, the expected call from a patched
+  ``BlockTable.compute_slot_mapping`` and the Ascend shape).
+* :func:`update_token_counts` — device-side async-spec-decode correction of
+  ``num_computed_tokens`` / ``num_accepted_tokens`` fused with ``positions`` and ``seq_lens``
+  (:mod:`zb_patch.kernels.token_counts`).
+* :func:`correct_optimistic_seq_lens_cpu` — the CPU twin of vllm-ascend's exact-seq_lens
+  correction (numpy; :mod:`zb_patch.kernels.seq_lens_cpu`).
+
+Dispatch: Triton for tensors on an accelerator (CUDA, NPU, ...); the reference twins in
+:mod:`zb_patch.kernels.reference` for CPU tensors, unless ``TRITON_INTERPRET=1`` (then Triton's
+interpreter runs the kernels on CPU tensors — that is how CI tests them).  Triton is imported only
+when a Triton path is taken, so this package imports with torch alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ._launch import interpret_mode, validate_slot_mapping_config
+from .reference import PAD_SLOT_ID, slot_mapping_reference, token_counts_reference
+from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .slot_mapping import SlotMappingLauncher
+
+__all__ = [
+    "PAD_SLOT_ID",
+    "compute_slot_mapping",
+    "correct_optimistic_seq_lens_cpu",
+    "slot_mapper",
+    "update_token_counts",
+    "uses_triton",
+]
+
+
+def uses_triton(device: torch.device | str) -> bool:
+    """Whether tensors on ``device`` go to the Triton kernels (else: the torch reference)."""
+    device_type = device if isinstance(device, str) else device.type
+    return device_type != "cpu" or interpret_mode()
+
+
+class _ReferenceSlotMapper:
+    """CPU-tensor stand-in for :class:`~zb_patch.kernels.slot_mapping.SlotMappingLauncher`."""
+
+    def __init__(self, block_table: torch.Tensor, slot_mapping: torch.Tensor, **cfg: Any) -> None:
+        self.block_table, self.slot_mapping, self.cfg = block_table, slot_mapping, cfg
+
+    def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+        slot_mapping_reference(query_start_loc, positions, self.block_table, self.slot_mapping,
+                               num_reqs=num_reqs, **self.cfg)
+
+
+def slot_mapper(
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    block_size: int,
+    max_num_tokens: int,
+    block_table_stride: int | None = None,
+    physical_block_size: int | None = None,
+    pcp_world_size: int = 1,
+    pcp_rank: int = 0,
+    dcp_world_size: int = 1,
+    dcp_rank: int = 0,
+    cp_kv_cache_interleave_size: int = 1,
+    pad_slot_id: int = PAD_SLOT_ID,
+    **launch_shape: Any,
+) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+    """A callable ``(num_reqs, query_start_loc, positions) -> None`` that writes ``slot_mapping``.
+
+    Build it once per block table (see :mod:`zb_patch.kernels.slot_mapping` for the expected call).
+    ``launch_shape`` (``tile``, ``max_programs``, ``windowed``) is for tests and benchmarks.
+    """
+    if uses_triton(block_table.device):
+        from .slot_mapping import SlotMappingLauncher
+
+        return SlotMappingLauncher(
+            block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
+            block_table_stride=block_table_stride, physical_block_size=physical_block_size,
+            pcp_world_size=pcp_world_size, pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id, **launch_shape,
+        )
+    world = pcp_world_size * dcp_world_size
+    rank = pcp_rank * dcp_world_size + dcp_rank
+    validate_slot_mapping_config(
+        block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
+        block_table_stride=block_table_stride, physical_block_size=physical_block_size,
+        cp_world_size=world, cp_rank=rank, cp_kv_cache_interleave_size=cp_kv_cache_interleave_size)
+    return _ReferenceSlotMapper(
+        block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
+        physical_block_size=physical_block_size, cp_world_size=world, cp_rank=rank,
+        cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id,
+    )
+
+
+_MAPPERS: dict[tuple, Callable[[int, torch.Tensor, torch.Tensor], None]] = {}
+
+
+def compute_slot_mapping(
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    block_size: int,
+    max_num_tokens: int,
+    num_reqs: int | None = None,
+    **config: Any,
+) -> None:
+    """One-shot slot mapping (mappers cached per configuration; hot paths keep a :func:`slot_mapper`).
+
+    ``config``: the keyword arguments of :func:`slot_mapper`.  ``num_reqs`` defaults to
+    ``len(query_start_loc) - 1``.
+    """
+    if num_reqs is None:
+        num_reqs = query_start_loc.shape[0] - 1
+    key = (block_table.data_ptr(), tuple(block_table.shape), block_table.device, slot_mapping.data_ptr(),
+           slot_mapping.dtype, slot_mapping.numel(), block_size, max_num_tokens,
+           tuple(sorted(config.items())), interpret_mode())
+    mapper = _MAPPERS.get(key)
+    if mapper is None:
+        if len(_MAPPERS) >= 64:
+            _MAPPERS.clear()
+        mapper = _MAPPERS[key] = slot_mapper(block_table, slot_mapping, block_size=block_size,
+                                             max_num_tokens=max_num_tokens, **config)
+    mapper(num_reqs, query_start_loc, positions)
+
+
+def update_token_counts(
+    num_computed_tokens: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    prev_positions: torch.Tensor | None,
+    valid_sampled_token_count: torch.Tensor | None,
+    prev_num_draft_tokens: torch.Tensor | None,
+    cpu_num_computed_tokens: torch.Tensor,
+    num_scheduled_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    num_reqs: int,
+    req_indices: torch.Tensor | None = None,
+    query_pos: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    num_tokens: int = 0,
+    num_positions: int | None = None,
+    num_prev_reqs: int | None = None,
+    **launch_shape: Any,
+) -> None:
+    """Async spec-decode token-count correction + positions + seq_lens (one launch on device).
+
+    Semantics and the expected call: :mod:`zb_patch.kernels.token_counts`.
+    """
+    if uses_triton(num_computed_tokens.device):
+        from .token_counts import update_token_counts as _triton_update
+
+        _triton_update(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
+                       prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
+                       num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
+                       num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs,
+                       **launch_shape)
+        return
+    token_counts_reference(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
+                           prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
+                           num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
+                           num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+
+
+def __getattr__(name: str) -> Any:  # lazy: importing Triton only when asked for
+    if name == "SlotMappingLauncher":
+        from .slot_mapping import SlotMappingLauncher
+
+        return SlotMappingLauncher
+    raise AttributeError(name)

@@ -1,0 +1,181 @@
+"""Launch plumbing shared by the zb-patch Triton kernels (host side only).
+
+Why this exists: a slot-mapping launch does a few microseconds of GPU work, but a plain
+``kernel[grid](...)`` call spends 20-28 us of *host* time in Triton's ``JITFunction.run`` (argument
+binding, specialisation key, cache lookup, hooks) before the driver launch.  With zero-bubble
+scheduling the host prepares step N+1 while the device runs step N, so host time per launch is what
+the step pays.  :class:`FastLauncher` therefore
+
+1. launches through the normal ``kernel[grid](...)`` path the first time a (constexprs, pointer
+   alignment) combination is seen, which compiles and caches the kernel and returns its
+   ``CompiledKernel``;
+2. afterwards calls that ``CompiledKernel``'s driver launcher directly with the current stream —
+   the same call ``JITFunction.run`` ends with — skipping the binder and key computation.
+
+The direct path is used only where it is known to be sound: CUDA/HIP drivers of Triton >= 3.3
+(whose launcher takes every argument, constexprs included, in signature order), not under
+``TRITON_INTERPRET=1``, and not while a launch hook (profiler) is installed.  Every runtime integer
+argument of our kernels is listed in ``do_not_specialize`` and kept below 2**31, so one compiled
+kernel serves every value; pointer arguments are keyed by element type and 16-byte alignment,
+which Triton does specialise on.  Anything else (triton-ascend, older Triton, the interpreter) always takes the
+normal path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+_INTERPRET_ENV = "TRITON_INTERPRET"
+
+
+def interpret_mode() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get(_INTERPRET_ENV, "0") not in ("", "0")
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _triton_version() -> tuple[int, int]:
+    import triton
+
+    parts = triton.__version__.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):  # pragma: no cover - exotic version strings
+        return (0, 0)
+
+
+def _direct_launch_supported(device_type: str) -> bool:
+    if interpret_mode() or device_type not in ("cuda",):
+        return False
+    if os.environ.get("ZB_PATCH_KERNELS_NO_DIRECT_LAUNCH", "0") not in ("", "0"):
+        return False
+    if _triton_version() < (3, 3):
+        return False
+    try:
+        from triton import knobs  # noqa: F401  (Triton >= 3.4 keeps hooks here)
+    except ImportError:
+        return False
+    return True
+
+
+def multiprocessor_count(device_type: str, device_index: int | None) -> int:
+    """How many programs run at once on the device: SMs on CUDA, vector cores on Ascend."""
+    if device_type == "cuda":
+        import torch
+
+        idx = torch.cuda.current_device() if device_index is None else device_index
+        return int(torch.cuda.get_device_properties(idx).multi_processor_count)
+    try:
+        from triton.runtime import driver
+
+        props = driver.active.utils.get_device_properties(device_index or 0)
+        for key in ("num_vectorcore", "num_aicore", "multiprocessor_count"):
+            if key in props and int(props[key]) > 0:
+                return int(props[key])
+    except Exception:  # noqa: BLE001 - best effort, fall back to a safe small number
+        pass
+    return 40  # Atlas A2 (910B) has 40-48 vector cores
+
+
+class FastLauncher:
+    """Launch one ``@triton.jit`` kernel with fixed constexprs, as cheaply as Triton allows.
+
+    ``args`` passed to :meth:`launch` are the kernel's runtime arguments in signature order; the
+    constexprs (given once, here) must come after them in the kernel signature.
+    """
+
+    __slots__ = ("_kernel", "_constexprs", "_constexpr_values", "_options", "_compiled", "_direct",
+                 "_get_stream", "_get_device", "_knobs_runtime", "_tensor_slots", "direct_launches",
+                 "slow_launches")
+
+    def __init__(self, kernel: Any, constexprs: dict[str, Any], *, device_type: str,
+                 tensor_slots: Sequence[int], num_warps: int | None = None) -> None:
+        self._kernel = kernel
+        self._constexprs = dict(constexprs)
+        self._constexpr_values = tuple(constexprs.values())
+        self._options: dict[str, Any] = {}
+        if num_warps is not None and device_type == "cuda":
+            self._options["num_warps"] = num_warps
+        self._compiled: dict[tuple, Any] = {}
+        self._tensor_slots = tuple(tensor_slots)
+        self._direct = _direct_launch_supported(device_type)
+        self.direct_launches = 0
+        self.slow_launches = 0
+        if self._direct:
+            from triton import knobs
+            from triton.runtime import driver
+
+            self._get_stream: Callable[[int], int] = driver.active.get_current_stream
+            self._get_device: Callable[[], int] = driver.active.get_current_device
+            self._knobs_runtime = knobs.runtime
+
+    def launch(self, grid0: int, args: tuple) -> None:
+        if self._direct:
+            # Triton specialises on each pointer's element type and 16-byte alignment: key on both.
+            key = tuple([(args[slot].dtype, args[slot].data_ptr() & 15 == 0) for slot in self._tensor_slots])
+            compiled = self._compiled.get(key)
+            runtime = self._knobs_runtime
+            if compiled is not None and runtime.launch_enter_hook is None and runtime.launch_exit_hook is None:
+                compiled.run(grid0, 1, 1, self._get_stream(self._get_device()), compiled.function,
+                             compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
+                self.direct_launches += 1
+                return
+            compiled = self._kernel[(grid0,)](*args, **self._constexprs, **self._options)
+            if compiled is not None and hasattr(compiled, "packed_metadata"):
+                compiled.run  # noqa: B018 - loads the module/function handles once, now
+                self._compiled[key] = compiled
+            self.slow_launches += 1
+            return
+        self._kernel[(grid0,)](*args, **self._constexprs, **self._options)
+        self.slow_launches += 1
+
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def validate_slot_mapping_config(
+    block_table: Any,
+    slot_mapping: Any,
+    *,
+    block_size: int,
+    max_num_tokens: int,
+    block_table_stride: int | None,
+    physical_block_size: int | None,
+    cp_world_size: int,
+    cp_rank: int,
+    cp_kv_cache_interleave_size: int,
+) -> int:
+    """Check a slot-mapping configuration once, at mapper construction; returns the row stride."""
+    import torch
+
+    if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        raise ValueError("block_table must be a 2-D int32 tensor with unit column stride")
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    if slot_mapping.device != block_table.device:
+        raise ValueError(f"slot_mapping on {slot_mapping.device}, block_table on {block_table.device}")
+    stride = block_table.stride(0) if block_table_stride is None else int(block_table_stride)
+    if stride != block_table.stride(0):
+        raise ValueError(f"block_table_stride {stride} != block_table.stride(0) {block_table.stride(0)}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if cp_world_size < 1 or not 0 <= cp_rank < cp_world_size:
+        raise ValueError(f"invalid context-parallel rank {cp_rank} of world size {cp_world_size}")
+    if cp_kv_cache_interleave_size < 1:
+        raise ValueError(f"cp_kv_cache_interleave_size must be >= 1, got {cp_kv_cache_interleave_size}")
+    if physical_block_size is not None:
+        if physical_block_size % block_size:
+            raise ValueError(
+                f"kernel block size {block_size} must divide the physical block size {physical_block_size}")
+        if cp_world_size > 1 and physical_block_size % cp_kv_cache_interleave_size:
+            raise ValueError(f"cp_kv_cache_interleave_size {cp_kv_cache_interleave_size} must divide the "
+                             f"physical block size {physical_block_size}")
+    if slot_mapping.numel() < max_num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.numel()} elements < max_num_tokens {max_num_tokens}")
+    if block_table.numel() >= _INT32_LIMIT or max_num_tokens >= _INT32_LIMIT:
+        raise ValueError("block table / token counts must stay below 2**31 (int32 index math)")
+    return stride

@@ -1,0 +1,224 @@
+"""Device-side token-count correction for async spec decoding, fused with positions and seq_lens.
+
+What it computes (one launch)
+-----------------------------
+With zero-bubble scheduling the CPU ``num_computed_tokens`` of a request that had drafts last step
+is optimistic (all drafts assumed accepted).  The device knows the truth from last step's
+``valid_sampled_token_count``.  For ``r < num_reqs`` (``prev = prev_positions[r]``, the request's row
+in the previous batch, ``-1`` if it is new)::
+
+    participating[r] = 0 <= prev < num_prev  and  prev_num_draft_tokens[prev] > 0
+    num_computed_tokens[r] = num_computed_tokens_before[prev] + valid_sampled_token_count[prev]
+                             if participating[r] else cpu_num_computed_tokens[r]
+    num_accepted_tokens[r] = valid_sampled_token_count[prev] if participating[r] (else unchanged)
+
+which is vLLM 0.19-0.23's ``update_num_computed_tokens_for_batch_change`` plus the hardening
+upstream added later: a previous position outside the previous batch (``>= num_prev``, where
+``num_prev`` defaults to ``len(valid_sampled_token_count)``, capped by the lengths of
+``prev_num_draft_tokens`` and ``num_computed_tokens``) or an empty / absent count tensor makes the
+row non-participating instead of an out-of-bounds read.  ``num_computed_tokens_before`` is the
+tensor's content before the launch: rows are read at *previous* positions and written at current
+ones, in place, so a row's new value must not be visible to another row's read.
+
+Fused in the same launch, as vLLM's ``_prepare_inputs`` does next with separate torch ops::
+
+    positions[t] = num_computed_tokens[req_indices[t]] + query_pos[t]      t < num_tokens
+    positions[num_tokens:num_positions] = 0                               (padded tokens, as
+                                                                           execute_model zeroes them)
+    seq_lens[r]  = num_computed_tokens[r] + num_scheduled_tokens[r]        r < num_reqs
+    seq_lens[num_reqs:] = 0
+
+Without ``prev_positions`` (or with ``valid_sampled_token_count=None``) it is the non-async branch:
+``num_computed_tokens[:num_reqs] = cpu_num_computed_tokens`` and the same positions / seq_lens.
+
+Expected call (the patched ``_prepare_inputs``; names as in vLLM 0.19 / vllm-ascend 0.23)::
+
+    update_token_counts(
+        self.num_computed_tokens, self.num_accepted_tokens.gpu[:num_reqs],
+        self.prev_positions.gpu[:num_reqs], self.valid_sampled_token_count_gpu,
+        self.prev_num_draft_tokens.gpu, cpu_values,               # H2D copy of the CPU counts
+        self.num_scheduled_tokens.gpu[:num_reqs], self.seq_lens,
+        num_reqs=num_reqs, req_indices=self.req_indices.gpu, query_pos=self.query_pos.gpu,
+        positions=self.positions, num_tokens=total_num_scheduled_tokens)
+
+Why it is one program (and why that is Ascend-shaped)
+------------------------------------------------------
+The in-place read-at-prev / write-at-current pattern is a cross-row dependency: with several
+programs, one program could overwrite row ``x`` before another reads it as its previous row, and no
+launch-wide barrier exists in Triton.  A single program does three passes separated by
+``tl.debug_barrier()`` (documented for Ascend A2/A3 by triton-ascend): (1) compute every row's new
+count into ``seq_lens`` (unused until pass 2, so it is the scratch), (2) copy it to
+``num_computed_tokens`` and finish ``seq_lens``, (3) positions.  Batches are at most a few thousand
+rows/tokens, so one vector core (NPU) / one CTA (GPU) with wide tiles is the right size anyway: it
+replaces ~8 small ops (eager on vllm-ascend, a compiled graph on vLLM) plus 3-4 more for positions
+and seq_lens, each of which is a separate launch on an NPU.  All vectors are int32 except the int64
+``positions`` / ``query_pos`` themselves; tile widths are constexprs; every runtime integer is in
+``do_not_specialize``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import FastLauncher, interpret_mode
+
+# Tile widths per device type (rows per request tile, tokens per position tile).
+_CUDA_TILES = (1024, 2048)
+_NPU_TILES = (1024, 1024)
+_INTERP_TILES = (64, 64)
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_prev", "seq_lens_len", "num_tokens", "num_positions"])
+def _token_counts_kernel(
+    num_computed_ptr,  # [>= num_reqs] int32, in/out
+    num_accepted_ptr,  # [>= num_reqs] any int, out where participating (dummy if not HAS_ACCEPTED)
+    prev_positions_ptr,  # [num_reqs] int64/int32, -1 = new request (dummy if not CORRECT)
+    valid_count_ptr,  # [num_prev] any int (dummy if not CORRECT)
+    prev_drafts_ptr,  # [>= num_prev] int32 (dummy if not CORRECT)
+    cpu_computed_ptr,  # [num_reqs] int32 (device copy of the CPU counts)
+    num_scheduled_ptr,  # [num_reqs] int32
+    seq_lens_ptr,  # [seq_lens_len] int32, out (also pass-1 scratch)
+    req_indices_ptr,  # [num_tokens] int64/int32 (dummy if not HAS_POSITIONS)
+    query_pos_ptr,  # [num_tokens] int64 (dummy if not HAS_POSITIONS)
+    positions_ptr,  # [>= num_positions] int64, out (dummy if not HAS_POSITIONS)
+    num_reqs,
+    num_prev,  # rows of the previous batch that may be gathered from
+    seq_lens_len,  # seq_lens elements to write (rows >= num_reqs get 0)
+    num_tokens,
+    num_positions,  # positions elements to write (tokens >= num_tokens get 0)
+    CORRECT: tl.constexpr,
+    HAS_ACCEPTED: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
+    REQ_TILE: tl.constexpr,
+    TOK_TILE: tl.constexpr,
+):
+    """Grid ``(1,)``: three passes over requests / requests / tokens, barriers in between."""
+    rows = tl.arange(0, REQ_TILE)
+    # pass 1: new num_computed per row -> seq_lens (scratch); num_accepted for participating rows
+    for r0 in range(0, num_reqs, REQ_TILE):
+        r = r0 + rows
+        in_batch = r < num_reqs
+        new = tl.load(cpu_computed_ptr + r, mask=in_batch, other=0)
+        if CORRECT:
+            prev = tl.load(prev_positions_ptr + r, mask=in_batch, other=-1)
+            in_prev = in_batch & (prev >= 0) & (prev < num_prev)
+            prev32 = tl.where(in_prev, prev, 0).to(tl.int32)
+            drafts = tl.load(prev_drafts_ptr + prev32, mask=in_prev, other=0)
+            part = in_prev & (drafts > 0)
+            valid = tl.load(valid_count_ptr + prev32, mask=part, other=0)
+            before = tl.load(num_computed_ptr + prev32, mask=part, other=0)
+            new = tl.where(part, before + valid.to(tl.int32), new)
+            if HAS_ACCEPTED:
+                tl.store(num_accepted_ptr + r, valid.to(num_accepted_ptr.dtype.element_ty), mask=part)
+        tl.store(seq_lens_ptr + r, new.to(tl.int32), mask=in_batch)
+    tl.debug_barrier()
+    # pass 2: publish num_computed, finish seq_lens (and zero its tail)
+    for r0 in range(0, seq_lens_len, REQ_TILE):
+        r = r0 + rows
+        in_batch = r < num_reqs
+        new = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
+        sched = tl.load(num_scheduled_ptr + r, mask=in_batch, other=0)
+        tl.store(num_computed_ptr + r, new, mask=in_batch)
+        tl.store(seq_lens_ptr + r, tl.where(in_batch, new + sched.to(tl.int32), 0), mask=r < seq_lens_len)
+    if HAS_POSITIONS:
+        tl.debug_barrier()
+        pos_ty = positions_ptr.dtype.element_ty
+        toks = tl.arange(0, TOK_TILE)
+        # pass 3: positions from the published counts
+        for t0 in range(0, num_positions, TOK_TILE):
+            t = t0 + toks
+            in_batch = t < num_tokens
+            req = tl.load(req_indices_ptr + t, mask=in_batch, other=0).to(tl.int32)
+            qpos = tl.load(query_pos_ptr + t, mask=in_batch, other=0)
+            computed = tl.load(num_computed_ptr + req, mask=in_batch, other=0)
+            pos = tl.where(in_batch, computed.to(pos_ty) + qpos.to(pos_ty), 0)
+            tl.store(positions_ptr + t, pos.to(pos_ty), mask=t < num_positions)
+
+
+class _TokenCountsLaunchers:
+    """Per (device type, flags) FastLaunchers, created on first use."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, FastLauncher] = {}
+
+    def get(self, device_type: str, correct: bool, has_accepted: bool, has_positions: bool,
+            tiles: tuple[int, int] | None) -> FastLauncher:
+        interp = interpret_mode()
+        key = (device_type, correct, has_accepted, has_positions, tiles, interp)
+        launcher = self._cache.get(key)
+        if launcher is None:
+            if tiles is None:
+                tiles = _INTERP_TILES if interp else (_CUDA_TILES if device_type == "cuda" else _NPU_TILES)
+            launcher = self._cache[key] = FastLauncher(
+                _token_counts_kernel,
+                dict(CORRECT=correct, HAS_ACCEPTED=has_accepted, HAS_POSITIONS=has_positions,
+                     REQ_TILE=tiles[0], TOK_TILE=tiles[1]),
+                device_type=device_type,
+                tensor_slots=tuple(range(11)),
+                num_warps=8 if device_type == "cuda" else None,
+            )
+        return launcher
+
+
+_LAUNCHERS = _TokenCountsLaunchers()
+
+
+def update_token_counts(
+    num_computed_tokens: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    prev_positions: torch.Tensor | None,
+    valid_sampled_token_count: torch.Tensor | None,
+    prev_num_draft_tokens: torch.Tensor | None,
+    cpu_num_computed_tokens: torch.Tensor,
+    num_scheduled_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    num_reqs: int,
+    req_indices: torch.Tensor | None = None,
+    query_pos: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    num_tokens: int = 0,
+    num_positions: int | None = None,
+    num_prev_reqs: int | None = None,
+    tiles: tuple[int, int] | None = None,
+) -> None:
+    """Triton launch of the fused correction (see the module docstring); no host synchronisation.
+
+    ``num_prev_reqs`` bounds the previous positions that participate (defaults to
+    ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests).
+    """
+    correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
+    has_positions = positions is not None
+    num_prev = 0
+    if correct:
+        num_prev = valid_sampled_token_count.numel() if num_prev_reqs is None else num_prev_reqs
+        num_prev = min(num_prev, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(),
+                       num_computed_tokens.numel())
+    if num_positions is None:
+        num_positions = num_tokens
+    if not has_positions:
+        num_tokens = num_positions = 0
+    elif num_tokens > 0 and (req_indices is None or query_pos is None):
+        raise ValueError("positions need req_indices and query_pos")
+    dummy = num_computed_tokens
+    has_accepted = correct and num_accepted_tokens is not None
+    launcher = _LAUNCHERS.get(num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles)
+    launcher.launch(1, (
+        num_computed_tokens,
+        num_accepted_tokens if has_accepted else dummy,
+        prev_positions if correct else dummy,
+        valid_sampled_token_count if correct else dummy,
+        prev_num_draft_tokens if correct else dummy,
+        cpu_num_computed_tokens,
+        num_scheduled_tokens,
+        seq_lens,
+        req_indices if has_positions and req_indices is not None else dummy,
+        query_pos if has_positions and query_pos is not None else dummy,
+        positions if has_positions else dummy,
+        num_reqs, num_prev, seq_lens.numel(), num_tokens, num_positions,
+    ))
+
+
+__all__ = ["update_token_counts"]
