@@ -1,0 +1,171 @@
+"""The `slot-mapping-kernel` patch (adapter ascend-0.19-0.23) gives the same slot mapping as the release's own
+`BlockTable.compute_slot_mapping` on real BlockTable / MultiGroupBlockTable objects, for random batches,
+hybrid block sizes and context-parallel settings; and unpatch restores the exact original.
+
+Both sides run Triton under TRITON_INTERPRET=1 on CPU tensors: the release's path launches vLLM's generic
+`_compute_slot_mapping_kernel` (CP off) or its torch CP routine (CP on); the patched path launches zb-patch's
+kernel."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+if npu_standin.detect_family() != "0.23":
+    pytest.skip(f"the slot-mapping patch targets vllm-ascend 0.19.1rc1-0.23.x; this env has "
+                f"{npu_standin.detect_family()}", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from zb_patch import registry as R  # noqa: E402
+from zb_patch.detect import detect  # noqa: E402
+from zb_patch.versions import by_id  # noqa: E402
+
+ADAPTER = by_id("ascend-0.19-0.23")
+TARGET = "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping"
+MAX_TOKENS = 640
+MAX_REQS = 8
+
+
+def _table(physical, kernel, cp=None, max_blocks=24):
+    from vllm_ascend.worker.block_table import BlockTable
+
+    bt = BlockTable(physical, MAX_REQS, max_blocks, MAX_TOKENS, False, torch.device("cpu"),
+                    kernel_sizes=[kernel], cp_kv_cache_interleave_size=(cp or {}).get("interleave", 1))
+    if cp:  # a rank of a CP group: the method reads these attributes at call time
+        bt.pcp_world_size, bt.pcp_rank = cp["pcp"], cp["pcp_rank"]
+        bt.dcp_world_size, bt.dcp_rank = cp["dcp"], cp["dcp_rank"]
+    return bt
+
+
+def _batch(rng, bt, physical, cp_world):
+    """Random requests: block ids in each row, positions continuing from a random computed prefix."""
+    num_reqs = rng.randint(1, MAX_REQS)
+    cap = bt.max_num_blocks_per_req * physical * cp_world  # tokens a row can address
+    lens, starts = [], []
+    budget = MAX_TOKENS
+    for _ in range(num_reqs):
+        n = rng.randint(1, max(1, min(budget - (num_reqs - len(lens) - 1), 200)))
+        budget -= n
+        start = rng.randint(0, cap - n)
+        lens.append(n)
+        starts.append(start)
+    rows = []
+    for r in range(num_reqs):
+        nblk = -(-(starts[r] + lens[r]) // (physical * cp_world))
+        rows.append([rng.randint(1, 5000) for _ in range(nblk)])
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    positions = [s + i for s, n in zip(starts, lens) for i in range(n)]
+    return num_reqs, rows, torch.tensor(qsl, dtype=torch.int32), torch.tensor(positions, dtype=torch.int64)
+
+
+def _fill(bt, rows):
+    for r, ids in enumerate(rows):
+        bt.add_row(ids, r)
+    bt.block_table.gpu.copy_(bt.block_table.cpu)  # commit_block_table pins memory (no accelerator here)
+
+
+def _run(bt, num_reqs, qsl, positions, cp):
+    bt.slot_mapping.gpu.fill_(12345)
+    bt.slot_mapping.cpu.fill_(12345)
+    bt.compute_slot_mapping(num_reqs, qsl, positions)
+    n = positions.shape[0]
+    if cp:
+        # the release's CP routine writes the .cpu half when the indices are CPU tensors (always, here) and
+        # only [:num_tokens]; the kernel writes the device buffer and also pads the tail.
+        return bt.slot_mapping.cpu[:n].clone() if not _patched() else bt.slot_mapping.gpu[:n].clone()
+    return bt.slot_mapping.gpu[:MAX_TOKENS].clone()
+
+
+def _patched():
+    return R.resolve(TARGET).patched_by is not None
+
+
+@pytest.fixture
+def patch_set(cpu_worker):
+    ps = ADAPTER.patch_set
+    yield ps
+    ps.unpatch()
+
+
+CONFIGS = [
+    pytest.param(16, 16, None, id="bs16"),
+    pytest.param(128, 128, None, id="bs128"),
+    pytest.param(128, 16, None, id="hybrid-128/16"),
+    pytest.param(64, 32, None, id="hybrid-64/32"),
+    pytest.param(16, 16, {"pcp": 1, "pcp_rank": 0, "dcp": 2, "dcp_rank": 1, "interleave": 1}, id="dcp2-i1"),
+    pytest.param(16, 16, {"pcp": 2, "pcp_rank": 1, "dcp": 2, "dcp_rank": 0, "interleave": 16}, id="pcp2dcp2-i16"),
+    pytest.param(128, 16, {"pcp": 1, "pcp_rank": 0, "dcp": 4, "dcp_rank": 3, "interleave": 128}, id="hybrid-dcp4-i128"),
+    pytest.param(64, 64, {"pcp": 2, "pcp_rank": 1, "dcp": 4, "dcp_rank": 2, "interleave": 1}, id="cp8-i1"),
+]
+
+
+@pytest.mark.parametrize("physical,kernel,cp", CONFIGS)
+def test_patched_equals_release_on_random_batches(patch_set, physical, kernel, cp):
+    rng = random.Random(physical * 1000 + kernel + (0 if not cp else cp["dcp"] * 10 + cp["pcp"]))
+    world = 1 if not cp else cp["pcp"] * cp["dcp"]
+    original = R.resolve(TARGET).raw
+    cases = []
+    for _ in range(6):
+        ref_bt = _table(physical, kernel, cp)
+        batch = _batch(rng, ref_bt, physical, world)
+        _fill(ref_bt, batch[1])
+        cases.append((batch, _run(ref_bt, batch[0], batch[2], batch[3], cp)))
+    report = patch_set.apply(detect())
+    assert report.verdict == R.APPLIED, report.reason
+    assert R.resolve(TARGET).raw is not original
+    for (num_reqs, rows, qsl, positions), expected in cases:
+        bt = _table(physical, kernel, cp)
+        _fill(bt, rows)
+        got = _run(bt, num_reqs, qsl, positions, cp)
+        assert torch.equal(got, expected), (num_reqs, qsl.tolist())
+        if cp:  # the kernel also pads the device tail
+            assert bool((bt.slot_mapping.gpu[positions.shape[0]:MAX_TOKENS] == -1).all())
+    patch_set.unpatch()
+    assert R.resolve(TARGET).raw is original
+
+
+def test_multi_group_block_table_goes_through_the_patch(patch_set):
+    from vllm_ascend.worker.block_table import MultiGroupBlockTable
+
+    rng = random.Random(7)
+
+    def build():
+        return MultiGroupBlockTable(MAX_REQS, 1024, MAX_TOKENS, False, torch.device("cpu"), [16, 64],
+                                    kernel_sizes=[[16], [32]])
+
+    ref = build()
+    rows16 = [[rng.randint(1, 900) for _ in range(8)] for _ in range(3)]
+    rows64 = [[rng.randint(1, 900) for _ in range(2)] for _ in range(3)]
+    qsl = torch.tensor([0, 5, 6, 40], dtype=torch.int32)
+    positions = torch.tensor(list(range(3, 8)) + [100] + list(range(60, 94)), dtype=torch.int64)
+
+    def fill(mg):
+        for r in range(3):
+            mg.add_row((rows16[r], rows64[r]), r)
+        for bt in mg.block_tables:
+            bt.block_table.gpu.copy_(bt.block_table.cpu)
+
+    fill(ref)
+    ref.compute_slot_mapping(3, qsl, positions)
+    expected = [bt.slot_mapping.gpu[:MAX_TOKENS].clone() for bt in ref.block_tables]
+    assert patch_set.apply(detect()).verdict == R.APPLIED
+    mg = build()
+    fill(mg)
+    for bt in mg.block_tables:
+        bt.slot_mapping.gpu.fill_(12345)
+    mg.compute_slot_mapping(3, qsl, positions)
+    for bt, exp in zip(mg.block_tables, expected):
+        assert "_zb_slot_mapper" in bt.__dict__  # every group went through the patched method
+        assert torch.equal(bt.slot_mapping.gpu[:MAX_TOKENS], exp)
+
+
+def test_disabled_patch_is_not_applied(patch_set):
+    original = R.resolve(TARGET).raw
+    report = patch_set.apply(detect(), disabled={"slot-mapping-kernel"})
+    assert report.by_verdict(R.DISABLED) == ["slot-mapping-kernel"]
+    assert R.resolve(TARGET).raw is original
