@@ -204,6 +204,38 @@ def cmd_supported(args) -> int:
     return 0
 
 
+def cmd_patches(args) -> int:
+    from . import versions as V
+
+    adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
+    for a in adapters:
+        print(f"== {a.id}: {a.title}")
+        print(f"   range: {a.range_text}")
+        if a.notes:
+            print(f"   notes: {a.notes}")
+        for p in a.patch_set.patches:
+            print(f"\n   patch {p.id}  (roles: {', '.join(p.roles)})")
+            print(f"     target:      {p.target}")
+            for alias in p.aliases:
+                print(f"     alias:       {alias}")
+            print(f"     why:         {p.why}")
+            if p.how:
+                print(f"     how:         {p.how}")
+            print(f"     upstream:    {', '.join(p.upstream)}")
+            print(f"     remove when: {p.remove_when}")
+            for label, fp in p.fingerprints.items():
+                print(f"     replaces:    {fp}  ({label})")
+        if a.patch_set.guards:
+            print(f"\n   guards ({len(a.patch_set.guards)}): verified, never replaced")
+            for g in a.patch_set.guards:
+                fps = ", ".join(f"{fp} ({label})" for label, fp in g.fingerprints.items())
+                print(f"     {g.target}  {fps}")
+                if g.why:
+                    print(f"       {g.why}")
+        print()
+    return 0
+
+
 def cmd_selftest(args) -> int:
     from . import selftest
 
@@ -290,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")
     t.add_argument("--markdown", action="store_true", help="markdown table (as in README.md)")
     t.set_defaults(func=cmd_supported)
+
+    lp = sub.add_parser("patches", help="list every adapter's patches and guards: target, why, how, upstream, "
+                                        "remove-when, fingerprints")
+    lp.add_argument("--adapter", help="only this adapter id")
+    lp.set_defaults(func=cmd_patches)
 
     f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
                        description="Compute the fingerprint of every adapter target from a source tree that is "
