@@ -123,15 +123,23 @@ def detect_role() -> str:
     import multiprocessing
 
     name = multiprocessing.current_process().name
+    role = _role_from_process_name(name)
+    if role:
+        return role
+    if os.environ.get("RAY_RAYLET_PID") and "ray" in sys.modules:
+        return "worker"
+    return "frontend" if name == "MainProcess" else f"unknown({name})"
+
+
+def _role_from_process_name(name: str) -> Optional[str]:
+    """The role the multiprocessing process name vLLM gives its processes states, else None."""
     if name.startswith("EngineCore"):
         return "engine"
     if "Worker" in name:
         return "worker"
     if name.startswith("ApiServer"):
         return "frontend"
-    if os.environ.get("RAY_RAYLET_PID") and "ray" in sys.modules:
-        return "worker"
-    return "frontend" if name == "MainProcess" else f"unknown({name})"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -299,8 +307,43 @@ def _activate(settings: Settings, role: str, selection: Any = None, versions: An
     act = Activation(settings, role, selection, versions)
     _ACTIVATIONS.clear()              # states of other pids (a parent before fork) are not ours
     _ACTIVATIONS[act.pid] = act
+    _watch_forks()
     act.start()
     return act
+
+
+class _ForkWatch:
+    """Weak-referenceable token for ``multiprocessing.util.register_after_fork``."""
+
+
+_FORK_WATCH = _ForkWatch()
+_FORK_WATCHED = False               # inherited over fork together with multiprocessing's registry
+
+
+def _watch_forks() -> None:
+    global _FORK_WATCHED
+    if not _FORK_WATCHED:
+        import multiprocessing.util
+
+        multiprocessing.util.register_after_fork(_FORK_WATCH, _after_fork_in_child)
+        _FORK_WATCHED = True
+
+
+def _after_fork_in_child(_token) -> None:
+    """Run by multiprocessing in every child it *forks* (vLLM's EngineCore and workers with
+    VLLM_WORKER_MULTIPROC_METHOD=fork), after the child's process name is set and before its target runs.
+
+    The child inherits vLLM's ``plugins_loaded`` flag, so vLLM never calls :func:`register` there. Adopting
+    lazily in :func:`current` is not enough: a forked EngineCore may never call it (no decision, no log
+    line), and a stack inherited from the parent names the wrong role. So the child decides here, once,
+    with the role its process name states. (Found by ``zb-patch doctor --probe`` on a real engine.)"""
+    if _ACTIVATIONS and os.getpid() not in _ACTIVATIONS:
+        import multiprocessing
+
+        name = multiprocessing.current_process().name
+        parent = next(iter(_ACTIVATIONS.values()))
+        _activate(parent.settings, role=_role_from_process_name(name) or f"unknown({name})",
+                  selection=parent._inherited_selection(), versions=parent.versions)
 
 
 def current() -> Optional[Activation]:

@@ -216,6 +216,29 @@ def test_one_shot_api_and_pad_id(dev):
     assert (ref[5:12] == -5).all()
 
 
+@requires_kernels
+def test_one_mapper_many_batches(dev):
+    """A long-lived mapper (as a BlockTable holds it) stays exact across batches; on CUDA the calls
+    after the first go through the cached compiled kernel (direct launch), also for a misaligned
+    positions view (a second specialisation)."""
+    bt = make_batch([1], [0], max_blocks=64, extra_rows=40).block_table
+    out = torch.full((300,), POISON, dtype=torch.int32, device=dev)
+    mapper = kernels.slot_mapper(bt.to(dev), out, block_size=16, max_num_tokens=256)
+    for seed, (lens, shift) in enumerate([([3, 9, 1], 0), ([1] * 30, 0), ([100, 28], 0), ([5], 1), ([2, 2], 1),
+                                          ([40, 1, 1, 7], 0), ([], 0)]):
+        batch = make_batch(lens, [7 * i + 3 for i in range(len(lens))], max_blocks=64, seed=seed)
+        batch.block_table = bt
+        pos = torch.cat([torch.zeros(shift, dtype=torch.int64), batch.positions]).to(dev)[shift:]
+        out.fill_(POISON)
+        mapper(batch.num_reqs, batch.query_start_loc.to(dev), pos)
+        ref = torch.full((300,), POISON, dtype=torch.int32)
+        slot_mapping_reference(batch.query_start_loc, batch.positions, bt, ref, block_size=16, max_num_tokens=256)
+        assert torch.equal(out.cpu(), ref), (seed, lens)
+    if dev == "cuda":
+        assert mapper._launcher.direct_launches >= 4
+        assert len(mapper._launcher._compiled) == 2  # aligned and misaligned positions
+
+
 # ------------------------------------------------------------------------------------------------
 # The reference against an independent formulation, and the tests' teeth
 # ------------------------------------------------------------------------------------------------

@@ -93,16 +93,19 @@ class FastLauncher:
                  "slow_launches")
 
     def __init__(self, kernel: Any, constexprs: dict[str, Any], *, device_type: str,
-                 tensor_slots: Sequence[int], num_warps: int | None = None) -> None:
+                 tensor_slots: Sequence[int], num_warps: int | None = None, direct: bool | None = None) -> None:
         self._kernel = kernel
-        self._constexprs = dict(constexprs)
-        self._constexpr_values = tuple(constexprs.values())
+        order = list(getattr(kernel, "arg_names", None) or constexprs)  # the launcher wants signature order
+        self._constexprs = {name: constexprs[name] for name in order if name in constexprs}
+        if len(self._constexprs) != len(constexprs):
+            raise ValueError(f"unknown constexprs {sorted(set(constexprs) - set(self._constexprs))}")
+        self._constexpr_values = tuple(self._constexprs.values())
         self._options: dict[str, Any] = {}
         if num_warps is not None and device_type == "cuda":
             self._options["num_warps"] = num_warps
         self._compiled: dict[tuple, Any] = {}
         self._tensor_slots = tuple(tensor_slots)
-        self._direct = _direct_launch_supported(device_type)
+        self._direct = _direct_launch_supported(device_type) and direct is not False
         self.direct_launches = 0
         self.slow_launches = 0
         if self._direct:
@@ -120,8 +123,13 @@ class FastLauncher:
             compiled = self._compiled.get(key)
             runtime = self._knobs_runtime
             if compiled is not None and runtime.launch_enter_hook is None and runtime.launch_exit_hook is None:
-                compiled.run(grid0, 1, 1, self._get_stream(self._get_device()), compiled.function,
-                             compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
+                try:
+                    compiled.run(grid0, 1, 1, self._get_stream(self._get_device()), compiled.function,
+                                 compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
+                except TypeError:  # a launcher ABI we do not know: argument parsing fails before launching
+                    self._direct = False
+                    self.launch(grid0, args)
+                    return
                 self.direct_launches += 1
                 return
             compiled = self._kernel[(grid0,)](*args, **self._constexprs, **self._options)

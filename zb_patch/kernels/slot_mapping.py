@@ -204,7 +204,8 @@ class SlotMappingLauncher:
     picks between this and the torch reference.
 
     ``tile``, ``max_programs`` and ``windowed`` override the per-device launch shape (tests use
-    them to force several tiles and programs and both block-lookup paths).
+    them to force several tiles and programs and both block-lookup paths); ``direct_launch=False``
+    keeps Triton's normal launch path (benchmarks compare the two).
     """
 
     def __init__(
@@ -225,6 +226,7 @@ class SlotMappingLauncher:
         tile: int | None = None,
         max_programs: int | None = None,
         windowed: bool | None = None,
+        direct_launch: bool | None = None,
     ) -> None:
         world = pcp_world_size * dcp_world_size
         rank = pcp_rank * dcp_world_size + dcp_rank
@@ -276,6 +278,7 @@ class SlotMappingLauncher:
             device_type=device_type,
             tensor_slots=(0, 1, 2, 3),
             num_warps=4,
+            direct=direct_launch,
         )
 
     def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:

@@ -144,9 +144,9 @@ class _TokenCountsLaunchers:
         self._cache: dict[tuple, FastLauncher] = {}
 
     def get(self, device_type: str, correct: bool, has_accepted: bool, has_positions: bool,
-            tiles: tuple[int, int] | None) -> FastLauncher:
+            tiles: tuple[int, int] | None, direct: bool | None = None) -> FastLauncher:
         interp = interpret_mode()
-        key = (device_type, correct, has_accepted, has_positions, tiles, interp)
+        key = (device_type, correct, has_accepted, has_positions, tiles, interp, direct)
         launcher = self._cache.get(key)
         if launcher is None:
             if tiles is None:
@@ -158,6 +158,7 @@ class _TokenCountsLaunchers:
                 device_type=device_type,
                 tensor_slots=tuple(range(11)),
                 num_warps=8 if device_type == "cuda" else None,
+                direct=direct,
             )
         return launcher
 
@@ -183,11 +184,13 @@ def update_token_counts(
     num_positions: int | None = None,
     num_prev_reqs: int | None = None,
     tiles: tuple[int, int] | None = None,
+    direct_launch: bool | None = None,
 ) -> None:
     """Triton launch of the fused correction (see the module docstring); no host synchronisation.
 
     ``num_prev_reqs`` bounds the previous positions that participate (defaults to
-    ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests).
+    ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests);
+    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).
     """
     correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
     has_positions = positions is not None
@@ -204,7 +207,8 @@ def update_token_counts(
         raise ValueError("positions need req_indices and query_pos")
     dummy = num_computed_tokens
     has_accepted = correct and num_accepted_tokens is not None
-    launcher = _LAUNCHERS.get(num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles)
+    launcher = _LAUNCHERS.get(num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles,
+                              direct_launch)
     launcher.launch(1, (
         num_computed_tokens,
         num_accepted_tokens if has_accepted else dummy,
