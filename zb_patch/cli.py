@@ -304,8 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-import", action="store_true",
                    help="do not import vLLM / vllm-ascend modules (only what is already imported is verified)")
     d.add_argument("--probe", action="store_true",
-                   help="start the smallest engine the installed vLLM allows (or PROBE_CMD) and report what "
-                        "zb-patch did in each of its processes (front end, EngineCore, workers)")
+                   help="start the smallest engine the installed vLLM allows (tiny random model, no "
+                        "download) and report what zb-patch did in each of its processes (front end, "
+                        "EngineCore, workers); see docs/probe.md for its cost")
+    d.add_argument("--probe-tp", type=int, default=1, metavar="N",
+                   help="--probe: tensor-parallel size (N worker processes)")
     d.add_argument("--timeout", type=float, default=300.0, help="--probe: give up after this many seconds")
     d.set_defaults(func=cmd_doctor)
 

@@ -23,6 +23,7 @@ Environment (all validated; an invalid value names the variable and its valid va
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -38,10 +39,37 @@ ENV_VARS = {
 _BOOL_VALUES = ("0", "1")
 
 
-def _logger():
-    import logging
+class _FallbackHandler(logging.StreamHandler):
+    """Writes zb-patch's lines to stderr only while neither vLLM's logger nor the root logger has a handler.
 
-    return logging.getLogger(LOGGER_NAME)
+    Some vLLM versions call general plugins before they configure logging in that process (vLLM 0.32's front
+    end); Python's last-resort handler would then drop INFO lines. Once a handler exists upstream, records
+    propagate to it and this one stays silent, so nothing is printed twice.
+    """
+
+    def emit(self, record):
+        if _other_handlers():
+            return
+        super().emit(record)
+
+
+def _other_handlers() -> bool:
+    own = logging.getLogger(LOGGER_NAME).handlers
+    return bool(logging.getLogger("vllm").handlers or logging.getLogger().handlers
+                or any(not isinstance(h, _FallbackHandler) for h in own))
+
+
+def _logger():
+    logger = logging.getLogger(LOGGER_NAME)
+    if not any(isinstance(h, _FallbackHandler) for h in logger.handlers):
+        handler = _FallbackHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    if not _other_handlers():
+        logger.setLevel(logging.INFO)    # vLLM's default level, while only the fallback handler exists
+    elif logger.level == logging.INFO and logger.propagate:
+        logger.setLevel(logging.NOTSET)  # vLLM configured logging since: its level (VLLM_LOGGING_LEVEL) rules
+    return logger
 
 
 # ----------------------------------------------------------------------------------------------------

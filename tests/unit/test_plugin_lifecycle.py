@@ -247,3 +247,26 @@ if __name__ == "__main__":
 ''')
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CHILD ('applied', 20, True)" in r.stdout
+
+
+def test_info_line_reaches_stderr_before_anyone_configured_logging():
+    """vLLM 0.32's front end calls general plugins before it configures logging: the INFO/WARNING line must
+    still be printed (once), not dropped by Python's last-resort handler."""
+    r = run_py('''
+        from zb_patch import plugin
+        plugin.register()
+    ''', {"ZB_PATCH": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "zb-patch:" in x]
+    assert len(lines) == 1 and lines[0].startswith("WARNING vllm.zb_patch: zb-patch: pid="), r.stderr
+
+
+def test_fallback_stays_silent_once_logging_is_configured(prelude):
+    fake, pre = prelude  # the prelude configures logging on the root logger (stdout)
+    r = run_py(pre + f'''
+act = activate()
+import {fake.pkg}.runner
+''')
+    assert r.returncode == 0, r.stderr
+    assert "zb-patch:" not in r.stderr
+    assert len(_lines(r.stdout, "adapter=fake")) == 1
