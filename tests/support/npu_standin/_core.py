@@ -1,0 +1,169 @@
+"""Strict stand-in machinery: module type, attribute kinds, meta-path finder.
+
+Nothing here accepts arbitrary names. A stand-in module holds exactly the attributes that
+``surface.py`` declares for the active vllm-ascend family; any other attribute raises
+``AttributeError`` naming the module and the attribute; any undeclared submodule under a
+stand-in root raises ``ModuleNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Any, Callable
+
+HINT = "add it explicitly in tests/support/npu_standin"
+
+
+class StandinModule(types.ModuleType):
+    """A module that knows only its declared attributes."""
+
+    __npu_standin__ = True
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup failed, i.e. the name was not declared.
+        raise AttributeError(
+            f"NPU stand-in: {self.__name__} has no attribute {name} ({HINT})", name=name, obj=self
+        )
+
+    def __repr__(self) -> str:
+        return f"<NPU stand-in module {self.__name__!r}>"
+
+
+class Unavailable:
+    """A callable that exists (so imports and ``hasattr`` see it) but has no CPU meaning.
+
+    Calling it raises ``RuntimeError``. Attribute access on it (``op.default``) raises too: a
+    stand-in function is not a torch op overload packet.
+    """
+
+    def __init__(self, qualname: str):
+        self.__qualname__ = self.__name__ = qualname.rsplit(".", 1)[-1]
+        self._qualname = qualname
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"NPU stand-in: {self._qualname}() needs an Ascend NPU (CANN); it cannot run on CPU. "
+            "Tests must not reach this call."
+        )
+
+    def __repr__(self) -> str:
+        return f"<NPU stand-in unavailable function {self._qualname}>"
+
+
+class Sentinel:
+    """An opaque named value (e.g. an NPU-only dtype used as a dict key at import time)."""
+
+    def __init__(self, qualname: str):
+        self._qualname = qualname
+
+    def __repr__(self) -> str:
+        return f"<NPU stand-in sentinel {self._qualname}>"
+
+    def __reduce__(self):  # picklable by name, like torch dtypes
+        return (_sentinel_by_name, (self._qualname,))
+
+
+_SENTINELS: dict[str, Sentinel] = {}
+
+
+def _sentinel_by_name(qualname: str) -> Sentinel:
+    return _SENTINELS.setdefault(qualname, Sentinel(qualname))
+
+
+def make_opaque_class(qualname: str) -> type:
+    """A class that can be named, subclassed and used in annotations / isinstance, but not built."""
+    modname, _, clsname = qualname.rpartition(".")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            f"NPU stand-in: {qualname} cannot be constructed on CPU ({HINT} if a test needs it)."
+        )
+
+    return type(clsname, (), {"__init__": __init__, "__module__": modname, "__qualname__": clsname})
+
+
+# Attribute kinds used by surface.py. Each is a callable (qualname) -> value.
+Kind = Callable[[str], Any]
+
+
+def unavailable(qualname: str) -> Unavailable:
+    return Unavailable(qualname)
+
+
+def sentinel(qualname: str) -> Sentinel:
+    return _sentinel_by_name(qualname)
+
+
+def opaque_class(qualname: str) -> type:
+    return make_opaque_class(qualname)
+
+
+def value(v: Any) -> Kind:
+    return lambda qualname: v
+
+
+def ref(dotted: str) -> Kind:
+    """An object implemented in npu_standin.runtime (``ref("runtime:Stream")``)."""
+    mod, _, attr = dotted.partition(":")
+
+    def build(qualname: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"npu_standin.{mod}"), attr)
+
+    return build
+
+
+class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the declared stand-in modules; refuses every other name under the stand-in roots."""
+
+    def __init__(self, modules: dict[str, dict[str, Kind]], roots: frozenset[str],
+                 on_create: Callable[[StandinModule], None], module_type: type = StandinModule):
+        self.module_type = module_type
+        self.modules = modules
+        self.roots = roots
+        self.on_create = on_create
+
+    # -- finder ---------------------------------------------------------------------------------
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        root = self._root_of(fullname)
+        if root is None:
+            return None
+        if fullname not in self.modules:
+            if fullname == root:
+                # A root this family does not need: answer "not here" (availability probes such
+                # as transformers' find_spec("torchvision") must see a plain absence).
+                return None
+            raise ModuleNotFoundError(
+                f"NPU stand-in: no module named {fullname!r} ({HINT})", name=fullname
+            )
+        is_pkg = any(m.startswith(fullname + ".") for m in self.modules)
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_pkg)
+
+    def _root_of(self, fullname: str) -> str | None:
+        for root in self.roots:
+            if fullname == root or fullname.startswith(root + "."):
+                return root
+        return None
+
+    # -- loader ---------------------------------------------------------------------------------
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> StandinModule:
+        mod = self.module_type(spec.name)
+        if spec.submodule_search_locations is not None:
+            mod.__path__ = []  # a package with no files: children come from this finder only
+        return mod
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # Also runs on importlib.reload(): re-populating is idempotent.
+        name = module.__name__
+        for attr, kind in self.modules[name].items():
+            setattr(module, attr, kind(f"{name}.{attr}"))
+        self.on_create(module)  # type: ignore[arg-type]
+        # A real package imports its submodules in its __init__; do the same for declared children.
+        for child in sorted(self.modules):
+            if child.rpartition(".")[0] == name:
+                __import__(child)
+                setattr(module, child.rpartition(".")[2], sys.modules[child])
