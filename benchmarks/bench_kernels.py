@@ -91,15 +91,20 @@ class Bench:
         self.calls = 3 if dry_run else 2000
 
     def gpu_us(self, fn) -> float | None:
+        """Median of three do_bench medians (METHOD.md: time twice, differences below the spread are noise)."""
         if not self.cuda:
             return None
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+        runs = [triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3 for _ in range(3)]
+        self.last_spread = max(runs) - min(runs)
+        return statistics.median(runs)
 
     def host_us(self, fn, calls=None) -> float:
         return host_us(fn, calls or self.calls, repeats=1 if self.dry else 5, sync=self.sync)
 
     def measure(self, fn, calls=None) -> dict:
-        return {"gpu_us": self.gpu_us(fn), "host_us": self.host_us(fn, calls)}
+        self.last_spread = None
+        gpu = self.gpu_us(fn)
+        return {"gpu_us": gpu, "gpu_spread_us": self.last_spread, "host_us": self.host_us(fn, calls)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,9 +184,13 @@ def trivial_rows(b: Bench) -> dict:
 
 
 def launch_breakdown(b: Bench) -> dict:
-    """Where the host time of one slot-mapping call goes (CUDA only)."""
+    """Where the host time of one slot-mapping call goes (CUDA only), decode batch of 256."""
     if not b.cuda:
         return {}
+    from triton.runtime import driver
+
+    from zb_patch.kernels.slot_mapping import _slot_mapping_kernel
+
     dev = b.device
     bt = torch.zeros(MAX_NUM_REQS, MAX_BLOCKS, dtype=torch.int32, device=dev)
     slot = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int32, device=dev)
@@ -190,28 +199,33 @@ def launch_breakdown(b: Bench) -> dict:
     mapper = kernels.slot_mapper(bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS)
     mapper(256, qsl, pos)
     fl = mapper._launcher
-    compiled = next(iter(fl._compiled.values()))
-    args = (qsl, pos, bt, slot, 256, 256, MAX_NUM_TOKENS, MAX_BLOCKS, MAX_BLOCKS, 64, 64)
-    from triton.runtime import driver
-
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    grid = mapper.num_programs
+    tensors = (qsl, pos, bt, slot, 256, 256)
+    ints = (qsl.data_ptr(), pos.data_ptr(), bt.data_ptr(), slot.data_ptr(), 256, 256)
+    compiled = fl.launch_slow(grid, tensors)
+    fast = fl.direct_launcher(compiled, 0)
+    stream = driver.active.get_current_stream(0)
     const = fl._constexpr_values
     n = 5000
-    out = {
-        "full_call_us": b.host_us(lambda: mapper(256, qsl, pos), n),
-        "fastlauncher_launch_us": b.host_us(lambda: fl.launch(64, args), n),
-        "compiled_run_only_us": b.host_us(
-            lambda: compiled.run(64, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                                 *args, *const), n),
-        "get_stream_us": b.host_us(lambda: driver.active.get_current_stream(driver.active.get_current_device()), n),
-        "key_4_tensors_us": b.host_us(lambda: tuple([(a.dtype, a.data_ptr() & 15 == 0) for a in args[:4]]), n),
+    run = compiled.run
+    return {
+        "1 zb call (SlotMappingLauncher.__call__, direct)": b.host_us(lambda: mapper(256, qsl, pos), n),
+        "2 direct closure, int pointers": b.host_us(lambda: fast(grid, *ints), n),
+        "3 CompiledKernel.run only, int pointers, fixed stream": b.host_us(
+            lambda: run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                        *ints, *const), n),
+        "4 CompiledKernel.run only, tensor pointers": b.host_us(
+            lambda: run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                        *tensors, *const), n),
+        "5 get_current_stream(0)": b.host_us(lambda: driver.active.get_current_stream(0), n),
+        "6 two data_ptr() calls": b.host_us(lambda: (qsl.data_ptr(), pos.data_ptr()), n),
+        "7 Triton normal path kernel[grid](...) (JITFunction.run)": b.host_us(
+            lambda: _slot_mapping_kernel[(grid,)](*tensors, **fl._constexprs, num_warps=4), n),
+        "8 zb call with direct_launch=False": b.host_us(
+            lambda: jit_mapper(256, qsl, pos), n) if (jit_mapper := kernels.slot_mapper(
+                bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, direct_launch=False)) else None,
+        "direct_launches": mapper.direct_launches,
     }
-    # Triton's normal path for the same kernel and args
-    from zb_patch.kernels.slot_mapping import _slot_mapping_kernel
-
-    cx = fl._constexprs
-    out["jit_run_path_us"] = b.host_us(lambda: _slot_mapping_kernel[(64,)](*args, **cx, num_warps=4), n)
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,10 +264,18 @@ def correction_case(b: Bench, num_reqs: int, per_req: int, upstream_fn, compiled
         seq_lens[:n] = nc[:n] + t["sched"]
         seq_lens[n:].fill_(0)
 
-    def zb_fused():
+    def zb_functional():
         kernels.update_token_counts(nc, acc[:n], t["prev"], t["valid"], t["drafts"], t["cpu"], t["sched"], seq_lens,
                                     num_reqs=n, req_indices=t["req"], query_pos=t["qpos"], positions=positions,
                                     num_tokens=T)
+
+    prepared = kernels.token_counts_launcher(
+        num_computed_tokens=nc, seq_lens=seq_lens, num_scheduled_tokens=t["sched"], prev_positions=t["prev"],
+        prev_num_draft_tokens=t["drafts"], num_accepted_tokens=acc, req_indices=t["req"], query_pos=t["qpos"],
+        positions=positions)
+
+    def zb_fused():  # the hot-path form: buffers bound once, per step only what changes
+        prepared(n, t["cpu"], t["valid"], num_tokens=T)
 
     # correctness of the fused kernel on this case (fresh state) against the reference
     k_state = [t["nc"].clone(), acc.clone(), seq_lens.clone(), positions.clone()]
@@ -267,12 +289,13 @@ def correction_case(b: Bench, num_reqs: int, per_req: int, upstream_fn, compiled
     equal = all(torch.equal(a.cpu(), r) for a, r in zip(k_state, r_state))
 
     fns = {"upstream-compiled": up_compiled, "upstream-eager": up_eager, "upstream-prep": up_prep,
-           "zb-fused": zb_fused}
+           "zb-fused": zb_fused, "zb-fused-functional": zb_functional}
     res = {"case": f"{num_reqs}x{per_req}", "equal_to_reference": equal}
     for name, fn in fns.items():
         fn()
         b.sync()
         res[name] = b.measure(fn, calls=None if name.startswith("zb") else max(1, b.calls // 4))
+    res["zb_direct_launches"] = getattr(prepared, "direct_launches", None)
     return res
 
 
@@ -307,6 +330,11 @@ def sync_check(b: Bench) -> dict:
     bt = torch.randint(0, 1000, (MAX_NUM_REQS, MAX_BLOCKS), dtype=torch.int32, device=dev)
     slot = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int32, device=dev)
     mapper = kernels.slot_mapper(bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS)
+    counts = kernels.token_counts_launcher(
+        num_computed_tokens=nc, seq_lens=seq_lens, num_scheduled_tokens=bufs["sched"], prev_positions=bufs["prev"],
+        prev_num_draft_tokens=bufs["drafts"], num_accepted_tokens=acc, req_indices=bufs["req"],
+        query_pos=bufs["qpos"], positions=positions)
+    cpu_dev = torch.zeros(n, dtype=torch.int32, device=dev)
 
     def step():
         # CPU: exact seq_lens for Ascend attention (numpy, no device access)
@@ -315,9 +343,11 @@ def sync_check(b: Bench) -> dict:
         for name, src in dict(prev=prev_cpu, drafts=drafts_cpu, cpu=cpu_vals, sched=sched_cpu, req=req_cpu,
                               qpos=qpos_cpu, qsl=qsl_cpu).items():
             bufs[name].copy_(src, non_blocking=True)  # pinned H2D: asynchronous
+        cpu_dev.copy_(cpu_vals, non_blocking=True)
+        counts(n, cpu_dev, valid_gpu, num_tokens=T)  # hot-path form
         kernels.update_token_counts(nc, acc[:n], bufs["prev"], valid_gpu, bufs["drafts"], bufs["cpu"], bufs["sched"],
                                     seq_lens, num_reqs=n, req_indices=bufs["req"], query_pos=bufs["qpos"],
-                                    positions=positions, num_tokens=T)
+                                    positions=positions, num_tokens=T)  # functional form
         mapper(n, bufs["qsl"], positions[:T])
 
     results = {}
@@ -404,12 +434,12 @@ def main() -> int:
         h = [r[k]["host_us"] for k in ("numpy+H2D", "generic", "zb", "zb-jitrun")]
         print(f"{r['case']:>10} ok={all(r['equal_to_reference'].values())!s:5} " + " ".join(fmt(x) for x in g)
               + " | " + " ".join(fmt(x) for x in h))
-    print("\ncorrection (us)           gpu: compiled  eager   prep  zb-fused | host: compiled  eager   prep  zb-fused")
+    print("\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func | host: compiled  eager   prep  zb-fused zb-func")
     for r in results["correction"]:
         if "error" in r:
             print(r["case"], "ERROR")
             continue
-        names = ("upstream-compiled", "upstream-eager", "upstream-prep", "zb-fused")
+        names = ("upstream-compiled", "upstream-eager", "upstream-prep", "zb-fused", "zb-fused-functional")
         print(f"{r['case']:>10} ok={r['equal_to_reference']!s:5} " + " ".join(fmt(r[k]["gpu_us"]) for k in names)
               + " | " + " ".join(fmt(r[k]["host_us"]) for k in names))
     if args.out:

@@ -234,9 +234,8 @@ def test_one_mapper_many_batches(dev):
         ref = torch.full((300,), POISON, dtype=torch.int32)
         slot_mapping_reference(batch.query_start_loc, batch.positions, bt, ref, block_size=16, max_num_tokens=256)
         assert torch.equal(out.cpu(), ref), (seed, lens)
-    if dev == "cuda":
-        assert mapper._launcher.direct_launches >= 4
-        assert len(mapper._launcher._compiled) == 2  # aligned and misaligned positions
+    if dev == "cuda":  # misaligned positions take Triton's normal path (a second specialisation)
+        assert mapper.direct_launches >= 4, (mapper.direct_launches, mapper._launcher.slow_launches)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -280,3 +280,57 @@ def test_hypothesis_kernel_equals_reference(case):
                      accepted_dtype=case["accepted_dtype"])
     assert_same(*run_pair(step, KERNEL_DEVICE, correct=case["correct"], with_accepted=case["with_accepted"],
                           num_prev_reqs=case["num_prev_reqs"], tiles=case["tiles"]))
+
+
+# ------------------------------------------------------------------------------------------------
+# The prepared (hot-path) form over consecutive steps
+# ------------------------------------------------------------------------------------------------
+def _runner_buffers(device, max_reqs=48, max_tokens=160):
+    z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)  # noqa: E731
+    return dict(num_computed_tokens=z(max_reqs, torch.int32), seq_lens=z(max_reqs, torch.int32),
+                num_scheduled_tokens=z(max_reqs, torch.int32), prev_positions=z(max_reqs, torch.int64),
+                prev_num_draft_tokens=z(max_reqs, torch.int32), num_accepted_tokens=z(max_reqs, torch.int32),
+                req_indices=z(max_tokens, torch.int64), query_pos=z(max_tokens, torch.int64),
+                positions=z(max_tokens, torch.int64))
+
+
+@requires_kernels
+@pytest.mark.parametrize("tiles", [None, (8, 16)], ids=["default-tiles", "small-tiles"])
+def test_prepared_launcher_over_consecutive_steps(dev, tiles):
+    """One launcher bound to runner-like buffers, 12 steps of batch changes, state == reference."""
+    g = torch.Generator().manual_seed(5)
+    kb, rb = _runner_buffers(dev), _runner_buffers("cpu")
+    kl = kernels.token_counts_launcher(**kb, **({"tiles": tiles} if tiles else {}))
+    rl = kernels.token_counts_launcher(**rb)
+    prev_n = 0
+    for step in range(12):
+        n = int(torch.randint(0, 40, (1,), generator=g))
+        prev = torch.full((n,), -1, dtype=torch.int64)
+        carried = torch.randperm(max(prev_n, 1), generator=g)[: min(n, prev_n)]
+        prev[: len(carried)] = carried
+        prev = prev[torch.randperm(n, generator=g)]
+        sched = torch.randint(1, 5, (n,), dtype=torch.int32, generator=g)
+        n_tok = int(sched.sum())
+        drafts = torch.randint(0, 4, (prev_n,), dtype=torch.int32, generator=g)
+        valid = (torch.randint(0, 5, (prev_n,), generator=g) % (drafts.long() + 1) + 1) if step else None
+        cpu = torch.randint(0, 3000, (n,), dtype=torch.int32, generator=g)
+        for b, d in ((kb, dev), (rb, "cpu")):
+            b["prev_positions"][:n].copy_(prev)
+            b["prev_num_draft_tokens"][:prev_n].copy_(drafts)
+            b["num_scheduled_tokens"][:n].copy_(sched)
+            b["req_indices"][:n_tok].copy_(torch.repeat_interleave(torch.arange(n), sched.long()))
+            b["query_pos"][:n_tok].copy_(torch.cat([torch.arange(int(k)) for k in sched]) if n else torch.zeros(0))
+        kl(n, cpu.to(dev), None if valid is None else valid.to(dev), num_tokens=n_tok, num_positions=n_tok + 2)
+        rl(n, cpu, valid, num_tokens=n_tok, num_positions=n_tok + 2)
+        for name in rb:
+            assert torch.equal(kb[name].cpu(), rb[name]), (step, name)
+        prev_n = n
+    if dev == "cuda":
+        assert kl.direct_launches >= 8
+
+
+def test_prepared_launcher_needs_all_position_buffers():
+    b = _runner_buffers("cpu")
+    b["query_pos"] = None
+    with pytest.raises(ValueError, match="go together"):
+        kernels.token_counts_launcher(**b)

@@ -6,9 +6,9 @@ Public API (all leaves: no vLLM, no release knowledge)
   ``positions`` and the block table, with context parallelism and hybrid block sizes
   (:mod:`zb_patch.kernels.slot_mapping` documents semantics, the expected call from a patched
   ``BlockTable.compute_slot_mapping`` and the Ascend shape).
-* :func:`update_token_counts` — device-side async-spec-decode correction of
-  ``num_computed_tokens`` / ``num_accepted_tokens`` fused with ``positions`` and ``seq_lens``
-  (:mod:`zb_patch.kernels.token_counts`).
+* :func:`token_counts_launcher` / :func:`update_token_counts` — device-side async-spec-decode
+  correction of ``num_computed_tokens`` / ``num_accepted_tokens`` fused with ``positions`` and
+  ``seq_lens`` (:mod:`zb_patch.kernels.token_counts`).
 * :func:`correct_optimistic_seq_lens_cpu` — the CPU twin of vllm-ascend's exact-seq_lens
   correction (numpy; :mod:`zb_patch.kernels.seq_lens_cpu`).
 
@@ -30,12 +30,14 @@ from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
 
 if TYPE_CHECKING:  # pragma: no cover
     from .slot_mapping import SlotMappingLauncher
+    from .token_counts import TokenCountsLauncher
 
 __all__ = [
     "PAD_SLOT_ID",
     "compute_slot_mapping",
     "correct_optimistic_seq_lens_cpu",
     "slot_mapper",
+    "token_counts_launcher",
     "update_token_counts",
     "uses_triton",
 ]
@@ -172,9 +174,63 @@ def update_token_counts(
                            num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
 
 
+class _ReferenceTokenCounts:
+    """CPU-tensor stand-in for :class:`~zb_patch.kernels.token_counts.TokenCountsLauncher`."""
+
+    def __init__(self, **buffers: Any) -> None:
+        self.buffers = buffers
+
+    def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
+                 valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
+                 num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
+        b = self.buffers
+        token_counts_reference(
+            b["num_computed_tokens"], b["num_accepted_tokens"], b["prev_positions"], valid_sampled_token_count,
+            b["prev_num_draft_tokens"], cpu_num_computed_tokens, b["num_scheduled_tokens"], b["seq_lens"],
+            num_reqs=num_reqs, req_indices=b["req_indices"], query_pos=b["query_pos"], positions=b["positions"],
+            num_tokens=num_tokens if b["positions"] is not None else 0, num_positions=num_positions,
+            num_prev_reqs=num_prev_reqs)
+
+
+def token_counts_launcher(
+    *,
+    num_computed_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_scheduled_tokens: torch.Tensor,
+    prev_positions: torch.Tensor | None = None,
+    prev_num_draft_tokens: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    req_indices: torch.Tensor | None = None,
+    query_pos: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    **launch_shape: Any,
+) -> Callable[..., None]:
+    """The fused correction bound to persistent buffers: ``f(num_reqs, cpu_num_computed_tokens,
+    valid_sampled_token_count=None, *, num_tokens=0, num_positions=None, num_prev_reqs=None)``.
+
+    Triton on device tensors, the torch reference on CPU tensors; see
+    :class:`zb_patch.kernels.token_counts.TokenCountsLauncher` for the expected call.
+    """
+    buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
+                   num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
+                   prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
+                   req_indices=req_indices, query_pos=query_pos, positions=positions)
+    if uses_triton(num_computed_tokens.device):
+        from .token_counts import TokenCountsLauncher
+
+        return TokenCountsLauncher(**buffers, **launch_shape)
+    if (req_indices is None) != (positions is None) or (query_pos is None) != (positions is None):
+        raise ValueError("positions, req_indices and query_pos go together")
+    return _ReferenceTokenCounts(**buffers)
+
+
 def __getattr__(name: str) -> Any:  # lazy: importing Triton only when asked for
     if name == "SlotMappingLauncher":
         from .slot_mapping import SlotMappingLauncher
 
         return SlotMappingLauncher
+    if name == "TokenCountsLauncher":
+        from .token_counts import TokenCountsLauncher
+
+        return TokenCountsLauncher
     raise AttributeError(name)

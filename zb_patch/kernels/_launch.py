@@ -81,16 +81,27 @@ def multiprocessor_count(device_type: str, device_index: int | None) -> int:
     return 40  # Atlas A2 (910B) has 40-48 vector cores
 
 
+def _hook_set(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed (Triton >= 3.6 keeps an always-present, usually
+    empty ``HookChain``; 3.4/3.5 keep ``None`` or a callable)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 class FastLauncher:
     """Launch one ``@triton.jit`` kernel with fixed constexprs, as cheaply as Triton allows.
 
-    ``args`` passed to :meth:`launch` are the kernel's runtime arguments in signature order; the
-    constexprs (given once, here) must come after them in the kernel signature.
+    Runtime arguments are passed in signature order; the constexprs (given once, here) must come
+    after them in the kernel signature.  Two ways to launch:
+
+    * :meth:`launch` — generic: keys the compiled kernel by each tensor's dtype and alignment, then
+      launches it directly with integer pointers (CUDA) or through ``kernel[grid](...)``;
+    * :meth:`launch_slow` + :meth:`direct_launcher` — for callers that bind fixed buffers once and
+      know their pointers (the prepared launchers), so that a step costs one Python call into
+      Triton's C launcher plus a couple of ``data_ptr()`` calls.
     """
 
-    __slots__ = ("_kernel", "_constexprs", "_constexpr_values", "_options", "_compiled", "_direct",
-                 "_get_stream", "_get_device", "_knobs_runtime", "_tensor_slots", "direct_launches",
-                 "slow_launches")
+    __slots__ = ("_kernel", "_constexprs", "_constexpr_values", "_options", "_direct", "_tensor_slots",
+                 "direct_supported", "direct_launches", "slow_launches")
 
     def __init__(self, kernel: Any, constexprs: dict[str, Any], *, device_type: str,
                  tensor_slots: Sequence[int], num_warps: int | None = None, direct: bool | None = None) -> None:
@@ -103,43 +114,75 @@ class FastLauncher:
         self._options: dict[str, Any] = {}
         if num_warps is not None and device_type == "cuda":
             self._options["num_warps"] = num_warps
-        self._compiled: dict[tuple, Any] = {}
+        self._direct: dict[tuple, Callable[..., bool] | None] = {}
         self._tensor_slots = tuple(tensor_slots)
-        self._direct = _direct_launch_supported(device_type) and direct is not False
+        self.direct_supported = _direct_launch_supported(device_type) and direct is not False
         self.direct_launches = 0
         self.slow_launches = 0
-        if self._direct:
-            from triton import knobs
-            from triton.runtime import driver
 
-            self._get_stream: Callable[[int], int] = driver.active.get_current_stream
-            self._get_device: Callable[[], int] = driver.active.get_current_device
-            self._knobs_runtime = knobs.runtime
+    def launch_slow(self, grid0: int, args: tuple) -> Any:
+        """Triton's normal path (compiles on first use); returns the ``CompiledKernel`` where Triton does."""
+        self.slow_launches += 1
+        return self._kernel[(grid0,)](*args, **self._constexprs, **self._options)
+
+    def direct_launcher(self, compiled: Any, device_index: int | None = None) -> Callable[..., bool] | None:
+        """``f(grid0, *runtime_args) -> bool`` calling ``compiled``'s driver launcher directly.
+
+        Pointer arguments may be plain ints (``data_ptr()``), which also spares the launcher its
+        per-pointer attribute lookup and ``cuPointerGetAttribute`` check.  The caller must only pass
+        arguments matching the specialisation ``compiled`` was built for (dtypes, 16-byte
+        alignment).  Returns False without launching while a launch hook is installed (profilers
+        rely on them), and disables itself if the launcher's calling convention is not the one
+        expected (TypeError while parsing arguments, before anything is launched).
+        """
+        if not self.direct_supported or compiled is None or not hasattr(compiled, "packed_metadata"):
+            return None
+        from triton import knobs
+        from triton.runtime import driver
+
+        run = compiled.run  # loads the module / function handles now
+        function = compiled.function
+        metadata = compiled.packed_metadata
+        constexpr_values = self._constexpr_values
+        get_stream = driver.active.get_current_stream
+        get_device = driver.active.get_current_device
+        runtime = knobs.runtime
+        launcher = self
+
+        def call(grid0: int, *args: Any) -> bool:
+            if _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
+                return False
+            try:
+                run(grid0, 1, 1, get_stream(get_device() if device_index is None else device_index), function,
+                    metadata, None, None, None, *args, *constexpr_values)
+            except TypeError:
+                launcher.direct_supported = False
+                return False
+            launcher.direct_launches += 1
+            return True
+
+        return call
 
     def launch(self, grid0: int, args: tuple) -> None:
-        if self._direct:
-            # Triton specialises on each pointer's element type and 16-byte alignment: key on both.
-            key = tuple([(args[slot].dtype, args[slot].data_ptr() & 15 == 0) for slot in self._tensor_slots])
-            compiled = self._compiled.get(key)
-            runtime = self._knobs_runtime
-            if compiled is not None and runtime.launch_enter_hook is None and runtime.launch_exit_hook is None:
-                try:
-                    compiled.run(grid0, 1, 1, self._get_stream(self._get_device()), compiled.function,
-                                 compiled.packed_metadata, None, None, None, *args, *self._constexpr_values)
-                except TypeError:  # a launcher ABI we do not know: argument parsing fails before launching
-                    self._direct = False
-                    self.launch(grid0, args)
-                    return
-                self.direct_launches += 1
-                return
-            compiled = self._kernel[(grid0,)](*args, **self._constexprs, **self._options)
-            if compiled is not None and hasattr(compiled, "packed_metadata"):
-                compiled.run  # noqa: B018 - loads the module/function handles once, now
-                self._compiled[key] = compiled
-            self.slow_launches += 1
+        if not self.direct_supported:
+            self.launch_slow(grid0, args)
             return
-        self._kernel[(grid0,)](*args, **self._constexprs, **self._options)
-        self.slow_launches += 1
+        # Triton specialises on each pointer's element type and 16-byte alignment: key on both.
+        call_args = list(args)
+        key = []
+        for slot in self._tensor_slots:
+            tensor = args[slot]
+            ptr = tensor.data_ptr()
+            call_args[slot] = ptr
+            key.append(tensor.dtype)
+            key.append(ptr & 15 == 0)
+        key_t = tuple(key)
+        call = self._direct.get(key_t)
+        if call is not None and call(grid0, *call_args):
+            return
+        compiled = self.launch_slow(grid0, args)
+        if key_t not in self._direct:
+            self._direct[key_t] = self.direct_launcher(compiled)
 
 
 _INT32_LIMIT = 2**31 - 1

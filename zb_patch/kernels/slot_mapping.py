@@ -89,6 +89,8 @@ of that data overwrites the neighbouring element — seen while writing this).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -107,20 +109,18 @@ _CUDA_TILE, _NPU_TILE, _INTERP_TILE = 128, 256, 64
 _REQ_CHUNK = 32
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "num_slots", "max_blocks", "block_table_stride",
-                               "num_tiles", "num_programs"])
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _slot_mapping_kernel(
     query_start_loc_ptr,  # [num_reqs + 1] int32, non-decreasing
     positions_ptr,  # [num_tokens] int64 (or int32)
-    block_table_ptr,  # [rows, block_table_stride] int32, kernel block ids
-    slot_mapping_ptr,  # [>= num_slots] int32 or int64, written [0, num_slots)
+    block_table_ptr,  # [rows, BT_STRIDE] int32, kernel block ids
+    slot_mapping_ptr,  # [>= max(num_tokens, MAX_NUM_TOKENS)] int32 or int64
     num_reqs,  # requests in the batch
     num_tokens,  # tokens in the batch (len(positions))
-    num_slots,  # max(num_tokens, max_num_tokens): [num_tokens, num_slots) is padding
-    max_blocks,  # valid columns of a block-table row
-    block_table_stride,  # elements between rows
-    num_tiles,  # cdiv(num_slots, TILE)
-    num_programs,  # grid size (passed, not tl.num_programs(): slow on Ascend)
+    MAX_NUM_TOKENS: tl.constexpr,  # [num_tokens, MAX_NUM_TOKENS) is padding
+    MAX_BLOCKS: tl.constexpr,  # valid columns of a block-table row
+    BT_STRIDE: tl.constexpr,  # elements between block-table rows
+    NUM_PROGRAMS: tl.constexpr,  # grid size (a constant: no tl.num_programs, slow on Ascend)
     BLOCK_SIZE: tl.constexpr,  # kernel (attention) block size
     CP_WORLD: tl.constexpr,  # pcp * dcp
     CP_RANK: tl.constexpr,  # pcp_rank * dcp + dcp_rank
@@ -132,35 +132,50 @@ def _slot_mapping_kernel(
     WINDOWED: tl.constexpr,  # single-request tiles read a contiguous block-table window
     WINDOW: tl.constexpr,  # window width (power of 2 >= TILE // local-tokens-per-block + 2)
 ):
-    """Grid ``(num_programs,)``; program ``p`` handles tiles ``p, p + num_programs, ...``.
+    """Grid ``(NUM_PROGRAMS,)``; program ``p`` handles tiles ``p, p + NUM_PROGRAMS, ...``.
 
-    See the module docstring for the semantics; all index math is int32.
+    Everything that is fixed for a block table (its shape, the padding length, CP rank, block size,
+    grid) is a constexpr, so a step passes six arguments.  See the module docstring for the
+    semantics; all index math is int32.
     """
     pid = tl.program_id(0)
     out_ty = slot_mapping_ptr.dtype.element_ty
     lanes = tl.arange(0, TILE)
     req_lanes = tl.arange(0, REQ_PAD)
+    num_slots = tl.maximum(num_tokens, MAX_NUM_TOKENS)
+    num_tiles = (num_slots + TILE - 1) // TILE
     # query_start_loc[1..num_reqs], one contiguous load reused by every tile of this program
     starts = tl.load(query_start_loc_ptr + 1 + req_lanes, mask=req_lanes < num_reqs, other=_INT32_MAX)
     first_start = tl.load(query_start_loc_ptr)
-    for tile in range(pid, num_tiles, num_programs):
+    for tile in range(pid, num_tiles, NUM_PROGRAMS):
         t0 = tile * TILE
         offs = t0 + lanes
         if t0 < num_tokens:
             in_batch = offs < num_tokens
             pos = tl.load(positions_ptr + offs, mask=in_batch, other=0).to(tl.int32)
             t_last = tl.minimum(t0 + TILE, num_tokens) - 1
-            # number of starts <= t (starts are sorted, so it is the largest such index + 1)
-            req_lo = tl.max(tl.where(starts <= t0, req_lanes + 1, 0), axis=0)
-            req_hi = tl.max(tl.where(starts <= t_last, req_lanes + 1, 0), axis=0)
-            req = tl.zeros([TILE], dtype=tl.int32) + req_lo
-            if req_lo != req_hi:
-                # this tile spans several requests: per-lane count over starts[req_lo .. req_hi)
-                for r in range(req_lo, req_hi, REQ_CHUNK):
-                    idx = r + tl.arange(0, REQ_CHUNK)
-                    s = tl.load(query_start_loc_ptr + 1 + idx, mask=idx < req_hi, other=_INT32_MAX)
-                    hit = tl.where(s[None, :] <= offs[:, None], idx[None, :] + 1, 0)
-                    req = tl.maximum(req, tl.max(hit, axis=1))
+            # Guess "token t is request t's only token" (decode batches) and verify it with two
+            # contiguous loads: qsl[t] <= t < qsl[t+1] means req(t) = t, whatever the other rows are.
+            guess_ok = in_batch & (offs < num_reqs)
+            own_start = tl.load(query_start_loc_ptr + offs, mask=guess_ok, other=_INT32_MAX)
+            own_end = tl.load(query_start_loc_ptr + 1 + offs, mask=guess_ok, other=0)
+            miss = in_batch & ((own_start > offs) | (own_end <= offs))
+            if tl.max(miss.to(tl.int32), axis=0) == 0:
+                req = offs
+                req_lo = t0
+                req_hi = t_last
+            else:
+                # number of starts <= t (starts are sorted: the largest such index + 1)
+                req_lo = tl.max(tl.where(starts <= t0, req_lanes + 1, 0), axis=0)
+                req_hi = tl.max(tl.where(starts <= t_last, req_lanes + 1, 0), axis=0)
+                req = tl.zeros([TILE], dtype=tl.int32) + req_lo
+                if req_lo != req_hi:
+                    # this tile spans several requests: per-lane count over starts[req_lo .. req_hi)
+                    for r in range(req_lo, req_hi, REQ_CHUNK):
+                        idx = r + tl.arange(0, REQ_CHUNK)
+                        s = tl.load(query_start_loc_ptr + 1 + idx, mask=idx < req_hi, other=_INT32_MAX)
+                        hit = tl.where(s[None, :] <= offs[:, None], idx[None, :] + 1, 0)
+                        req = tl.maximum(req, tl.max(hit, axis=1))
             valid = in_batch & (req < num_reqs) & (offs >= first_start) & (pos >= 0)
             if CP_WORLD == 1:
                 local = pos
@@ -170,15 +185,14 @@ def _slot_mapping_kernel(
                 local = (pos // (CP_INTERLEAVE * CP_WORLD)) * CP_INTERLEAVE + pos % CP_INTERLEAVE
             block_idx = local // BLOCK_SIZE
             block_off = local % BLOCK_SIZE
-            owned = owned & (block_idx < max_blocks)
-            row = req * block_table_stride
+            owned = owned & (block_idx < MAX_BLOCKS)
+            row = req * BT_STRIDE
             if WINDOWED:
                 if req_lo == req_hi:
                     # one request: its block ids form a short contiguous run of the row
-                    base = tl.minimum(tl.min(tl.where(owned, block_idx, _INT32_MAX), axis=0), max_blocks)
+                    base = tl.minimum(tl.min(tl.where(owned, block_idx, _INT32_MAX), axis=0), MAX_BLOCKS)
                     cols = base + tl.arange(0, WINDOW)
-                    window = tl.load(block_table_ptr + req_lo * block_table_stride + cols,
-                                     mask=cols < max_blocks, other=0)
+                    window = tl.load(block_table_ptr + req_lo * BT_STRIDE + cols, mask=cols < MAX_BLOCKS, other=0)
                     rel = block_idx - base
                     fits = owned & (rel < WINDOW)
                     pick = tl.where(rel[:, None] == tl.arange(0, WINDOW)[None, :], window[None, :], -_INT32_MAX)
@@ -248,29 +262,35 @@ class SlotMappingLauncher:
         self.pad_slot_id = int(pad_slot_id)
 
         device_type = block_table.device.type
+        self._device_index = block_table.device.index
         if interpret_mode():
             default_tile, default_programs = _INTERP_TILE, 4
         elif device_type == "cuda":
-            default_tile, default_programs = _CUDA_TILE, multiprocessor_count("cuda", block_table.device.index)
+            default_tile, default_programs = _CUDA_TILE, multiprocessor_count("cuda", self._device_index)
         else:
-            default_tile, default_programs = _NPU_TILE, multiprocessor_count(device_type, block_table.device.index)
+            default_tile, default_programs = _NPU_TILE, multiprocessor_count(device_type, self._device_index)
         self.tile = next_power_of_2(tile or default_tile)
-        self.max_programs = max(1, int(max_programs or default_programs))
+        max_programs = max(1, int(max_programs or default_programs))
+        # fixed grid: enough programs for the padded buffer, at most one per core
+        self.num_programs = max(1, min(-(-self.max_num_tokens // self.tile), max_programs))
         self.windowed = (device_type not in ("cuda", "cpu")) if windowed is None else bool(windowed)
         # local tokens per kernel block: B (no CP), B per I*W positions with CP -> a tile of TILE
         # positions touches at most TILE // B + 2 blocks either way.
         window = next_power_of_2(self.tile // self.block_size + 2)
-        req_pad = next_power_of_2(self.max_num_reqs + 1)
         self._launcher = FastLauncher(
             _slot_mapping_kernel,
             dict(
+                MAX_NUM_TOKENS=self.max_num_tokens,
+                MAX_BLOCKS=self.max_blocks,
+                BT_STRIDE=stride,
+                NUM_PROGRAMS=self.num_programs,
                 BLOCK_SIZE=self.block_size,
                 CP_WORLD=world,
                 CP_RANK=rank,
                 CP_INTERLEAVE=self.cp_kv_cache_interleave_size,
                 PAD_ID=self.pad_slot_id,
                 TILE=self.tile,
-                REQ_PAD=req_pad,
+                REQ_PAD=next_power_of_2(self.max_num_reqs + 1),
                 REQ_CHUNK=_REQ_CHUNK,
                 WINDOWED=self.windowed,
                 WINDOW=window,
@@ -280,25 +300,46 @@ class SlotMappingLauncher:
             num_warps=4,
             direct=direct_launch,
         )
+        # direct launches: the block table and output buffer are bound here (BlockTable buffers are
+        # allocated once); only query_start_loc / positions change from step to step
+        self._bt_ptr = block_table.data_ptr()
+        self._slot_ptr = slot_mapping.data_ptr()
+        self._fast: Any = None
+        self._fast_dtypes: tuple = ()
 
     def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
         """Write ``slot_mapping`` for the batch; same arguments as ``BlockTable.compute_slot_mapping``."""
+        fast = self._fast
+        if fast is not None and query_start_loc.dtype is self._fast_dtypes[0] and positions.dtype is self._fast_dtypes[1]:
+            qsl_ptr = query_start_loc.data_ptr()
+            pos_ptr = positions.data_ptr()
+            num_tokens = positions.shape[0]
+            if (not (qsl_ptr | pos_ptr) & 15 and num_tokens <= self.max_num_tokens
+                    and num_reqs <= self.max_num_reqs
+                    and fast(self.num_programs, qsl_ptr, pos_ptr, self._bt_ptr, self._slot_ptr, num_reqs, num_tokens)):
+                return
+        self._call_slow(num_reqs, query_start_loc, positions)
+
+    def _call_slow(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
         num_tokens = positions.shape[0]
         if num_reqs > self.max_num_reqs:
             raise ValueError(f"num_reqs {num_reqs} exceeds the block table's {self.max_num_reqs} rows")
-        num_slots = num_tokens if num_tokens > self.max_num_tokens else self.max_num_tokens
-        if num_slots > self.slot_mapping.numel():
+        if query_start_loc.shape[0] < num_reqs + 1:
+            raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries for {num_reqs} requests")
+        if max(num_tokens, self.max_num_tokens) > self.slot_mapping.numel():
             raise ValueError(f"{num_tokens} tokens do not fit slot_mapping ({self.slot_mapping.numel()})")
-        tile = self.tile
-        num_tiles = (num_slots + tile - 1) // tile
-        if num_tiles == 0:
-            return
-        programs = num_tiles if num_tiles < self.max_programs else self.max_programs
-        self._launcher.launch(
-            programs,
-            (query_start_loc, positions, self.block_table, self.slot_mapping, num_reqs, num_tokens, num_slots,
-             self.max_blocks, self.block_table_stride, num_tiles, programs),
+        compiled = self._launcher.launch_slow(
+            self.num_programs,
+            (query_start_loc, positions, self.block_table, self.slot_mapping, num_reqs, num_tokens),
         )
+        if (self._fast is None and self._launcher.direct_supported
+                and not (query_start_loc.data_ptr() | positions.data_ptr()) & 15):
+            self._fast = self._launcher.direct_launcher(compiled, self._device_index)
+            self._fast_dtypes = (query_start_loc.dtype, positions.dtype)
+
+    @property
+    def direct_launches(self) -> int:
+        return self._launcher.direct_launches
 
 
 __all__ = ["PAD_SLOT_ID", "SlotMappingLauncher"]

@@ -58,6 +58,8 @@ and seq_lens, each of which is a separate launch on an NPU.  All vectors are int
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -137,8 +139,14 @@ def _token_counts_kernel(
             tl.store(positions_ptr + t, pos.to(pos_ty), mask=t < num_positions)
 
 
+def _default_tiles(device_type: str) -> tuple[int, int]:
+    if interpret_mode():
+        return _INTERP_TILES
+    return _CUDA_TILES if device_type == "cuda" else _NPU_TILES
+
+
 class _TokenCountsLaunchers:
-    """Per (device type, flags) FastLaunchers, created on first use."""
+    """Per (device type, flags) FastLaunchers, created on first use (functional API)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple, FastLauncher] = {}
@@ -149,21 +157,122 @@ class _TokenCountsLaunchers:
         key = (device_type, correct, has_accepted, has_positions, tiles, interp, direct)
         launcher = self._cache.get(key)
         if launcher is None:
-            if tiles is None:
-                tiles = _INTERP_TILES if interp else (_CUDA_TILES if device_type == "cuda" else _NPU_TILES)
-            launcher = self._cache[key] = FastLauncher(
-                _token_counts_kernel,
-                dict(CORRECT=correct, HAS_ACCEPTED=has_accepted, HAS_POSITIONS=has_positions,
-                     REQ_TILE=tiles[0], TOK_TILE=tiles[1]),
-                device_type=device_type,
-                tensor_slots=tuple(range(11)),
-                num_warps=8 if device_type == "cuda" else None,
-                direct=direct,
-            )
+            launcher = self._cache[key] = _make_launcher(device_type, correct, has_accepted, has_positions,
+                                                         tiles or _default_tiles(device_type), direct)
         return launcher
 
 
+def _make_launcher(device_type: str, correct: bool, has_accepted: bool, has_positions: bool,
+                   tiles: tuple[int, int], direct: bool | None) -> FastLauncher:
+    return FastLauncher(
+        _token_counts_kernel,
+        dict(CORRECT=correct, HAS_ACCEPTED=has_accepted, HAS_POSITIONS=has_positions,
+             REQ_TILE=tiles[0], TOK_TILE=tiles[1]),
+        device_type=device_type,
+        tensor_slots=tuple(range(11)),
+        num_warps=8 if device_type == "cuda" else None,
+        direct=direct,
+    )
+
+
 _LAUNCHERS = _TokenCountsLaunchers()
+
+
+class TokenCountsLauncher:
+    """The fused correction bound to a runner's persistent buffers (the hot-path form).
+
+    Bind the full buffers once (views such as ``buf[:num_reqs]`` share their base pointer, so the
+    kernel only needs ``num_reqs``); per step pass what changes::
+
+        launcher = TokenCountsLauncher(
+            num_computed_tokens=runner.num_computed_tokens, seq_lens=runner.seq_lens,
+            num_scheduled_tokens=runner.num_scheduled_tokens.gpu,
+            prev_positions=runner.prev_positions.gpu, prev_num_draft_tokens=runner.prev_num_draft_tokens.gpu,
+            num_accepted_tokens=runner.num_accepted_tokens.gpu,
+            req_indices=runner.req_indices.gpu, query_pos=runner.query_pos.gpu, positions=runner.positions)
+        launcher(num_reqs, cpu_values, runner.valid_sampled_token_count_gpu,   # None: no correction
+                 num_tokens=total_num_scheduled_tokens)
+
+    The buffers must not be reallocated while the launcher lives (their addresses are kept).
+    Semantics: :func:`update_token_counts`.
+    """
+
+    def __init__(self, *, num_computed_tokens: torch.Tensor, seq_lens: torch.Tensor,
+                 num_scheduled_tokens: torch.Tensor, prev_positions: torch.Tensor | None = None,
+                 prev_num_draft_tokens: torch.Tensor | None = None, num_accepted_tokens: torch.Tensor | None = None,
+                 req_indices: torch.Tensor | None = None, query_pos: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None, tiles: tuple[int, int] | None = None,
+                 direct_launch: bool | None = None) -> None:
+        if (req_indices is None) != (positions is None) or (query_pos is None) != (positions is None):
+            raise ValueError("positions, req_indices and query_pos go together")
+        self.buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
+                            num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
+                            prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
+                            req_indices=req_indices, query_pos=query_pos, positions=positions)
+        self.device_type = num_computed_tokens.device.type
+        self._device_index = num_computed_tokens.device.index
+        self._tiles = tiles or _default_tiles(self.device_type)
+        self._direct_flag = direct_launch
+        self.can_correct = prev_positions is not None and prev_num_draft_tokens is not None
+        self.has_positions = positions is not None
+        self._launchers: dict[bool, FastLauncher] = {}
+        self._fast: dict[tuple, Any] = {}
+        dummy = num_computed_tokens
+        self._static = (num_computed_tokens, num_accepted_tokens if num_accepted_tokens is not None else dummy,
+                        prev_positions if prev_positions is not None else dummy,
+                        prev_num_draft_tokens if prev_num_draft_tokens is not None else dummy,
+                        num_scheduled_tokens, seq_lens, req_indices if req_indices is not None else dummy,
+                        query_pos if query_pos is not None else dummy, positions if positions is not None else dummy)
+        self._static_ptrs = tuple(t.data_ptr() for t in self._static)
+        self._seq_lens_len = seq_lens.numel()
+        self._bound_prev = min(t.numel() for t in (prev_num_draft_tokens, num_computed_tokens) if t is not None)
+        self.direct_launches = 0
+
+    def _launcher(self, correct: bool) -> FastLauncher:
+        launcher = self._launchers.get(correct)
+        if launcher is None:
+            has_acc = correct and self.buffers["num_accepted_tokens"] is not None
+            launcher = self._launchers[correct] = _make_launcher(self.device_type, correct, has_acc,
+                                                                 self.has_positions, self._tiles, self._direct_flag)
+        return launcher
+
+    def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
+                 valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
+                 num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
+        correct = valid_sampled_token_count is not None and self.can_correct
+        if correct:
+            num_prev = valid_sampled_token_count.numel()
+            if num_prev_reqs is not None and num_prev_reqs < num_prev:
+                num_prev = num_prev_reqs
+            if self._bound_prev < num_prev:
+                num_prev = self._bound_prev
+            valid = valid_sampled_token_count
+        else:
+            num_prev = 0
+            valid = self._static[0]
+        if not self.has_positions:
+            num_tokens = num_positions = 0
+        elif num_positions is None:
+            num_positions = num_tokens
+        s = self._static
+        fast = self._fast.get((correct, cpu_num_computed_tokens.dtype, valid.dtype))
+        if fast is not None:
+            cpu_ptr = cpu_num_computed_tokens.data_ptr()
+            valid_ptr = valid.data_ptr()
+            p = self._static_ptrs
+            if not (cpu_ptr | valid_ptr) & 15 and fast(
+                    1, p[0], p[1], p[2], valid_ptr, p[3], cpu_ptr, p[4], p[5], p[6], p[7], p[8],
+                    num_reqs, num_prev, self._seq_lens_len, num_tokens, num_positions):
+                self.direct_launches += 1
+                return
+        launcher = self._launcher(correct)
+        compiled = launcher.launch_slow(1, (s[0], s[1], s[2], valid, s[3], cpu_num_computed_tokens, s[4], s[5], s[6],
+                                            s[7], s[8], num_reqs, num_prev, self._seq_lens_len, num_tokens,
+                                            num_positions))
+        key = (correct, cpu_num_computed_tokens.dtype, valid.dtype)
+        if (key not in self._fast and launcher.direct_supported
+                and not (cpu_num_computed_tokens.data_ptr() | valid.data_ptr()) & 15):
+            self._fast[key] = launcher.direct_launcher(compiled, self._device_index)
 
 
 def update_token_counts(
@@ -190,7 +299,8 @@ def update_token_counts(
 
     ``num_prev_reqs`` bounds the previous positions that participate (defaults to
     ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests);
-    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).
+    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).  Hot paths bind their
+    buffers once in a :class:`TokenCountsLauncher` instead.
     """
     correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
     has_positions = positions is not None
@@ -225,4 +335,4 @@ def update_token_counts(
     ))
 
 
-__all__ = ["update_token_counts"]
+__all__ = ["TokenCountsLauncher", "update_token_counts"]
