@@ -1,0 +1,121 @@
+"""The engine-loop parity harness (``zb-patch selftest``) against the installed vLLM's real scheduler.
+
+One subprocess (a fresh interpreter, as ``zb-patch selftest`` always runs: the harness installs its
+own vLLM platform and must not inherit the NPU stand-in or a platform another test resolved) runs:
+
+* a clean self-test over k = 1..4 with the plain-scheduler oracle: no divergence, and the sync
+  counts the design promises (classic: one blocking accepted-count sync before input prep per step;
+  zero-bubble: none before input prep; Ascend: one before attention metadata instead);
+* ``zb-patch selftest --steps 40 --json --quiet`` through the real CLI entry point;
+* every planted bug (``zb_patch.selftest.runner.PLANTS``) alone: each must make the harness report
+  divergences.  These are the harness's expected failures, asserted as passing tests.
+
+Skipped where vLLM is not installed (the ``unit`` / ``kernels`` envs).  Cost: one vLLM import plus
+~1 minute of CPU on the CI box.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here")
+
+PLANT_RUNS = {  # plant -> (steps, k): the smallest runs that hit the bug in vLLM 0.18 and 0.23 (seed 0)
+    "backup-from-seq-lens": (200, 2),
+    "no-input-prep-wait": (200, 2),
+    "accepted-counts-by-row": (200, 2),
+    "uncorrected-cpu-seq-lens": (200, 2),
+    "backup-staging-reuse": (200, 4),  # rare by nature: a discarded row whose backup changes between steps
+    "deferred-without-wait": (200, 2),
+}
+
+_SUITE = r"""
+import contextlib, io, json, sys
+from zb_patch import cli
+from zb_patch.selftest import run_many
+
+plants = json.loads(sys.argv[1])
+runs = [dict(steps=400, seed=0, ks=(1, 2, 3, 4), plain=True)]
+runs += [dict(steps=s, seed=0, ks=(k,), plain=False, plants=(p,)) for p, (s, k) in plants.items()]
+reports = [r.as_dict() for r in run_many(runs)]
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = cli.main(["selftest", "--steps", "40", "--seed", "3", "--json", "--quiet"])
+print(json.dumps({"reports": reports, "cli_rc": rc, "cli_stdout": buf.getvalue()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def suite():
+    env = dict(os.environ)
+    env.pop("ZB_PATCH", None)  # the harness must not depend on the plugin being active
+    proc = subprocess.run([sys.executable, "-c", _SUITE, json.dumps(PLANT_RUNS)], capture_output=True, text=True,
+                          env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return data
+
+
+def test_plants_cover_every_planted_bug():
+    from zb_patch.selftest.runner import PLANTS
+
+    assert set(PLANT_RUNS) == set(PLANTS)
+
+
+def test_clean_run_has_no_divergence(suite):
+    rep = suite["reports"][0]
+    assert rep["ok"], json.dumps(rep["examples"], indent=1)[:3000]
+    assert rep["divergences"] == 0
+    assert set(rep["modes"]) == {"sync", "zero-bubble", "zero-bubble-ascend", "plain"}
+    ref = rep["modes"]["sync"]
+    for mode in ("zero-bubble", "zero-bubble-ascend"):
+        m = rep["modes"][mode]
+        for key in ("steps", "tokens", "drafted", "accepted", "finished", "aborted", "preemptions"):
+            assert m[key] == ref[key], (mode, key)
+    assert rep["modes"]["plain"]["tokens"] == ref["tokens"]
+
+
+def test_clean_run_exercises_the_hard_cases(suite):
+    ref = suite["reports"][0]["modes"]["sync"]
+    cov = ref["coverage"]
+    assert ref["preemptions"] > 0 and cov["resumed"] > 0
+    assert cov["partial_prefill_rows"] > 0  # chunked prefill
+    assert cov["condense_moves"] > 0 and cov["row_swaps"] > 0
+    assert cov.get("max_model_len_reached", 0) > 0
+    assert ref["aborted"] > 0 and ref["finish_reasons"].get("stop", 0) > 0
+    assert 0 < ref["accepted"] < ref["drafted"]  # partial acceptance (all / none / partial per position)
+
+
+def test_sync_counts_per_step(suite):
+    modes = suite["reports"][0]["modes"]
+    sync = modes["sync"]["blocking_accepted_count_syncs_per_step"]
+    zb = modes["zero-bubble"]["blocking_accepted_count_syncs_per_step"]
+    asc = modes["zero-bubble-ascend"]["blocking_accepted_count_syncs_per_step"]
+    assert sync["before_input_prep"] >= 0.95
+    assert zb["before_input_prep"] == 0 and zb["before_attention_metadata"] == 0
+    assert asc["before_input_prep"] == 0 and asc["before_attention_metadata"] > 0.9
+    assert modes["zero-bubble"]["accepted_count_syncs_per_step"]["deferred_after_launch"] > 0.9
+
+
+def test_cli_selftest_json(suite):
+    assert suite["cli_rc"] == 0
+    rep = json.loads(suite["cli_stdout"])
+    assert rep["schema"] == "zb-patch-selftest/1"
+    assert rep["ok"] is True and rep["divergences"] == 0
+    assert rep["num_spec_tokens"] == [1, 2, 3, 4]
+    assert rep["modes"]["sync"]["steps"] > 0
+
+
+@pytest.mark.parametrize("plant", sorted(PLANT_RUNS))
+def test_planted_bug_makes_the_harness_fail(suite, plant):
+    """Expected failure of the harness, asserted: the planted bug must be reported as divergences."""
+    rep = next(r for r in suite["reports"][1:] if r["planted_bugs"] == [plant])
+    assert not rep["ok"]
+    assert rep["divergences"] > 0
+    assert rep["modes"]["sync"]["crashed"] == []  # the reference itself never runs planted code

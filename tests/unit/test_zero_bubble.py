@@ -1,0 +1,230 @@
+"""zb_patch.zero_bubble: the pure bookkeeping functions (numpy / torch, no vLLM).
+
+Needs numpy and torch (the ``unit`` tox env has neither: the module is skipped there and runs in the
+envs that have them — kernels, va018, va023).  The differential tests against the installed vLLM /
+vllm-ascend functions live in tests/parity/test_oracles.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from zb_patch import zero_bubble as zb  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------------
+# previous-position map
+# ------------------------------------------------------------------------------------------------
+def test_prev_positions_without_previous_batch_are_all_new():
+    out = np.full(8, 7, dtype=np.int64)
+    assert zb.compute_prev_positions(["a", "b"], None, 2, out).tolist() == [-1, -1]
+    assert zb.compute_prev_positions(["a", "b"], {}, 2, out).tolist() == [-1, -1]
+    assert out[2:].tolist() == [7] * 6  # nothing past num_reqs is touched
+
+
+def test_prev_positions_follow_reorder_condense_and_new_requests():
+    # previous batch: a b c d (rows 0..3); b finished, d moved into its hole, e is new, c and a swapped
+    prev = {"a": 0, "b": 1, "c": 2, "d": 3}
+    out = np.zeros(8, dtype=np.int64)
+    got = zb.compute_prev_positions(["c", "d", "a", "e"], prev, 4, out)
+    assert got.tolist() == [2, 3, 0, -1]
+    # holes (None) count as new
+    assert zb.compute_prev_positions(["c", None, "a"], prev, 3, out).tolist() == [2, -1, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# optimistic advance and the deferred CPU correction
+# ------------------------------------------------------------------------------------------------
+def test_optimistic_advance_resets_and_records_at_previous_rows():
+    buf = np.full(6, 9, dtype=np.int32)
+    placeholders = zb.optimistic_advance(np.array([3, -1, 0]), np.array([2, 4, 1]), buf)
+    assert buf.tolist() == [1, 0, 0, 2, 0, 0]
+    assert placeholders.tolist() == [2, 4, 1]
+    buf2 = np.full(3, 5, dtype=np.int32)
+    zb.optimistic_advance(np.array([1]), np.array([3]), buf2, reset=False)
+    assert buf2.tolist() == [5, 3, 5]
+    zb.optimistic_advance(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), buf2)
+    assert buf2.tolist() == [0, 0, 0]
+
+
+def test_deferred_corrections_subtract_rejected_drafts():
+    valid = np.array([3, 1, 2, 0], dtype=np.int64)  # row 0: 2 of 2 accepted, row 1: 0 of 2, row 2: 1 of 3
+    corr = zb.deferred_cpu_corrections(np.array([0, 1, 2, -1]), np.array([2, 2, 3, 4]), valid)
+    assert corr.tolist() == [0, 2, 2, 0]
+
+
+def test_deferred_corrections_ignore_rows_outside_previous_batch():
+    valid = np.array([2, 2, 9, 9], dtype=np.int64)  # rows 2, 3: stale (previous batch had 2 rows)
+    corr = zb.deferred_cpu_corrections(np.array([0, 2, 7]), np.array([2, 2, 2]), valid, num_prev=2)
+    assert corr.tolist() == [1, 0, 0]
+    assert zb.deferred_cpu_corrections(np.array([0]), np.array([2]), np.zeros(0, dtype=np.int64)).tolist() == [0]
+
+
+def test_apply_cpu_corrections_skips_requests_that_left_the_batch():
+    nc = np.array([10, 20, 30], dtype=np.int32)
+    zb.apply_cpu_corrections(nc, np.array([2, -1, 0]), np.array([3, 5, 1]))
+    assert nc.tolist() == [9, 20, 27]
+    assert nc.dtype == np.int32
+
+
+def test_rejected_tokens():
+    assert zb.rejected_tokens(3, 4) == 0
+    assert zb.rejected_tokens(3, 1) == 3
+    assert zb.rejected_tokens(np.array([2, 2]), np.array([1, 3])).tolist() == [2, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# seq_lens, discard mask, backup token
+# ------------------------------------------------------------------------------------------------
+def test_optimistic_seq_lens_zero_padding():
+    out = np.full(5, 99, dtype=np.int32)
+    got = zb.optimistic_seq_lens(np.array([4, 7, 0, 0, 0], dtype=np.int32), np.array([3, 1, 0, 0, 0]), 2, out)
+    assert got.tolist() == [7, 8]
+    assert out.tolist() == [7, 8, 0, 0, 0]
+
+
+def test_correct_seq_lens_cpu_subtracts_only_participating_rows():
+    seq = np.array([20, 30, 40, 50], dtype=np.int32)
+    prev = np.array([1, -1, 0, 2], dtype=np.int64)
+    drafts = np.array([3, 2, 0, 0], dtype=np.int32)  # previous row 2 had no drafts (prefill)
+    valid = np.array([4, 1, 1, 0], dtype=np.int64)
+    zb.correct_seq_lens_cpu(seq, prev, drafts, valid, 4)
+    assert seq.tolist() == [18, 30, 40, 50]
+
+
+def test_discard_mask():
+    out = np.zeros(4, dtype=bool)
+    assert zb.discard_request_mask(np.array([5, 9, 3]), np.array([9, 9, 3]), 3, out).tolist() == [True, False, False]
+
+
+class _FakeRequest:
+    """vLLM's CachedRequestState.get_token_id semantics (prompt, then outputs, else -1)."""
+
+    def __init__(self, prompt, output):
+        self.prompt, self.output = prompt, output
+
+    def get_token_id(self, idx):
+        if idx < len(self.prompt):
+            return self.prompt[idx]
+        if idx - len(self.prompt) < len(self.output):
+            return self.output[idx - len(self.prompt)]
+        return -1
+
+
+def test_backup_token_is_the_last_committed_token_not_the_optimistic_seq_len():
+    # vLLM #38098: seq_lens inflated by unaccepted draft placeholders index past the committed tokens
+    reqs = [_FakeRequest([0, 1], [1000, 1001, 1002]), _FakeRequest([0, 1, 2, 3], [2000]),
+            _FakeRequest([0], [3000, 3001, 3002, 3003])]
+    ntns = np.array([5, 5, 5], dtype=np.int32)
+    inflated = np.array([7, 9, 5])
+    table = np.full((3, 16), -1, dtype=np.int32)
+    for i, r in enumerate(reqs):
+        toks = r.prompt + r.output
+        table[i, : len(toks)] = toks
+    assert [r.get_token_id(int(s)) for r, s in zip(reqs, inflated)] == [-1, -1, -1]  # the bug
+    assert zb.backup_token_indices(ntns, 3).tolist() == [4, 4, 4]
+    out = np.zeros(3, dtype=np.int64)
+    assert zb.backup_next_token_ids(table, ntns, 3, out).tolist() == [1002, 2000, 3003]
+    assert [r.get_token_id(4) for r in reqs] == [1002, 2000, 3003]
+
+
+def test_backup_token_of_an_empty_row_is_minus_one():
+    out = np.zeros(2, dtype=np.int64)
+    assert zb.backup_next_token_ids(np.zeros((2, 4), dtype=np.int32), np.array([0, 2]), 2, out).tolist() == [-1, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# accepted-count remap
+# ------------------------------------------------------------------------------------------------
+def test_remap_accepted_counts_after_condense():
+    snap = np.array([3, 1, 2], dtype=np.int32)  # previous rows: a=3, b=1, c=2 ; b finished, c condensed to 1
+    out = np.zeros(4, dtype=np.int32)
+    assert zb.remap_accepted_counts(np.array([0, 2, -1]), snap, 3, out).tolist() == [3, 2, 1]
+    assert zb.remap_accepted_counts(np.array([5, 0]), snap, 2, out).tolist() == [1, 3]  # out of range: new
+    assert zb.remap_accepted_counts(np.array([1]), snap, 1, out, num_prev=1).tolist() == [1]
+    taken = zb.snapshot_rows(snap, 2)
+    snap[0] = 99
+    assert taken.tolist() == [3, 1]
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole chain on random batch changes: optimistic + device correction + deferred correction
+# == the classic exact arithmetic, and the Ascend CPU seq_lens == the device seq_lens
+# ------------------------------------------------------------------------------------------------
+@st.composite
+def batch_changes(draw):
+    n_prev = draw(st.integers(0, 10))
+    k = draw(st.integers(1, 4))
+    prev_ids = [f"p{i}" for i in range(n_prev)]
+    exact_prev = [draw(st.integers(0, 500)) for _ in range(n_prev)]  # computed before step N
+    drafts = [draw(st.integers(0, k)) for _ in range(n_prev)]  # drafts verified in step N
+    valid = [draw(st.integers(1, d + 1)) for d in drafts]  # 1 + accepted
+    keep = draw(st.lists(st.booleans(), min_size=n_prev, max_size=n_prev))
+    carried = [i for i in range(n_prev) if keep[i]]
+    n_new = draw(st.integers(0, 4))
+    order = draw(st.permutations(list(range(len(carried) + n_new))))
+    return n_prev, prev_ids, exact_prev, drafts, valid, carried, n_new, order
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch_changes(), st.integers(0, 3))
+def test_zero_bubble_chain_equals_classic(case, sched_extra):
+    n_prev, prev_ids, exact_prev, drafts, valid, carried, n_new, order = case
+    rows = [("c", i) for i in carried] + [("n", j) for j in range(n_new)]
+    rows = [rows[o] for o in order]
+    n = len(rows)
+    R = 16
+    req_ids = [prev_ids[i] if kind == "c" else f"new{i}" for kind, i in rows]
+    prev_map = {prev_ids[i]: i for i in range(n_prev)}
+    # scheduler view of step N+1: optimistic counts (all drafts accepted) for carried rows
+    exact = np.array([exact_prev[i] + valid[i] if kind == "c" else 7 * i for kind, i in rows], dtype=np.int64)
+    optimistic = np.array([exact_prev[i] + 1 + drafts[i] if kind == "c" else 7 * i for kind, i in rows],
+                          dtype=np.int32)
+    # a carried row without drafts in step N was a (final) prefill / plain decode: scheduler count exact
+    for r, (kind, i) in enumerate(rows):
+        if kind == "c" and drafts[i] == 0:
+            optimistic[r] = exact[r]
+    nst = np.array([1 + sched_extra] * n, dtype=np.int32)
+
+    prev_pos = zb.compute_prev_positions(req_ids, prev_map, n, np.zeros(R, dtype=np.int64))
+    prev_drafts = np.zeros(R, dtype=np.int32)
+    queued = [r for r, (kind, i) in enumerate(rows) if kind == "c" and drafts[i] > 0]
+    zb.optimistic_advance(prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued], dtype=np.int64),
+                          prev_drafts)
+    valid_buf = np.zeros(R, dtype=np.int64)
+    valid_buf[:n_prev] = valid
+
+    # device: correction + positions + seq_lens
+    dev_nc = torch.zeros(R, dtype=torch.int32)
+    dev_nc[:n_prev] = torch.tensor(exact_prev, dtype=torch.int32)
+    seq_lens = torch.zeros(R, dtype=torch.int32)
+    positions = torch.zeros(64, dtype=torch.int64)
+    req_idx = torch.from_numpy(np.repeat(np.arange(n), nst)).to(torch.int64)
+    qpos = torch.from_numpy(np.concatenate([np.arange(x) for x in nst]) if n else np.zeros(0, dtype=np.int64))
+    zb.correct_counts(dev_nc, None, torch.from_numpy(prev_pos.copy()), torch.from_numpy(valid_buf[:n_prev].copy()),
+                      torch.from_numpy(prev_drafts.copy()), torch.from_numpy(optimistic.copy()),
+                      torch.from_numpy(nst.copy()), seq_lens, num_reqs=n, req_indices=req_idx,
+                      query_pos=qpos.to(torch.int64), positions=positions, num_tokens=int(nst.sum()),
+                      num_prev_reqs=n_prev)
+    assert dev_nc[:n].tolist() == exact.tolist()
+    assert seq_lens[:n].tolist() == (exact + nst).tolist()
+    assert positions[: int(nst.sum())].tolist() == [int(exact[r]) + q for r in range(n) for q in range(nst[r])]
+
+    # host, after the launch: the deferred correction makes the CPU counts exact
+    cpu = optimistic.copy()
+    corr = zb.deferred_cpu_corrections(prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued]),
+                                       valid_buf, num_prev=n_prev)
+    zb.apply_cpu_corrections(cpu, np.array(queued, dtype=np.int64), corr)
+    assert cpu.tolist() == exact.tolist()
+
+    # Ascend: exact CPU seq_lens before the launch, from the optimistic ones
+    sl = np.zeros(R, dtype=np.int32)
+    zb.optimistic_seq_lens(optimistic, nst, n, sl)
+    zb.correct_seq_lens_cpu(sl, prev_pos, prev_drafts, valid_buf, n, num_prev=n_prev)
+    assert sl[:n].tolist() == seq_lens[:n].tolist()

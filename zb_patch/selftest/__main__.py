@@ -1,0 +1,41 @@
+"""``python -m zb_patch.selftest``: the self-test with developer options.
+
+Same as ``zb-patch selftest`` plus: ``--ks`` (num_speculative_tokens values), ``--modes``,
+``--no-plain``, ``--triton`` (run the device ops through the Triton kernels; on CPU that needs
+Triton's interpreter and is slow), and ``--plant BUG`` (repeatable; switch on a planted bug —
+the run must then FAIL).  ``--list-plants`` prints the planted bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import run_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zb_patch.selftest", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--ks", type=int, nargs="+", default=None)
+    p.add_argument("--modes", nargs="+", default=None)
+    p.add_argument("--no-plain", action="store_true")
+    p.add_argument("--triton", action="store_true")
+    p.add_argument("--plant", action="append", default=None)
+    p.add_argument("--list-plants", action="store_true")
+    args = p.parse_args(argv)
+    if args.list_plants:
+        from .runner import PLANTS
+
+        for name, (what, upstream) in PLANTS.items():
+            print(f"{name}: {what} [{upstream}]")
+        return 0
+    return run_cli(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
