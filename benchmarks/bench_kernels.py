@@ -159,7 +159,16 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
         zb_jit_mapper(num_reqs, qsl, positions)
 
     fns = {"numpy+H2D": numpy_h2d, "generic": generic, "zb": zb, "zb-jitrun": zbjit}
-    for fn in fns.values():
+    # launch-shape variants of our kernel (JSON only): warps per program, the NPU window path
+    variants = {}
+    for label, shape in (("zb-w1", dict(num_warps=1)), ("zb-w2", dict(num_warps=2)), ("zb-w8", dict(num_warps=8)),
+                         ("zb-window", dict(windowed=True)), ("zb-tile256", dict(tile=256))):
+        if b.dry and label != "zb-window":
+            continue
+        out[label] = torch.full((MAX_NUM_TOKENS,), -7, dtype=slot_dtype, device=dev)
+        m = kernels.slot_mapper(bt, out[label], block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, **shape)
+        variants[label] = (lambda m=m: m(num_reqs, qsl, positions))
+    for fn in list(fns.values()) + list(variants.values()):
         fn()
     b.sync()
     ref = torch.full((MAX_NUM_TOKENS,), -7, dtype=slot_dtype)
@@ -168,6 +177,7 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
     res = {"case": f"{num_reqs}x{per_req}", "num_tokens": T, "equal_to_reference": correct}
     for name, fn in fns.items():
         res[name] = b.measure(fn)
+    res["variants"] = {name: b.measure(fn) for name, fn in variants.items()}
     res["zb_direct_launches"] = zb_mapper._launcher.direct_launches
     return res
 

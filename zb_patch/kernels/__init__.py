@@ -136,6 +136,9 @@ def compute_slot_mapping(
     mapper(num_reqs, query_start_loc, positions)
 
 
+_triton_update_token_counts: Callable[..., None] | None = None
+
+
 def update_token_counts(
     num_computed_tokens: torch.Tensor,
     num_accepted_tokens: torch.Tensor | None,
@@ -160,9 +163,10 @@ def update_token_counts(
     Semantics and the expected call: :mod:`zb_patch.kernels.token_counts`.
     """
     if uses_triton(num_computed_tokens.device):
-        from .token_counts import update_token_counts as _triton_update
-
-        _triton_update(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
+        global _triton_update_token_counts
+        if _triton_update_token_counts is None:
+            from .token_counts import update_token_counts as _triton_update_token_counts
+        _triton_update_token_counts(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
                        prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
                        num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
                        num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs,

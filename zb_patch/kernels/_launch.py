@@ -29,9 +29,19 @@ from typing import Any, Callable, Sequence
 _INTERPRET_ENV = "TRITON_INTERPRET"
 
 
+_interpret: bool | None = None
+
+
 def interpret_mode() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get(_INTERPRET_ENV, "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Read once per process, like Triton itself (``@triton.jit`` picks the interpreter when the
+    kernel module is imported).
+    """
+    global _interpret
+    if _interpret is None:
+        _interpret = os.environ.get(_INTERPRET_ENV, "0") not in ("", "0")
+    return _interpret
 
 
 def next_power_of_2(n: int) -> int:

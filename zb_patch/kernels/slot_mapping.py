@@ -106,6 +106,7 @@ _INT32_MAX = tl.constexpr(2**31 - 1)
 # give 64 programs for 8192 tokens (one tile each).  NPU: larger tiles amortise the scalar work of a
 # vector core; untuned (no NPU measurement yet).
 _CUDA_TILE, _NPU_TILE, _INTERP_TILE = 128, 256, 64
+_CUDA_WARPS = 4
 _REQ_CHUNK = 32
 
 
@@ -144,15 +145,16 @@ def _slot_mapping_kernel(
     req_lanes = tl.arange(0, REQ_PAD)
     num_slots = tl.maximum(num_tokens, MAX_NUM_TOKENS)
     num_tiles = (num_slots + TILE - 1) // TILE
-    # query_start_loc[1..num_reqs], one contiguous load reused by every tile of this program
-    starts = tl.load(query_start_loc_ptr + 1 + req_lanes, mask=req_lanes < num_reqs, other=_INT32_MAX)
-    first_start = tl.load(query_start_loc_ptr)
     for tile in range(pid, num_tiles, NUM_PROGRAMS):
         t0 = tile * TILE
         offs = t0 + lanes
         if t0 < num_tokens:
             in_batch = offs < num_tokens
+            # all independent loads first: positions, query_start_loc[1..num_reqs] (one contiguous
+            # load, cached after the first tile) and the decode guess below
             pos = tl.load(positions_ptr + offs, mask=in_batch, other=0).to(tl.int32)
+            starts = tl.load(query_start_loc_ptr + 1 + req_lanes, mask=req_lanes < num_reqs, other=_INT32_MAX)
+            first_start = tl.load(query_start_loc_ptr)
             t_last = tl.minimum(t0 + TILE, num_tokens) - 1
             # Guess "token t is request t's only token" (decode batches) and verify it with two
             # contiguous loads: qsl[t] <= t < qsl[t+1] means req(t) = t, whatever the other rows are.
@@ -217,9 +219,9 @@ class SlotMappingLauncher:
     step.  Always Triton (CPU tensors need ``TRITON_INTERPRET=1``); :func:`zb_patch.kernels.slot_mapper`
     picks between this and the torch reference.
 
-    ``tile``, ``max_programs`` and ``windowed`` override the per-device launch shape (tests use
-    them to force several tiles and programs and both block-lookup paths); ``direct_launch=False``
-    keeps Triton's normal launch path (benchmarks compare the two).
+    ``tile``, ``max_programs``, ``windowed`` and ``num_warps`` (CUDA) override the per-device launch
+    shape (tests use them to force several tiles and programs and both block-lookup paths);
+    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks compare the two).
     """
 
     def __init__(
@@ -241,6 +243,7 @@ class SlotMappingLauncher:
         max_programs: int | None = None,
         windowed: bool | None = None,
         direct_launch: bool | None = None,
+        num_warps: int | None = None,
     ) -> None:
         world = pcp_world_size * dcp_world_size
         rank = pcp_rank * dcp_world_size + dcp_rank
@@ -297,7 +300,7 @@ class SlotMappingLauncher:
             ),
             device_type=device_type,
             tensor_slots=(0, 1, 2, 3),
-            num_warps=4,
+            num_warps=num_warps or _CUDA_WARPS,
             direct=direct_launch,
         )
         # direct launches: the block table and output buffer are bound here (BlockTable buffers are
