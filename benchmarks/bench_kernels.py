@@ -89,6 +89,7 @@ class Bench:
         self.cuda = device == "cuda"
         self.sync = torch.cuda.synchronize if self.cuda else (lambda: None)
         self.calls = 3 if dry_run else 2000
+        self.graph_error = None
 
     def gpu_us(self, fn) -> float | None:
         """Median of three do_bench medians (METHOD.md: time twice, differences below the spread are noise)."""
@@ -101,10 +102,45 @@ class Bench:
     def host_us(self, fn, calls=None) -> float:
         return host_us(fn, calls or self.calls, repeats=1 if self.dry else 5, sync=self.sync)
 
-    def measure(self, fn, calls=None) -> dict:
+    def graph_us(self, fn, n: int = 50, reps: int = 20) -> float | None:
+        """Device time per call from replaying a CUDA graph of ``n`` back-to-back calls (no launch
+        gaps, warm L2): the kernel's own execution time, much less noisy than do_bench at ~5 us."""
+        if not self.cuda:
+            return None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(n):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3 / (reps * n))
+            return statistics.median(samples)
+        except Exception as exc:  # noqa: BLE001 - not capturable (host work, torch.compile guards)
+            self.graph_error = f"{type(exc).__name__}: {exc}"[:200]
+            return None
+
+    def measure(self, fn, calls=None, graph: bool = True) -> dict:
         self.last_spread = None
         gpu = self.gpu_us(fn)
-        return {"gpu_us": gpu, "gpu_spread_us": self.last_spread, "host_us": self.host_us(fn, calls)}
+        res = {"gpu_us": gpu, "gpu_spread_us": self.last_spread, "host_us": self.host_us(fn, calls)}
+        res["graph_us"] = self.graph_us(fn) if graph else None
+        return res
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,7 +212,7 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
     correct = {name: bool(torch.equal(t.cpu(), ref)) for name, t in out.items()}
     res = {"case": f"{num_reqs}x{per_req}", "num_tokens": T, "equal_to_reference": correct}
     for name, fn in fns.items():
-        res[name] = b.measure(fn)
+        res[name] = b.measure(fn, graph=name != "numpy+H2D")  # its numpy half cannot be captured
     res["variants"] = {name: b.measure(fn) for name, fn in variants.items()}
     res["zb_direct_launches"] = zb_mapper._launcher.direct_launches
     return res
@@ -304,7 +340,8 @@ def correction_case(b: Bench, num_reqs: int, per_req: int, upstream_fn, compiled
     for name, fn in fns.items():
         fn()
         b.sync()
-        res[name] = b.measure(fn, calls=None if name.startswith("zb") else max(1, b.calls // 4))
+        res[name] = b.measure(fn, calls=None if name.startswith("zb") else max(1, b.calls // 4),
+                              graph=name.startswith("zb") or name == "upstream-eager")
     res["zb_direct_launches"] = getattr(prepared, "direct_launches", None)
     return res
 
@@ -435,15 +472,17 @@ def main() -> int:
 
     # summary table
     triv = results["trivial"]["trivial"]
-    print("\nslot mapping (us)        gpu: np+H2D generic    zb  zb-jit trivial | host: np+H2D generic    zb  zb-jit")
+    print("\nslot mapping (us)        gpu: np+H2D generic    zb  zb-jit trivial | host: np+H2D generic    zb  zb-jit"
+          " | graph: generic    zb trivial")
     for r in results["slot"]:
         if "error" in r:
             print(r["case"], "ERROR")
             continue
         g = [r[k]["gpu_us"] for k in ("numpy+H2D", "generic", "zb", "zb-jitrun")] + [triv["gpu_us"]]
         h = [r[k]["host_us"] for k in ("numpy+H2D", "generic", "zb", "zb-jitrun")]
+        gr = [r["generic"]["graph_us"], r["zb"]["graph_us"], triv["graph_us"]]
         print(f"{r['case']:>10} ok={all(r['equal_to_reference'].values())!s:5} " + " ".join(fmt(x) for x in g)
-              + " | " + " ".join(fmt(x) for x in h))
+              + " | " + " ".join(fmt(x) for x in h) + " | " + " ".join(fmt(x) for x in gr))
     print("\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func | host: compiled  eager   prep  zb-fused zb-func")
     for r in results["correction"]:
         if "error" in r:
@@ -451,7 +490,8 @@ def main() -> int:
             continue
         names = ("upstream-compiled", "upstream-eager", "upstream-prep", "zb-fused", "zb-fused-functional")
         print(f"{r['case']:>10} ok={r['equal_to_reference']!s:5} " + " ".join(fmt(r[k]["gpu_us"]) for k in names)
-              + " | " + " ".join(fmt(r[k]["host_us"]) for k in names))
+              + " | " + " ".join(fmt(r[k]["host_us"]) for k in names)
+              + " | graph eager/zb: " + " ".join(fmt(r[k]["graph_us"]) for k in ("upstream-eager", "zb-fused")))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:
