@@ -6,8 +6,10 @@ vllm-ascend team measured at 173 us (4 tokens) / 1039 us (8192 tokens) on NPU ag
 Ascend-shaped kernel that exists only on vllm-ascend main (#13048). This adapter swaps in zb-patch's kernel and
 carries the later correctness fixes a given release lacks (issue 4).
 
-Fingerprints: PyPI ships only 0.23.0 and 0.23.0.post1 in this range; fingerprints for the 0.19.1rc1 .. 0.22.1rc1
-tags are added from the vllm-ascend git tags (an rc build whose targets are not recorded is refused).
+Fingerprints: every release in range (0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1;
+PyPI has wheels for all, though ``pip index`` lists only finals) was read from its wheel and git tag; how, and the
+per-release status of the later fixes, is in docs/releases/ascend-0.19-0.23.md (regenerate with
+docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --adapter ascend-0.19-0.23``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ SLOT_MAPPING_KERNEL = Patch(
     id="slot-mapping-kernel",
     target="vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping",
     make=_make_compute_slot_mapping,
-    fingerprints={"vllm-ascend 0.23.0, 0.23.0.post1": "96af10d24013ad58"},
+    fingerprints={
+        # vLLM's generic kernel in both branches (CP too): the form before #10442
+        "vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1 (wheels)": "34770de46cb5927d",
+        # #10442: torch _compute_pcp_dcp_slot_mapping for CP > 1
+        "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "86170883d9c748c1",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "96af10d24013ad58",
+    },
     why="Every step launches vLLM's generic _compute_slot_mapping_kernel (one program per request, int64 "
         "vectors, runtime block size): 173 us for 4 tokens and 1039 us for 8192 tokens on an Atlas A2 per "
         "vllm-ascend #13048, against 3.0 / 21.2 us for an Ascend-shaped kernel. With CP > 1 the release runs a "
@@ -60,7 +68,11 @@ SLOT_MAPPING_KERNEL = Patch(
     how="Replace the method (same signature) with one launch of zb_patch.kernels.slot_mapper: persistent grid of "
         "few programs over token tiles, int32 index math, constexpr block size / CP, contiguous block-table "
         "window. Every KV-cache group goes through it because MultiGroupBlockTable.compute_slot_mapping calls "
-        "this method per group (guarded). compute_slot_mapping_draft (numpy, drafters) is left alone.",
+        "this method per group (guarded). compute_slot_mapping_draft (numpy, drafters) is left alone. "
+        "Behaviour: identical to the release's slot mapping for every configuration, except on releases "
+        "before #10442 (0.19.1rc1-0.21.0rc1 wheels) with CP > 1, a kernel block smaller than the interleave "
+        "size and hybrid blocks, where the release's generic kernel is wrong and the patch gives #10442's "
+        "answer (docs/releases/ascend-0.19-0.23.md).",
     upstream=("vllm-ascend#13048", "vllm-ascend#10442", "vllm#32951"),
     remove_when="vllm-ascend >= 0.24 (ships #13048's Ascend kernel): the adapter range ends there.",
     roles=("worker",),
@@ -71,12 +83,23 @@ PATCHES = (SLOT_MAPPING_KERNEL,)
 GUARDS = (
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
-        {"vllm-ascend 0.23.0, 0.23.0.post1": "52eb7caec856b962"},
+        {
+            "vllm-ascend 0.19.1rc1": "ccce40b9beff96c6",
+            "vllm-ascend 0.20.2rc1": "0522c803840a1ba3",
+            "vllm-ascend 0.21.0rc1 (wheels)": "eadb2cdfa4acea78",
+            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "0602c50a9e7c505e",
+            "vllm-ascend 0.23.0rc1": "af34c0a04448d6da",
+            "vllm-ascend 0.23.0, 0.23.0.post1": "52eb7caec856b962",
+        },
         "the kernel patch reads the attributes this constructor sets (block_table, slot_mapping, block sizes, CP ranks)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
-        {"vllm-ascend 0.23.0, 0.23.0.post1": "dd72832c4b9fd8bd"},
+        {
+            "vllm-ascend 0.19.1rc1": "7f076a90095a770e",
+            "vllm-ascend 0.20.2rc1, 0.21.0rc1 (wheels)": "4d2ebb1d7af18c41",
+            "vllm-ascend 0.21.0rc1 (sdist) .. 0.23.0.post1": "dd72832c4b9fd8bd",
+        },
         "dispatches to each group's BlockTable.compute_slot_mapping (every KV-cache group gets the patched kernel)",
     ),
 )
