@@ -35,6 +35,9 @@ class Adapter:
     # modules a diagnostic import must load first, in this order (the real worker imports them before the
     # runner; importing the runner module first can hit a circular import)
     preload: tuple[str, ...] = ()
+    # vllm-ascend releases whose sources the fingerprints were computed from (tests/sources re-checks them
+    # against the PyPI artifacts)
+    releases: tuple[str, ...] = ()
 
     def in_range(self, v: Versions) -> bool:
         return v.vllm_ascend.release_in(*self.vllm_ascend) and v.vllm.release_in(*self.vllm)

@@ -162,5 +162,7 @@ ADAPTER = Adapter(
     vllm_ascend=((0, 13, 0), (0, 14)),
     vllm=((0, 13, 0), (0, 14)),
     patch_set=PatchSet('ascend-0.13', PATCHES, GUARDS),
+    preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
+    releases=("0.13.0",),
     notes='vllm-ascend 0.13.0 pins vLLM 0.13.0 (the only 0.13.x on PyPI).',
 )

@@ -165,5 +165,7 @@ ADAPTER = Adapter(
     vllm_ascend=((0, 18, 0), (0, 19)),
     vllm=((0, 18, 0), (0, 19)),
     patch_set=PatchSet('ascend-0.18', PATCHES, GUARDS),
+    preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
+    releases=("0.18.0",),
     notes='vllm-ascend 0.18.0 pins vLLM 0.18.0; vLLM 0.18.1 has identical targets.',
 )

@@ -98,7 +98,7 @@ GUARDS = (
         {
             "vllm-ascend 0.19.1rc1": "7f076a90095a770e",
             "vllm-ascend 0.20.2rc1, 0.21.0rc1 (wheels)": "4d2ebb1d7af18c41",
-            "vllm-ascend 0.21.0rc1 (sdist) .. 0.23.0.post1": "dd72832c4b9fd8bd",
+            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "dd72832c4b9fd8bd",
         },
         "dispatches to each group's BlockTable.compute_slot_mapping (every KV-cache group gets the patched kernel)",
     ),
@@ -110,5 +110,7 @@ ADAPTER = Adapter(
     vllm_ascend=((0, 19, 0), (0, 24)),
     vllm=((0, 19, 0), (0, 24)),
     patch_set=PatchSet("ascend-0.19-0.23", PATCHES, GUARDS),
+    preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
+    releases=("0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0", "0.23.0.post1"),
     notes="vllm-ascend 0.23.0 pins vLLM 0.23.0; 0.23.0.post1 (sdist only) has identical targets.",
 )
