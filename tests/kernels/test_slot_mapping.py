@@ -84,7 +84,7 @@ def assert_same(out_k, out_r):
 SHAPES = [
     pytest.param(None, id="default-shape"),
     pytest.param(dict(tile=16, max_programs=3, windowed=False), id="t16p3-gather"),
-    pytest.param(dict(tile=16, max_programs=2, windowed=True), id="t16p2-window"),
+    pytest.param(dict(tile=16, max_programs=2, windowed=True, uniform_guess=False), id="t16p2-window-npu"),
     pytest.param(dict(tile=64, max_programs=1, windowed=True), id="t64p1-window"),
 ]
 
@@ -106,6 +106,8 @@ SHAPES = [
         pytest.param([3, 1, 70, 2, 1, 5], [5, 0, 100, 7, 63, 15], id="ragged"),
         pytest.param([1] * 40, list(range(40)), id="decode-40"),
         pytest.param([4] * 12, [16 * i + 3 for i in range(12)], id="spec-k3"),
+        pytest.param([4] * 11 + [5], [16 * i + 3 for i in range(12)], id="spec-almost-uniform"),
+        pytest.param([3, 4, 4, 4, 4], [0, 9, 30, 60, 90], id="uniform-guess-misses"),
         pytest.param([2, 0, 3, 0, 0, 1], [1, 9, 4, 2, 3, 8], id="empty-requests"),
     ],
 )
@@ -332,7 +334,7 @@ def slot_cases(draw):
     extra = draw(st.integers(0, 60))
     max_num_tokens = draw(st.sampled_from([sum(lens) + extra, max(0, sum(lens) - 3)]))
     shape = dict(tile=draw(st.sampled_from([16, 32, 64])), max_programs=draw(st.integers(1, 4)),
-                 windowed=draw(st.booleans()))
+                 windowed=draw(st.booleans()), uniform_guess=draw(st.booleans()))
     out_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     seed = draw(st.integers(0, 2**16))
     return dict(block=block, physical=physical, world=world, rank=rank, interleave=interleave, lens=lens,

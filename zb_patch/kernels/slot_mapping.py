@@ -70,9 +70,12 @@ task (no latency hiding across thousands of threads), so this kernel:
 * does its index arithmetic in **int32** vectors (int64 vector math is emulated on the vector unit),
   with ``B``, ``W``, ``I`` and the CP rank as **constexprs** so divisions become shifts and masks,
   and the **CP-off fast path** is a constexpr branch with no ownership arithmetic at all;
-* finds each tile's requests from one **contiguous** load of ``query_start_loc`` (count of starts
-  ``<= t``, a vector compare + max-reduction), not from per-token searches; a tile inside one request
-  (prefill chunks, long decodes) needs no per-token search at all;
+* first **guesses** each token's request and verifies the guess with two loads of
+  ``query_start_loc`` (``qsl[g] <= t < qsl[g+1]``): on NPU the guess is ``g = t`` (decode batches;
+  two *contiguous* loads), on CUDA ``g = t // (tokens per request)`` (decode and uniform spec-decode
+  batches, gathers being cheap there).  Only when a guess fails does a tile count request starts:
+  one **contiguous** load of ``query_start_loc`` (count of starts ``<= t``, a vector compare +
+  max-reduction) — a tile inside one request (prefill chunks) needs no per-token search at all;
 * on NPU (``windowed=True``, the default there) reads the block table of such a tile as one
   **contiguous window** and selects each token's block id with a one-hot compare + max-reduction,
   instead of per-token gathers (which the Ascend compiler scalarises); the window is what
@@ -132,6 +135,7 @@ def _slot_mapping_kernel(
     REQ_CHUNK: tl.constexpr,  # starts compared per step in a tile that spans several requests
     WINDOWED: tl.constexpr,  # single-request tiles read a contiguous block-table window
     WINDOW: tl.constexpr,  # window width (power of 2 >= TILE // local-tokens-per-block + 2)
+    UNIFORM_GUESS: tl.constexpr,  # guess owners as t // (tokens per request) (gathers) instead of t
 ):
     """Grid ``(NUM_PROGRAMS,)``; program ``p`` handles tiles ``p, p + NUM_PROGRAMS, ...``.
 
@@ -156,16 +160,27 @@ def _slot_mapping_kernel(
             starts = tl.load(query_start_loc_ptr + 1 + req_lanes, mask=req_lanes < num_reqs, other=_INT32_MAX)
             first_start = tl.load(query_start_loc_ptr)
             t_last = tl.minimum(t0 + TILE, num_tokens) - 1
-            # Guess "token t is request t's only token" (decode batches) and verify it with two
-            # contiguous loads: qsl[t] <= t < qsl[t+1] means req(t) = t, whatever the other rows are.
-            guess_ok = in_batch & (offs < num_reqs)
-            own_start = tl.load(query_start_loc_ptr + offs, mask=guess_ok, other=_INT32_MAX)
-            own_end = tl.load(query_start_loc_ptr + 1 + offs, mask=guess_ok, other=0)
+            # Guess the owner of each token and verify the guess: qsl[g] <= t < qsl[g+1] means
+            # req(t) = g, whatever the other rows hold.  UNIFORM_GUESS (CUDA): g = t // (tokens per
+            # request), exact for decode and spec-decode batches (every request k tokens); else
+            # (NPU) g = t, exact for decode batches and read with contiguous loads only.
+            if UNIFORM_GUESS:
+                per_req = tl.maximum(num_tokens // tl.maximum(num_reqs, 1), 1)
+                guess = offs // per_req
+                guess_lo = t0 // per_req
+                guess_hi = t_last // per_req
+            else:
+                guess = offs
+                guess_lo = t0
+                guess_hi = t_last
+            guess_ok = in_batch & (guess < num_reqs)
+            own_start = tl.load(query_start_loc_ptr + guess, mask=guess_ok, other=_INT32_MAX)
+            own_end = tl.load(query_start_loc_ptr + 1 + guess, mask=guess_ok, other=0)
             miss = in_batch & ((own_start > offs) | (own_end <= offs))
             if tl.max(miss.to(tl.int32), axis=0) == 0:
-                req = offs
-                req_lo = t0
-                req_hi = t_last
+                req = guess
+                req_lo = guess_lo
+                req_hi = guess_hi
             else:
                 # number of starts <= t (starts are sorted: the largest such index + 1)
                 req_lo = tl.max(tl.where(starts <= t0, req_lanes + 1, 0), axis=0)
@@ -219,8 +234,8 @@ class SlotMappingLauncher:
     step.  Always Triton (CPU tensors need ``TRITON_INTERPRET=1``); :func:`zb_patch.kernels.slot_mapper`
     picks between this and the torch reference.
 
-    ``tile``, ``max_programs``, ``windowed`` and ``num_warps`` (CUDA) override the per-device launch
-    shape (tests use them to force several tiles and programs and both block-lookup paths);
+    ``tile``, ``max_programs``, ``windowed``, ``uniform_guess`` and ``num_warps`` (CUDA) override the
+    per-device launch shape (tests use them to force several tiles and programs and both block-lookup paths);
     ``direct_launch=False`` keeps Triton's normal launch path (benchmarks compare the two).
     """
 
@@ -242,6 +257,7 @@ class SlotMappingLauncher:
         tile: int | None = None,
         max_programs: int | None = None,
         windowed: bool | None = None,
+        uniform_guess: bool | None = None,
         direct_launch: bool | None = None,
         num_warps: int | None = None,
     ) -> None:
@@ -277,6 +293,8 @@ class SlotMappingLauncher:
         # fixed grid: enough programs for the padded buffer, at most one per core
         self.num_programs = max(1, min(-(-self.max_num_tokens // self.tile), max_programs))
         self.windowed = (device_type not in ("cuda", "cpu")) if windowed is None else bool(windowed)
+        # owner guess with gathers on GPUs; contiguous-only (decode) guess where gathers are slow
+        self.uniform_guess = (device_type in ("cuda", "cpu")) if uniform_guess is None else bool(uniform_guess)
         # local tokens per kernel block: B (no CP), B per I*W positions with CP -> a tile of TILE
         # positions touches at most TILE // B + 2 blocks either way.
         window = next_power_of_2(self.tile // self.block_size + 2)
@@ -297,6 +315,7 @@ class SlotMappingLauncher:
                 REQ_CHUNK=_REQ_CHUNK,
                 WINDOWED=self.windowed,
                 WINDOW=window,
+                UNIFORM_GUESS=self.uniform_guess,
             ),
             device_type=device_type,
             tensor_slots=(0, 1, 2, 3),
