@@ -129,3 +129,64 @@ def test_vllm_plugin_loading_in_a_fresh_process():
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert "zb_patch" in info["general"]
     assert info["platform"] == "vllm_ascend.platform.NPUPlatform"
+
+
+# --- the stand-in's own contract (cheap: no vLLM import) ----------------------------------------------
+
+@pytest.mark.parametrize("version, family", [
+    ("0.11.0", "0.11"), ("0.13.0rc2", "0.13"), ("0.18.0", "0.18"), ("0.19.1rc1", "0.18"),
+    ("0.23.0.post1", "0.23"), ("0.27.1+empty", "0.23"),
+])
+def test_family_of(version, family):
+    assert npu_standin.family_of(version) == family
+
+
+def test_family_of_refuses_older_releases():
+    with pytest.raises(RuntimeError, match="older than every covered family"):
+        npu_standin.family_of("0.9.1")
+
+
+def test_install_is_idempotent_and_refuses_another_family():
+    assert npu_standin.install() == FAMILY
+    other = next(f for f in npu_standin.FAMILIES if f != FAMILY)
+    with pytest.raises(RuntimeError, match="already installed"):
+        npu_standin.install(other)
+
+
+def test_every_declared_name_of_this_family_exists():
+    import importlib
+
+    from npu_standin import surface
+
+    for mod, attrs in surface.modules_for(FAMILY).items():
+        m = importlib.import_module(mod)
+        for attr in attrs:
+            assert hasattr(m, attr), f"{mod}.{attr}"
+
+
+def test_roots_this_family_does_not_need_are_absent():
+    import importlib.util
+
+    from npu_standin import surface
+
+    declared = surface.modules_for(FAMILY)
+    for root in surface.ROOTS:
+        if root not in declared and "." not in root:
+            assert importlib.util.find_spec(root) is None, root
+
+
+def test_npu_only_calls_raise_and_runtime_objects_are_noops():
+    import torch
+    import torch_npu  # noqa: F401
+
+    with pytest.raises(RuntimeError, match="needs an Ascend NPU"):
+        torch.npu.mem_get_info() if FAMILY != "0.11" else __import__("acl.rt").rt.memcpy()
+    with pytest.raises(RuntimeError, match="cannot be constructed on CPU"):
+        torch.npu.NPUGraph()
+    stream = torch.npu.Stream()
+    event = torch.npu.ExternalEvent()
+    event.record(stream)
+    event.synchronize()
+    assert event.query() and stream.query()
+    with torch.npu.stream(stream):
+        stream.wait_stream(torch.npu.current_stream())

@@ -23,7 +23,7 @@ from typing import Any
 from . import surface
 from ._core import HINT, StandinFinder, StandinModule
 
-__all__ = ["install", "is_installed", "active_family", "detect_family", "accessed", "FAMILIES", "HINT"]
+__all__ = ["install", "is_installed", "active_family", "detect_family", "family_of", "accessed", "FAMILIES", "HINT"]
 
 FAMILIES = surface.FAMILIES
 
@@ -47,6 +47,11 @@ def detect_family(dist: str = "vllm-ascend") -> str | None:
         ver = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+    return family_of(ver, dist)
+
+
+def family_of(ver: str, dist: str = "vllm-ascend") -> str:
+    """The family of a vllm-ascend version string (see detect_family)."""
     m = re.match(r"(\d+)\.(\d+)", ver)
     if not m:
         raise StandinError(f"NPU stand-in: cannot parse {dist} version {ver!r}")
