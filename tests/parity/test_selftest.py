@@ -6,6 +6,8 @@ own vLLM platform and must not inherit the NPU stand-in or a platform another te
 * a clean self-test over k = 1..4 with the plain-scheduler oracle: no divergence, and the sync
   counts the design promises (classic: one blocking accepted-count sync before input prep per step;
   zero-bubble: none before input prep; Ascend: one before attention metadata instead);
+* a short run with the device ops on the Triton kernels (Triton's CPU interpreter), where Triton is
+  installed;
 * ``zb-patch selftest --steps 40 --json --quiet`` through the real CLI entry point;
 * every planted bug (``zb_patch.selftest.runner.PLANTS``) alone: each must make the harness report
   divergences.  These are the harness's expected failures, asserted as passing tests.
@@ -36,7 +38,7 @@ PLANT_RUNS = {  # plant -> (steps, k): the smallest runs that hit the bug in vLL
 }
 
 _SUITE = r"""
-import contextlib, io, json, sys
+import contextlib, importlib.util, io, json, sys
 from zb_patch import cli
 from zb_patch.selftest import run_many
 
@@ -44,10 +46,13 @@ plants = json.loads(sys.argv[1])
 runs = [dict(steps=400, seed=0, ks=(1, 2, 3, 4), plain=True)]
 runs += [dict(steps=s, seed=0, ks=(k,), plain=False, plants=(p,)) for p, (s, k) in plants.items()]
 reports = [r.as_dict() for r in run_many(runs)]
+triton = None
+if importlib.util.find_spec("triton") is not None:  # the device ops through the Triton kernels (interpreter)
+    triton = run_many([dict(steps=160, seed=5, ks=(1, 2, 3, 4), plain=False)], triton=True)[0].as_dict()
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     rc = cli.main(["selftest", "--steps", "40", "--seed", "3", "--json", "--quiet"])
-print(json.dumps({"reports": reports, "cli_rc": rc, "cli_stdout": buf.getvalue()}))
+print(json.dumps({"reports": reports, "triton": triton, "cli_rc": rc, "cli_stdout": buf.getvalue()}))
 """
 
 
@@ -55,6 +60,8 @@ print(json.dumps({"reports": reports, "cli_rc": rc, "cli_stdout": buf.getvalue()
 def suite():
     env = dict(os.environ)
     env.pop("ZB_PATCH", None)  # the harness must not depend on the plugin being active
+    env["TRITON_INTERPRET"] = "1"  # decided when Triton is imported; the reference runs switch it off
+    env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run([sys.executable, "-c", _SUITE, json.dumps(PLANT_RUNS)], capture_output=True, text=True,
                           env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -119,3 +126,11 @@ def test_planted_bug_makes_the_harness_fail(suite, plant):
     assert not rep["ok"]
     assert rep["divergences"] > 0
     assert rep["modes"]["sync"]["crashed"] == []  # the reference itself never runs planted code
+
+
+def test_triton_kernels_in_the_loop(suite):
+    rep = suite["triton"]
+    if rep is None:
+        pytest.skip("Triton is not installed here")
+    assert rep["ok"], json.dumps(rep["examples"], indent=1)[:3000]
+    assert rep["modes"]["zero-bubble"]["steps"] > 100

@@ -160,9 +160,8 @@ def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool
     from . import compat
 
     reports: list[Report] = []
-    with compat.stdout_to_stderr(), compat.quiet_vllm_logs():
-        with compat.vllm_session(vocab_size=compat.EngineShape(num_spec_tokens=1).vocab_size,
-                                 triton=triton) as session:
+    with compat.kernel_backend(triton), compat.stdout_to_stderr(), compat.quiet_vllm_logs():
+        with compat.vllm_session(vocab_size=compat.EngineShape(num_spec_tokens=1).vocab_size) as session:
             for kw in runs:
                 reports.append(_run_in_session(session, progress=progress, **kw))
     return reports

@@ -26,9 +26,9 @@ Process-global state the harness changes — all inside :func:`vllm_session`, al
    exit.
 4. ``vllm.v1.core.kv_cache_utils.NONE_HASH`` (prefix-caching root hash) is initialised as the
    engine does; restored on exit.
-5. ``TRITON_INTERPRET`` is forced off (the CPU reference twins of :mod:`zb_patch.kernels` run the
-   device ops; the Triton kernels are proved against them by the kernel tests) unless the caller
-   asks for the Triton path; restored on exit.
+5. ``TRITON_INTERPRET`` (:func:`kernel_backend`) is forced off — the CPU reference twins of
+   :mod:`zb_patch.kernels` run the device ops; the Triton kernels are proved against them by the
+   kernel tests — unless the caller asks for the Triton path; restored on exit.
 """
 
 from __future__ import annotations
@@ -126,13 +126,31 @@ def _make_model_classes() -> tuple[type, type]:
 
 
 @contextlib.contextmanager
-def vllm_session(*, vocab_size: int, triton: bool = False) -> Iterator[Session]:
+def kernel_backend(triton: bool) -> Iterator[None]:
+    """``TRITON_INTERPRET`` for the run (restored after).  Enter it before anything imports Triton
+    (importing vLLM does): Triton decides at decoration time whether ``@triton.jit`` functions —
+    its own standard library included — are interpretable."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if triton else "0"
+    try:
+        if triton and "triton" in sys.modules and saved in (None, "", "0"):
+            raise RuntimeError("the Triton path needs TRITON_INTERPRET=1 before Triton is imported; "
+                               "run the self-test in a fresh process (or export TRITON_INTERPRET=1)")
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+@contextlib.contextmanager
+def vllm_session(*, vocab_size: int) -> Iterator[Session]:
     """Install the harness's process-global vLLM state (module docstring) and undo it on exit."""
     import vllm.platforms as platforms
 
     notes: list[str] = []
     saved_platform = platforms._current_platform
-    saved_env = os.environ.get("TRITON_INTERPRET")
     if saved_platform is not None:
         notes.append(f"a vLLM platform was already resolved in this process ({type(saved_platform).__name__}); "
                      "swapped for the run — run the self-test in a fresh process for a clean result")
@@ -141,10 +159,6 @@ def vllm_session(*, vocab_size: int, triton: bool = False) -> Iterator[Session]:
 
     saved_plugins_loaded = plugins.plugins_loaded
     plugins.plugins_loaded = True
-    if triton:
-        os.environ["TRITON_INTERPRET"] = "1"
-    else:
-        os.environ["TRITON_INTERPRET"] = "0"
 
     registered: list[str] = []
     tmp = tempfile.TemporaryDirectory(prefix="zb-selftest-")
@@ -180,10 +194,6 @@ def vllm_session(*, vocab_size: int, triton: bool = False) -> Iterator[Session]:
         tmp.cleanup()
         plugins.plugins_loaded = saved_plugins_loaded
         platforms._current_platform = saved_platform
-        if saved_env is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
 
 
 # ------------------------------------------------------------------------------------------------

@@ -81,29 +81,69 @@ def forward(kv: np.ndarray, input_ids: np.ndarray, positions: np.ndarray, slot_m
     hidden = np.zeros(total, dtype=np.int64)
     nslots = kv.shape[0]
     max_blocks = block_table.shape[1]
+    read_slot: list[int | None] = []
     for r in range(num_reqs):
+        ctx = int(attn_seq_lens[r]) - (int(qsl[r + 1]) - int(qsl[r]))
+        if ctx <= 0:
+            read_slot.append(None)
+            continue
+        p = ctx - 1
+        bi = p // block_size
+        read_slot.append(int(block_table[r, bi]) * block_size + p % block_size if bi < max_blocks else None)
+    for r in _write_before_read_order(read_slot, slot_mapping, qsl, num_reqs):
         s, e = int(qsl[r]), int(qsl[r + 1])
         ctx = int(attn_seq_lens[r]) - (e - s)
+        slot = read_slot[r]
         if ctx == 0:
             h = SEED_STATE
         elif ctx < 0:
             h = BAD_STATE ^ (-ctx)
         else:
-            p = ctx - 1
-            bi = p // block_size
-            if bi >= max_blocks:
-                h = BAD_STATE
-            else:
-                slot = int(block_table[r, bi]) * block_size + p % block_size
-                h = int(kv[slot]) if 0 <= slot < nslots else BAD_STATE
+            h = int(kv[slot]) if slot is not None and 0 <= slot < nslots else BAD_STATE
         for t in range(s, e):
             h = mix(h, int(input_ids[t]), int(positions[t]))
-            slot = int(slot_mapping[t])
-            if 0 <= slot < nslots:
-                kv[slot] = h
+            slot_t = int(slot_mapping[t])
+            if 0 <= slot_t < nslots:
+                kv[slot_t] = h
             hidden[t] = h
             target[t] = token_of(h, vocab_size)
     return target, hidden
+
+
+def _write_before_read_order(read_slot: list[int | None], slot_mapping: np.ndarray, qsl: np.ndarray,
+                             num_reqs: int) -> list[int]:
+    """Row order in which every row runs after the rows whose new KV it reads in the same step.
+
+    A real forward writes the whole batch's K/V of a layer before that layer's attention reads, so a
+    request can attend to cache blocks another request of the same batch is filling (a prefix-cache
+    hit on a block whose owner computes it in this very step: vLLM caches blocks at allocation time).
+    The chain model is sequential per row, so it orders rows instead.
+    """
+    writer: dict[int, int] = {}
+    for r in range(num_reqs):
+        for t in range(int(qsl[r]), int(qsl[r + 1])):
+            writer[int(slot_mapping[t])] = r
+    deps = {r: writer[read_slot[r]] for r in range(num_reqs)
+            if read_slot[r] is not None and read_slot[r] in writer and writer[read_slot[r]] != r}
+    if not deps:
+        return list(range(num_reqs))
+    order: list[int] = []
+    state = [0] * num_reqs  # 0 new, 1 visiting, 2 done
+
+    def visit(r: int) -> None:
+        if state[r] == 2:
+            return
+        if state[r] == 1:  # a cycle cannot come from a consistent schedule; keep going deterministically
+            return
+        state[r] = 1
+        if r in deps:
+            visit(deps[r])
+        state[r] = 2
+        order.append(r)
+
+    for r in range(num_reqs):
+        visit(r)
+    return order
 
 
 def rejection_sample(target: np.ndarray, input_ids: np.ndarray, qsl: np.ndarray, num_drafts: list[int],

@@ -87,6 +87,14 @@ class ReqState:
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
 
+    def get_token_id(self, idx: int) -> int:
+        """vLLM ``CachedRequestState.get_token_id``."""
+        if 0 <= idx < len(self.prompt):
+            return self.prompt[idx]
+        if 0 <= idx - len(self.prompt) < len(self.output):
+            return self.output[idx - len(self.prompt)]
+        return -1
+
 
 @dataclass
 class RowRec:
@@ -509,7 +517,11 @@ class Runner:
         dev.h2d(self.qsl_dev, self.qsl_np)
         num_tokens = np.array([self.requests[r].num_tokens for r in req_ids], dtype=np.int32)
         prev_map = b.prev_req_id_to_index if self.async_sched else None
-        prev_positions = zb.compute_prev_positions(req_ids, prev_map, n, self.prev_positions_np)
+        if self.is_zb:
+            prev_positions = zb.compute_prev_positions(req_ids, prev_map, n, self.prev_positions_np)
+        else:  # reference: straight from the map (vLLM 0.18 _prepare_input_ids), independent of zero_bubble
+            prev_positions = self.prev_positions_np[:n]
+            prev_positions[:] = [(prev_map or {}).get(r, -1) for r in req_ids]
         self.coverage["rows_reused_from_previous_step"] += int((prev_positions >= 0).sum())
 
         attn_seq_lens: list[int] | None = None
@@ -672,8 +684,11 @@ class Runner:
             # beyond the committed tokens get_token_id() returns -1
             vals = np.where(idx < b.num_tokens_no_spec[:n], vals, -1)
             self.backup_np[:n] = vals
-        else:
+        elif self.is_zb:
             zb.backup_next_token_ids(b.token_ids_cpu, b.num_tokens_no_spec, n, self.backup_np)
+        else:  # reference: vLLM's own loop over the request states (independent of zero_bubble)
+            for i, rid in enumerate(ctx.req_ids):
+                self.backup_np[i] = self.requests[rid].get_token_id(int(b.num_tokens_no_spec[i]) - 1)
         if self.is_zb and "backup-staging-reuse" not in self.plants:
             # vLLM copies the reused pinned backup_next_token_ids buffer; under zero-bubble nothing
             # orders the next step's host write after this copy when this step has no participating
