@@ -91,7 +91,7 @@ def doctor_data(import_targets: bool = True) -> dict:
                 d = item.as_dict()
                 d["enabled"] = item.verdict not in (R.DISABLED,)
                 d["in_range"] = in_range
-                d["fingerprint_ok"] = item.matched is not None
+                d["fingerprint_ok"] = item.matched is not None if item.kind != "advisory" else None
                 items.append(d)
             data["adapters"].append({"id": adapter.id, "title": adapter.title, "range": adapter.range_text,
                                      "in_range": in_range, "verdict": report.verdict,
@@ -154,7 +154,7 @@ def _print_doctor(d: dict, out=sys.stdout) -> None:
         w(f"  {'kind':<6} {'verdict':<16} {'found':<6} {'fp ok':<6} {'fingerprint':<17} target\n")
         for it in a["items"]:
             w(f"  {it['kind']:<6} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
-              f"{'yes' if it['fingerprint_ok'] else 'no':<6} {it['fingerprint'] or '-':<17} "
+              f"{ {True: 'yes', False: 'no', None: '-'}[it['fingerprint_ok']]:<6} {it['fingerprint'] or '-':<17} "
               f"{it['target'] if it['kind'] == 'guard' else it['id'] + ' -> ' + it['target']}\n")
             if it["reason"] and it["verdict"] not in ("ok",):
                 w(f"  {'':<6} {it['reason']}\n")

@@ -313,6 +313,10 @@ class Activation:
             parts.append(f"disabled [{', '.join(disabled)}]")
         parts.append(f"{guards} guards verified")
         self.reason = f"{adapter.id} {how}"
+        for item in report.items:
+            if item.kind == "advisory" and item.verdict == R.ADVISORY:
+                _logger().warning("%s adapter=%s known issue %s not fixed by zb-patch (%s): %s",
+                                  self._prefix(), adapter.id, item.id, item.matched, item.reason)
         _logger().info("%s adapter=%s %s: %s; versions %s", self._prefix(), adapter.id, how, "; ".join(parts),
                        self.versions.summary())
 

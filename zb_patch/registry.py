@@ -200,6 +200,18 @@ class Guard:
 
 
 @dataclasses.dataclass(frozen=True)
+class Advisory:
+    """A known upstream bug zb-patch does not (yet) carry a fix for: when ``target`` has one of the
+    ``affected`` fingerprints, one WARNING says so (never blocks the adapter)."""
+
+    id: str
+    target: str
+    affected: Mapping[str, str]        # label -> fingerprint of the target in releases with the bug
+    message: str
+    upstream: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Patch:
     """One replacement of one target.
 
@@ -219,6 +231,9 @@ class Patch:
     roles: tuple[str, ...] = ("worker",)
     aliases: tuple[str, ...] = ()           # "module:name" bindings made by ``from x import f``
     native: Optional[Callable[[Any], Optional[str]]] = None
+    # fingerprints of the target in releases that already carry the fix: verdict "native", nothing applied
+    # (decided by the code actually installed, so a nightly that picked the fix up is recognised too)
+    native_fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         split_target(self.target)
@@ -335,6 +350,7 @@ DISABLED = "disabled"
 REFUSED = "refused"
 PENDING = "pending"
 OK = "ok"
+ADVISORY = "advisory"      # a known bug of the installed release that zb-patch does not fix
 
 
 @dataclasses.dataclass
@@ -418,10 +434,12 @@ class SetReport:
 class PatchSet:
     """The patches and guards of one adapter, applied together or not at all."""
 
-    def __init__(self, name: str, patches: Iterable[Patch], guards: Iterable[Guard] = ()):
+    def __init__(self, name: str, patches: Iterable[Patch], guards: Iterable[Guard] = (),
+                 advisories: Iterable[Advisory] = ()):
         self.name = name
         self.patches = tuple(patches)
         self.guards = tuple(guards)
+        self.advisories = tuple(advisories)
         ids = [p.id for p in self.patches]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{name}: duplicate patch ids")
@@ -484,6 +502,13 @@ class PatchSet:
                 continue
             res = resolve(p.target, import_missing=import_missing)
             label, why = check_fingerprint(res, p.fingerprints)
+            native_label = next((lb for lb, fp in p.native_fingerprints.items()
+                                 if res.found and fp == res.fingerprint and res.patched_by is None), None)
+            if native_label is not None:
+                items.append(ItemReport(p.id, p.target, "patch", NATIVE, True, res.fingerprint,
+                                        dict(p.fingerprints), native_label,
+                                        f"the installed code already carries the fix ({native_label})"))
+                continue
             if not res.found and "is not imported" in res.reason:
                 verdict = PENDING
                 pending.append(p.target)
@@ -504,6 +529,17 @@ class PatchSet:
             items.append(ItemReport(p.id, p.target, "patch", verdict, res.found, res.fingerprint,
                                     dict(p.fingerprints), label, why))
             resolved.append((p, res))
+        for adv in self.advisories:
+            res = resolve(adv.target, import_missing=import_missing)
+            hit = next((lb for lb, fp in adv.affected.items() if fp == res.fingerprint), None) if res.found else None
+            if hit:
+                verdict, why = ADVISORY, adv.message
+            elif not res.found and "is not imported" in res.reason:
+                verdict, why = PENDING, res.reason
+            else:
+                verdict, why = OK, "not affected" if res.found else res.reason
+            items.append(ItemReport(adv.id, adv.target, "advisory", verdict, res.found, res.fingerprint,
+                                    dict(adv.affected), hit, why))
         if problems:
             report = SetReport(self.name, REFUSED, items, "; ".join(problems))
         elif pending:

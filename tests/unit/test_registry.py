@@ -193,3 +193,39 @@ def test_applied_state_survives_fork_as_inherited(upstream):
     os.close(w)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+def test_native_fingerprint_means_the_fix_is_already_there(upstream):
+    mod = upstream.load()
+    orig = mod.Runner.__dict__["step"]
+    fp = fingerprint_object(orig)
+    p = Patch(id="fix", target=upstream.target("Runner.step"), make=_double_step,
+              fingerprints={"buggy 1.0": "0123456789abcdef"}, native_fingerprints={"fixed 2.0": fp},
+              why="w", upstream=("#1",), remove_when="r")
+    rep = PatchSet("t", [p]).apply()
+    assert rep.verdict == R.OK, rep.reason
+    item = rep.items[0]
+    assert (item.verdict, item.matched) == (R.NATIVE, "fixed 2.0") and "already carries" in item.reason
+    assert mod.Runner.__dict__["step"] is orig
+
+
+def test_neither_buggy_nor_fixed_form_refuses(upstream):
+    upstream.load()
+    p = Patch(id="fix", target=upstream.target("Runner.step"), make=_double_step,
+              fingerprints={"buggy 1.0": "0123456789abcdef"}, native_fingerprints={"fixed 2.0": "fedcba9876543210"},
+              why="w", upstream=("#1",), remove_when="r")
+    assert PatchSet("t", [p]).apply().verdict == R.REFUSED
+
+
+def test_advisory_warns_without_blocking(upstream):
+    mod = upstream.load()
+    fp = fingerprint_object(mod.Runner.__dict__["prepare"])
+    adv = R.Advisory(id="#42", target=upstream.target("Runner.prepare"), affected={"rel 1.0": fp},
+                     message="known bug", upstream=("#42",))
+    other = R.Advisory(id="#43", target=upstream.target("Runner.step"), affected={"rel 0.9": "0" * 16},
+                       message="other bug")
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)], advisories=[adv, other])
+    rep = ps.apply()
+    assert rep.verdict == R.APPLIED
+    verdicts = {i.id: (i.kind, i.verdict) for i in rep.items}
+    assert verdicts["#42"] == ("advisory", R.ADVISORY) and verdicts["#43"] == ("advisory", R.OK)

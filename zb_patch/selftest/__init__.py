@@ -135,7 +135,7 @@ class _Progress:
         self._last = now
         frac = min(self.done / self.total, 1.0)
         bar = "#" * int(frac * 30)
-        self.stream.write(f"\rzb-patch selftest [{bar:<30}] {frac * 100:5.1f}% ({self.done}/{self.total} steps)")
+        self.stream.write(f"\rzb-patch selftest [{bar:<30}] {frac * 100:5.1f}%")
         self.stream.flush()
 
     def close(self) -> None:
@@ -188,7 +188,7 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
         raise ValueError("no num_spec_tokens values")
     t0 = time.monotonic()
     per_k = max(1, steps // len(ks))
-    bar = _Progress(per_k * len(ks), progress)
+    bar = _Progress(per_k * len(ks) * (2 if plain else 1), progress)
     summaries: dict[str, ModeSummary] = {}
     divergences = stream_mismatches = 0
     invariants: list[str] = []
@@ -229,7 +229,7 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
                 s.crashed.append(f"k={k}: {r.crashed}")
     bar.close()
     order = [m for m in (SYNC, ZB, ZB_ASCEND, "plain") if m in summaries]
-    return Report(vllm=_dist_version("vllm") or "?", vllm_ascend=_dist_version("vllm-ascend"), seed=seed,
+    return Report(vllm=session.vllm_version, vllm_ascend=_dist_version("vllm-ascend"), seed=seed,
                   steps=steps, ks=tuple(ks), plants=tuple(plants), modes={m: summaries[m] for m in order},
                   divergences=divergences, stream_mismatches=stream_mismatches, invariant_failures=invariants,
                   examples=examples, notes=notes, seconds=time.monotonic() - t0)

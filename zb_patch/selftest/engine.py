@@ -219,7 +219,7 @@ def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[Reques
                 divergences += compare_records(shape.num_spec_tokens, ref, o, upto, examples, limit)
         prune(ref, upto)
         it += 1
-        if progress is not None:
+        if progress is not None and it <= iterations:
             progress(1)
         if it >= iterations and all(r.idle() for r in runs.values() if r.crashed is None):
             break
@@ -238,6 +238,8 @@ def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[Reques
             p.step_sync(abort_after)
             p.runner.records.clear()
             it += 1
+            if progress is not None and it <= iterations:
+                progress(1)
             if it >= iterations and p.idle():
                 break
         runs[PLAIN] = p

@@ -266,8 +266,9 @@ class PendingOutput:
 
 class Runner:
     def __init__(self, mode: str, shape: compat.EngineShape, *, seed: int,
-                 plants: frozenset[str] = frozenset()) -> None:
+                 plants: frozenset[str] = frozenset(), count_base: str = "cpu") -> None:
         self.mode, self.shape, self.plants = mode, shape, plants
+        self.count_base = count_base
         self.is_zb = mode in (ZB, ZB_ASCEND)
         self.async_sched = mode != PLAIN
         self.k = shape.num_spec_tokens
@@ -551,8 +552,14 @@ class Runner:
             if correcting:
                 dev.h2d(self.prev_positions_dev, self.prev_positions_np, n)
                 dev.h2d(self.prev_num_draft_dev, self.prev_num_draft_np)
-            # cpu_values: a non-blocking copy straight from the live host counts (as vLLM does)
-            dev.h2d(self.cpu_values_dev, b.num_computed_cpu, n)
+            if self.count_base == "cpu" and "live-cpu-values" not in self.plants:
+                # the deferred correction changes the live host counts in place after the launch:
+                # the device must read a private snapshot when it corrects from them
+                dev.h2d(self.cpu_values_dev, b.num_computed_cpu[:n].copy(), n)
+            else:
+                # a non-blocking copy straight from the live host counts (as vLLM 0.19+ does; benign
+                # there because participating rows take previous + valid instead)
+                dev.h2d(self.cpu_values_dev, b.num_computed_cpu, n)
             valid_dev = self.prev_valid_dev
             num_prev = self.prev_num_reqs
             by_row = "accepted-counts-by-row" in self.plants
@@ -567,7 +574,7 @@ class Runner:
                     self.cpu_values_dev[:n], self.num_sched_dev[:n], self.seq_lens_dev,
                     num_reqs=n, req_indices=self.req_indices_dev, query_pos=self.query_pos_dev,
                     positions=self.positions_dev, num_tokens=total,
-                    num_prev_reqs=num_prev if correcting else None)
+                    num_prev_reqs=num_prev if correcting else None, base=self.count_base)
                 zb.slot_mapping(self.qsl_dev[: n + 1], self.positions_dev[:total], self.bt_dev, self.slot_dev,
                                 block_size=shape.block_size, max_num_tokens=shape.max_num_batched_tokens,
                                 num_reqs=n)
