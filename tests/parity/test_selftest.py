@@ -10,7 +10,8 @@ own vLLM platform and must not inherit the NPU stand-in or a platform another te
   installed;
 * ``zb-patch selftest --steps 40 --json --quiet`` through the real CLI entry point;
 * every planted bug (``zb_patch.selftest.runner.PLANTS``) alone: each must make the harness report
-  divergences.  These are the harness's expected failures, asserted as passing tests.
+  divergences.  These are the harness's expected failures, asserted as passing tests;
+* the upstream form of the device correction (``--correction previous``).
 
 Skipped where vLLM is not installed (the ``unit`` / ``kernels`` envs).  Cost: one vLLM import plus
 ~1 minute of CPU on the CI box.
@@ -35,6 +36,7 @@ PLANT_RUNS = {  # plant -> (steps, k): the smallest runs that hit the bug in vLL
     "uncorrected-cpu-seq-lens": (200, 2),
     "backup-staging-reuse": (200, 4),  # rare by nature: a discarded row whose backup changes between steps
     "deferred-without-wait": (200, 2),
+    "live-cpu-values": (200, 2),
 }
 
 _SUITE = r"""
@@ -45,6 +47,7 @@ from zb_patch.selftest import run_many
 plants = json.loads(sys.argv[1])
 runs = [dict(steps=400, seed=0, ks=(1, 2, 3, 4), plain=True)]
 runs += [dict(steps=s, seed=0, ks=(k,), plain=False, plants=(p,)) for p, (s, k) in plants.items()]
+runs += [dict(steps=400, seed=2, ks=(1, 2, 3, 4), plain=False, correction="previous")]
 reports = [r.as_dict() for r in run_many(runs)]
 triton = None
 if importlib.util.find_spec("triton") is not None:  # the device ops through the Triton kernels (interpreter)
@@ -122,7 +125,7 @@ def test_cli_selftest_json(suite):
 @pytest.mark.parametrize("plant", sorted(PLANT_RUNS))
 def test_planted_bug_makes_the_harness_fail(suite, plant):
     """Expected failure of the harness, asserted: the planted bug must be reported as divergences."""
-    rep = next(r for r in suite["reports"][1:] if r["planted_bugs"] == [plant])
+    rep = next(r for r in suite["reports"][1:-1] if r["planted_bugs"] == [plant])
     assert not rep["ok"]
     assert rep["divergences"] > 0
     assert rep["modes"]["sync"]["crashed"] == []  # the reference itself never runs planted code
@@ -134,3 +137,18 @@ def test_triton_kernels_in_the_loop(suite):
         pytest.skip("Triton is not installed here")
     assert rep["ok"], json.dumps(rep["examples"], indent=1)[:3000]
     assert rep["modes"]["zero-bubble"]["steps"] > 100
+
+
+def test_upstream_correction_formula(suite):
+    """vLLM 0.19's device correction (last step's device counts + valid counts) is right under the
+    vLLM >= 0.18 schedulers, and short by the catch-up tokens under vLLM 0.13's async scheduler."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    rep = suite["reports"][-1]
+    assert rep["device_correction"] == "previous"
+    if Version(version("vllm")).release[:2] >= (0, 18):
+        assert rep["ok"], json.dumps(rep["examples"], indent=1)[:3000]
+    else:
+        assert not rep["ok"]

@@ -228,3 +228,44 @@ def test_zero_bubble_chain_equals_classic(case, sched_extra):
     zb.optimistic_seq_lens(optimistic, nst, n, sl)
     zb.correct_seq_lens_cpu(sl, prev_pos, prev_drafts, valid_buf, n, num_prev=n_prev)
     assert sl[:n].tolist() == seq_lens[:n].tolist()
+
+
+def _device_correct(base, prev_pos, valid, drafts, cpu, prev_nc, n_prev):
+    R = 8
+    n = len(cpu)
+    nc = torch.zeros(R, dtype=torch.int32)
+    nc[:n_prev] = torch.tensor(prev_nc, dtype=torch.int32)
+    seq = torch.zeros(R, dtype=torch.int32)
+    pos = torch.zeros(16, dtype=torch.int64)
+    nst = torch.ones(n, dtype=torch.int32)
+    acc = torch.ones(n, dtype=torch.int32)
+    zb.correct_counts(nc, acc, torch.tensor(prev_pos, dtype=torch.int64), torch.tensor(valid, dtype=torch.int64),
+                      torch.tensor(drafts, dtype=torch.int32), torch.tensor(cpu, dtype=torch.int32), nst, seq,
+                      num_reqs=n, req_indices=torch.arange(n, dtype=torch.int64),
+                      query_pos=torch.zeros(n, dtype=torch.int64), positions=pos, num_tokens=n,
+                      num_prev_reqs=n_prev, base=base)
+    return nc[:n].tolist(), acc.tolist(), seq[:n].tolist(), pos[:n].tolist()
+
+
+def test_correction_bases_agree_when_the_previous_step_scheduled_one_plus_drafts():
+    # row 0 was row 1 (3 drafts, 2 accepted), row 1 was row 0 (no drafts), row 2 is new
+    prev_nc, drafts, valid = [40, 10], [0, 3, 0, 0], [1, 3]
+    cpu = [10 + 1 + 3, 41, 7]  # scheduler: optimistic for the spec row, exact for the others
+    a = _device_correct("previous", [1, 0, -1], valid, drafts, cpu, prev_nc, 2)
+    b = _device_correct("cpu", [1, 0, -1], valid, drafts, cpu, prev_nc, 2)
+    assert a == b
+    assert a[0] == [13, 41, 7] and a[1] == [3, 1, 1]
+
+
+def test_cpu_base_is_right_when_the_previous_step_also_caught_up_tokens():
+    # vLLM 0.13's async scheduler: a resumed request scheduled m = 4 catch-up tokens + 3 drafts in one
+    # step (7 tokens from 56); 2 drafts accepted -> exact = 56 + 4 + 2 = 62; optimistic = 63
+    prev = _device_correct("previous", [0], [3], [3], [63], [56], 1)
+    cpu = _device_correct("cpu", [0], [3], [3], [63], [56], 1)
+    assert cpu[0] == [62] and cpu[2] == [63] and cpu[3] == [62]
+    assert prev[0] == [59]  # upstream's previous + valid: short by m - 1
+
+
+def test_correction_base_is_checked():
+    with pytest.raises(ValueError):
+        _device_correct("nope", [0], [1], [1], [1], [0], 1)

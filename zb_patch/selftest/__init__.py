@@ -87,6 +87,7 @@ class Report:
     examples: list[dict[str, Any]]
     notes: list[str]
     seconds: float
+    correction: str = "cpu"
 
     @property
     def total_divergences(self) -> int:
@@ -100,6 +101,7 @@ class Report:
         return {
             "schema": SCHEMA, "ok": self.ok, "vllm": self.vllm, "vllm_ascend": self.vllm_ascend, "seed": self.seed,
             "steps_requested": self.steps, "num_spec_tokens": list(self.ks), "planted_bugs": list(self.plants),
+            "device_correction": self.correction,
             "modes": {m: s.as_dict() for m, s in self.modes.items()},
             "divergences": self.total_divergences,
             "divergences_detail": {"per_step_fields": self.divergences, "token_streams": self.stream_mismatches,
@@ -146,12 +148,12 @@ class _Progress:
 
 def run_selftest(*, steps: int = 2000, seed: int = 0, ks: tuple[int, ...] = DEFAULT_KS,
                  modes: tuple[str, ...] | None = None, plants: tuple[str, ...] = (), plain: bool = True,
-                 triton: bool = False, progress: bool = False) -> Report:
+                 correction: str = "cpu", triton: bool = False, progress: bool = False) -> Report:
     """Run the harness in this process (it installs and removes process-global vLLM state: see
     :mod:`.compat`; prefer a fresh process).  ``steps`` engine iterations of arrivals in total,
     split over the ``ks`` values; each run then drains its requests."""
-    return run_many([dict(steps=steps, seed=seed, ks=ks, modes=modes, plants=plants, plain=plain)],
-                    triton=triton, progress=progress)[0]
+    return run_many([dict(steps=steps, seed=seed, ks=ks, modes=modes, plants=plants, plain=plain,
+                          correction=correction)], triton=triton, progress=progress)[0]
 
 
 def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool = False) -> list[Report]:
@@ -169,7 +171,7 @@ def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool
 
 def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple[int, ...] = DEFAULT_KS,
                     modes: tuple[str, ...] | None = None, plants: tuple[str, ...] = (), plain: bool = True,
-                    progress: bool = False) -> Report:
+                    correction: str = "cpu", progress: bool = False) -> Report:
     from . import compat
     from .engine import run_k
     from .runner import ASYNC_MODES, PLANTS, SYNC, ZB, ZB_ASCEND
@@ -199,7 +201,7 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
         specs = make_workload(seed, shape, per_k, tag=f"k{k}-")
         prompt_len = {s.req_id: len(s.prompt) for s in specs}
         res = run_k(session, shape, specs, per_k, seed=seed, modes=modes,
-                    plants=frozenset(plants), plain=plain, progress=bar)
+                    plants=frozenset(plants), plain=plain, progress=bar, correction=correction)
         divergences += res.divergences
         stream_mismatches += res.stream_mismatches
         invariants.extend(res.invariant_failures)
@@ -232,7 +234,7 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
     return Report(vllm=session.vllm_version, vllm_ascend=_dist_version("vllm-ascend"), seed=seed,
                   steps=steps, ks=tuple(ks), plants=tuple(plants), modes={m: summaries[m] for m in order},
                   divergences=divergences, stream_mismatches=stream_mismatches, invariant_failures=invariants,
-                  examples=examples, notes=notes, seconds=time.monotonic() - t0)
+                  examples=examples, notes=notes, seconds=time.monotonic() - t0, correction=correction)
 
 
 def format_report(rep: Report) -> str:
@@ -241,7 +243,8 @@ def format_report(rep: Report) -> str:
     lines = []
     asc = f", vllm-ascend {rep.vllm_ascend} installed" if rep.vllm_ascend else ""
     lines.append(f"zb-patch selftest — vLLM {rep.vllm}{asc}; seed {rep.seed}; k = "
-                 f"{', '.join(map(str, rep.ks))}; {rep.seconds:.1f} s")
+                 f"{', '.join(map(str, rep.ks))}; device correction from {rep.correction} counts; "
+                 f"{rep.seconds:.1f} s")
     if rep.plants:
         lines.append(f"PLANTED BUGS: {', '.join(rep.plants)}")
     lines.append(f"{'':<34}" + "".join(f"{m.mode:>{w + 6}}" for m in modes))
@@ -304,13 +307,15 @@ def run_cli(args: Any) -> int:
     modes = getattr(args, "modes", None)
     plain = not bool(getattr(args, "no_plain", False))
     triton = bool(getattr(args, "triton", False))
+    correction = str(getattr(args, "correction", None) or "cpu")
     if steps < 1:
         sys.stderr.write("zb-patch selftest: --steps must be >= 1\n")
         return 2
     out = sys.stdout
     try:
         rep = run_selftest(steps=steps, seed=seed, ks=ks, modes=tuple(modes) if modes else None, plants=plants,
-                           plain=plain, triton=triton, progress=(not quiet and sys.stderr.isatty()))
+                           plain=plain, correction=correction, triton=triton,
+                           progress=(not quiet and sys.stderr.isatty()))
     except ImportError as e:
         sys.stderr.write(f"zb-patch selftest: cannot import what the harness needs: {e}\n")
         return 2

@@ -2,7 +2,7 @@
 
 Same as ``zb-patch selftest`` plus: ``--ks`` (num_speculative_tokens values), ``--modes``,
 ``--no-plain``, ``--triton`` (run the device ops through the Triton kernels; on CPU that needs
-Triton's interpreter and is slow), and ``--plant BUG`` (repeatable; switch on a planted bug —
+Triton's interpreter), ``--correction {cpu,previous}`` (the device count correction's base), and ``--plant BUG`` (repeatable; switch on a planted bug —
 the run must then FAIL).  ``--list-plants`` prints the planted bugs.
 """
 
@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=None)
     p.add_argument("--no-plain", action="store_true")
     p.add_argument("--triton", action="store_true")
+    p.add_argument("--correction", choices=("cpu", "previous"), default="cpu",
+                   help="device count correction: from this step's CPU counts (default) or, as vLLM 0.19+, "
+                        "from last step's device counts")
     p.add_argument("--plant", action="append", default=None)
     p.add_argument("--list-plants", action="store_true")
     args = p.parse_args(argv)

@@ -183,10 +183,12 @@ class KResult:
 
 def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[RequestSpec], iterations: int, *,
           seed: int, modes: tuple[str, ...], plants: frozenset[str], plain: bool,
-          progress: Callable[[int], None] | None = None, limit: int = 20) -> KResult:
+          progress: Callable[[int], None] | None = None, limit: int = 20,
+          correction: str = "cpu") -> KResult:
     vc_async = compat.build_vllm_config(session, shape, async_scheduling=True)
     runs = {m: ModeRun(m, compat.make_scheduler(vc_async, shape, async_scheduling=True),
-                       Runner(m, shape, seed=seed, plants=plants if m != SYNC else frozenset()), shape)
+                       Runner(m, shape, seed=seed, plants=plants if m != SYNC else frozenset(),
+                              count_base=correction), shape)
             for m in modes}
     by_arrival: dict[int, list[RequestSpec]] = {}
     for s in specs:

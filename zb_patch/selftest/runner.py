@@ -12,7 +12,10 @@ ids, sampling, drafting — and nothing else (no attention math, no sampling par
 ``zero-bubble``
     vLLM 0.19+ (#32951) through :mod:`zb_patch.zero_bubble`: optimistic CPU counts, device-side
     correction + positions / seq_lens / slot mapping (:mod:`zb_patch.kernels`), deferred CPU
-    correction after the forward launch.  Attention reads the device seq_lens.
+    correction after the forward launch.  Attention reads the device seq_lens.  The device
+    correction starts from a private snapshot of this step's CPU counts minus last step's rejected
+    drafts (``count_base="cpu"``, right for every scheduler seen) or, as upstream, from last step's
+    device counts plus the valid counts (``"previous"``: wrong under vLLM 0.13's scheduler).
 ``zero-bubble-ascend``
     As ``zero-bubble`` plus vllm-ascend 0.23's exact CPU seq_lens (#10506): the host waits for step
     N's counts after the device prep is enqueued and corrects its optimistic seq_lens; the fake
@@ -68,6 +71,11 @@ PLANTS: dict[str, tuple[str, str]] = {
         "(vLLM 0.19+ / vllm-ascend 0.23 reuse backup_next_token_ids; safe only while a wait on this "
         "step's accepted counts follows)",
         "found by this harness; same class as vllm-ascend #15719"),
+    "live-cpu-values": (
+        "device correction reads this step's CPU counts through a non-blocking copy of the live host "
+        "buffer that the deferred correction changes in place after the launch (in-place CPU update "
+        "during an in-flight copy)",
+        "vLLM #24799 review (acceptance 1024/2034 -> 656/2094), #25279"),
     "deferred-without-wait": (
         "deferred CPU correction reads the accepted-count host buffer without waiting for its copy",
         "vllm-ascend #9482 / #9456 (dirty reads of valid counts)"),
@@ -267,6 +275,8 @@ class PendingOutput:
 class Runner:
     def __init__(self, mode: str, shape: compat.EngineShape, *, seed: int,
                  plants: frozenset[str] = frozenset(), count_base: str = "cpu") -> None:
+        if count_base not in ("cpu", "previous"):
+            raise ValueError(f"device correction base must be 'cpu' or 'previous', not {count_base!r}")
         self.mode, self.shape, self.plants = mode, shape, plants
         self.count_base = count_base
         self.is_zb = mode in (ZB, ZB_ASCEND)
