@@ -1,167 +1,250 @@
-"""Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x (classic async + spec decode, no zero-bubble).
+"""Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-vllm-ascend 0.18.0 runs async scheduling with EAGLE/MTP in the classic (#24799) form: every step blocks on
-the device->host copy of the accepted-token count inside the inherited vLLM 0.18 ``GPUModelRunner._update_states``.
-The zero-bubble backport (issue 6) replaces the methods guarded below; until then the adapter verifies them.
+vllm-ascend 0.18.0 runs async scheduling with EAGLE/MTP in the classic (#24799) form: every step blocks on the
+device->host copy of the accepted-token count inside the inherited vLLM 0.18 ``GPUModelRunner._update_states``,
+before it prepares the step's inputs. The patches below (wrappers only; the glue is
+:mod:`zb_patch.versions.ascend_0_18_glue`) make the host assume every draft accepted, let the device correct its
+token counts / positions / seq_lens / slot mapping from the previous step's device counts, wait for the counts only
+after this step's inputs are prepared and enqueued (Ascend attention needs exact CPU seq_lens), and correct the
+per-request CPU bookkeeping after the forward launch. docs/releases/ascend-0.18.md: what is verified and how.
+
+Ids like A-a2 / A-b14 in the guards refer to ../shared/reference/blueprint.md (method-by-method backport plan).
 """
 
 from __future__ import annotations
 
-from ..registry import Guard, PatchSet
+from ..registry import Guard, Patch, PatchSet
 from . import Adapter
 
-# Upstream functions this adapter's patches replace or rely on, with the fingerprints of the release
-# sources they were read from (``zb-patch fingerprints`` recomputes them from any source tree).
-# Ids like A-a2 / B-b13 refer to ../shared/reference/blueprint.md (method-by-method backport plan).
+
+def _glue():
+    # numpy / torch / kernels only when a patch is applied, never at selection time
+    from . import ascend_0_18_glue
+
+    return ascend_0_18_glue
+
+
+_REMOVE_WHEN = ("vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
+                "ascend-0.19-0.23; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it")
+_UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
+
+# Upstream functions the patches rely on without replacing them (a change in any of them could break an
+# assumption the wrappers make), with the fingerprints of the release sources they were read from
+# (``zb-patch fingerprints`` recomputes them from any source tree).
 GUARDS = (
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__',
         {'vllm 0.18.0, 0.18.1': '5153d645b5659849'},
-        'A-a1: zero-bubble state (device num_computed_tokens, plain positions/seq_lens, optimistic_seq_lens_cpu, prev_positions, prev_num_draft_tokens)',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states',
-        {'vllm 0.18.0, 0.18.1': '6f40a2feaa48b4bd'},
-        'A-a2: the blocking accepted-count sync (_get_valid_sampled_token_count) becomes a deferred correction',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_cumsum_and_arange',
-        {'vllm 0.18.0, 0.18.1': '4373960af72d1454'},
-        'A-a3: new (num_tokens, arange_out) form used by the zero-bubble _prepare_inputs',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
-        {'vllm 0.18.0, 0.18.1': '9485308c065f0754'},
-        'A-a5: iterates prev_positions (num_reqs argument)',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count',
-        {'vllm 0.18.0, 0.18.1': 'b4e8438fae13f315'},
-        'A-a6: stash the device valid count; side-stream ordering',
+        'A-a1: creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
+        'prepare_inputs_event; positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device '
+        'correction, seq_lens.cpu exact after the host correction)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count',
         {'vllm 0.18.0, 0.18.1': '20784bf355208845'},
-        'A-a7: the sync itself, called only from the deferred correction',
+        'A-a7: the wait itself (event.synchronize + host list); called by the glue after input preparation',
+    ),
+    Guard(
+        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer',
+        {'vllm 0.18.0, 0.18.1': '040013a8582667d5'},
+        'the glue allocates its pinned staging buffers with it',
+    ),
+    Guard(
+        'vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep',
+        {'vllm 0.18.0, 0.18.1': '7043b500f869d440'},
+        'waits on an event recorded after the previous step\'s input preparation: staging buffers (the glue\'s, '
+        'the alternating backup-token buffers) are never rewritten while a copy from them is queued',
+    ),
+    Guard(
+        'vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids',
+        {'vllm 0.18.0, 0.18.1': 'ac4e376692e05ae7'},
+        'sets req_state.prev_num_draft_len to the drafts scheduled this step: the optimistic count is drafts + 1',
+    ),
+    Guard(
+        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
+        {'vllm 0.18.0, 0.18.1': '9485308c065f0754'},
+        'A-a5: decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
+        'of the (optimistic) CPU positions used for the host gather',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_positions',
         {'vllm 0.18.0, 0.18.1': '4030980b29de1f18'},
-        'A-a8: reads positions.gpu (becomes a plain tensor)',
+        'A-a8: reads positions.gpu (device-corrected), not positions.np (optimistic)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs',
         {'vllm 0.18.0, 0.18.1': '9aff01701dfef106'},
-        'A-a9: reads seq_lens.gpu',
+        'A-a9: reads seq_lens.gpu (device-corrected)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess',
         {'vllm 0.18.0, 0.18.1': 'c1c70d453ceb51c9'},
-        'A-a10: reads positions.gpu',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._pool',
-        {'vllm 0.18.0, 0.18.1': '626acdd8449236a7'},
-        'A-a11: reads seq_lens.cpu',
-    ),
-    Guard(
-        'vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids',
-        {'vllm 0.18.0, 0.18.1': '8806d04d65401d50'},
-        'A-a13: must replace the whole optimistic -1 tail',
+        'A-a10: reads positions.gpu (device-corrected)',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__',
         {'vllm-ascend 0.18.0': '0f3a79171e3bf24f'},
-        'A-b1: PCP positions buffer, _needs_seq_lens_cpu_sync',
+        'A-b1: positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs',
-        {'vllm-ascend 0.18.0': '72f01a8e67691f0d'},
-        'A-b2: device positions / seq_lens / slot mapping from corrected counts',
+        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state',
+        {'vllm-ascend 0.18.0': '96514ebc0c149e64'},
+        'runs inside _prepare_inputs on optimistic counts; its result only depends on counts being zero, which '
+        'optimism does not change',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata',
         {'vllm-ascend 0.18.0': '590425dd3212fbe8'},
-        'A-b3: exact CPU seq_lens for Ascend attention',
-    ),
-    Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model',
-        {'vllm-ascend 0.18.0': '9eca449f8a01d727'},
-        'A-b4: calls the deferred correction after the forward launch',
+        'A-b3: reads seq_lens.np / seq_lens.cpu / num_computed_tokens_cpu (host-corrected) and positions.gpu / '
+        'slot_mapping.gpu (device-corrected) after _prepare_inputs; hands seq_lens_cpu to the proposer',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens',
         {'vllm-ascend 0.18.0': 'f1284b38c8dc9ad2'},
-        'A-b5: resets valid_sampled_token_count_gpu before proposing',
+        'A-b5: bookkeeping before proposing; the padded drafter path copies the valid counts before the drafter',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids',
         {'vllm-ascend 0.18.0': '08404fc38be7261e'},
-        'A-b6: padded drafter path without the metadata argument',
+        'A-b6: prepare_next_token_ids_padded, then _copy_valid_sampled_token_count, then the drafter: the event the '
+        'host waits on is recorded before the drafter runs',
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._dummy_run',
-        {'vllm-ascend 0.18.0': 'f4ea71c058d74a77'},
-        'A-b7: fills optimistic_seq_lens_cpu / plain positions',
+        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync',
+        {'vllm-ascend 0.18.0': '114f635988a911e6'},
+        'prev_req_id_to_index (the rows the corrections are gathered from) excludes discarded rows',
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded',
-        {'vllm-ascend 0.18.0': 'b04a2a09323e2c31'},
-        'A-b8: backup token index num_tokens_no_spec - 1 (vLLM #38098)',
+        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample',
+        {'vllm-ascend 0.18.0': '294343dec903a9ab'},
+        'never calls InputBatch.update_async_output_token_ids: the optimistic -1 placeholder tail of '
+        'output_token_ids is not read by logits processors (vLLM 0.18\'s version would leave it behind)',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded',
         {'vllm-ascend 0.18.0': 'bec28bfc8a735b99'},
-        'A-b9: pass _seq_lens_cpu through (#8749)',
+        'A-b9: passes the metadata\'s (exact) seq_lens_cpu through to the draft steps',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose',
         {'vllm-ascend 0.18.0': 'd468b07a805b3f0d'},
-        'A-b10: FULL-graph pad branch reads runner.seq_lens.gpu/.cpu',
+        'A-b10: FULL-graph pad branch reads runner.seq_lens.gpu / .cpu (both exact after the patches)',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm',
         {'vllm-ascend 0.18.0': '066043ae9710cf9f'},
-        'A-b11: per-draft-step CPU seq_lens +1 must tolerate None',
+        'A-b11: per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.dummy_run',
-        {'vllm-ascend 0.18.0': '57dbd331e0623e17'},
-        'A-b12: reads runner.seq_lens / positions buffers',
+        'vllm_ascend.worker.block_table:BlockTable.__init__',
+        {'vllm-ascend 0.18.0': 'ccce40b9beff96c6'},
+        'the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, '
+        'max_num_batched_tokens, kernel_sizes',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping',
         {'vllm-ascend 0.18.0': 'ab181c2789fafa53'},
-        'A-b14: numpy slot mapping becomes the device kernel',
+        'A-b14: the device slot mapping reproduces its non-CP branch (computed only when block_size == '
+        'kernel_sizes[0]) from corrected positions',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping',
         {'vllm-ascend 0.18.0': '7ecb26d2b557ccfa'},
-        'A-b14: H2D commit removed',
+        'A-b14: the H2D copy of the host result is queued before the device kernel overwrites it',
     ),
     Guard(
         'vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping',
         {'vllm-ascend 0.18.0': '9b098020be5b986e'},
-        'A-b14: per-group dispatch',
+        'A-b14: every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
     ),
-    Guard(
-        'vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded',
-        {'vllm-ascend 0.18.0': '45c4d912f875ffac'},
-        'A-b16: tolerate None CPU seq_lens, propagate _seq_lens_cpu',
-    ),
-    Guard(
-        'vllm_ascend.worker.npu_input_batch:NPUInputBatch.__init__',
-        {'vllm-ascend 0.18.0': '50be08c3f1e79a4e'},
-        'A-b18: num_accepted_tokens_cpu_tensor dtype',
-    ),
-
 )
 
-PATCHES: tuple = ()
+UPDATE_STATES = Patch(
+    id="zb018-optimistic-update-states",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
+    make=lambda original: _glue().make_update_states(original),
+    fingerprints={"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
+    why="vLLM 0.18's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step "
+        "N's accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the "
+        "host prepares every step.",
+    how="Wrapper. For the duration of the release's call, _get_valid_sampled_token_count answers from the host "
+        "with optimistic counts (drafts + 1 at every previous row): the release keeps the scheduler's optimistic "
+        "num_computed_tokens and appends one output placeholder per draft, as vLLM 0.19 does. The rows it looks "
+        "up are recorded as this step's corrections (request, drafts, previous row). Falls through unchanged "
+        "when zero-bubble is not active on the runner.",
+    upstream=_UPSTREAM,
+    remove_when=_REMOVE_WHEN,
+)
+
+PREPARE_INPUTS = Patch(
+    id="zb018-device-corrected-inputs",
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
+    make=lambda original: _glue().make_prepare_inputs(original),
+    fingerprints={"vllm-ascend 0.18.0": "72f01a8e67691f0d"},
+    why="With optimistic CPU counts the release's CPU positions, seq_lens and slot mapping are too long by the "
+        "rejected drafts of the previous step.",
+    how="Wrapper. After the release's body: one launch of zb-patch's fused token-count kernel corrects the "
+        "device num_computed_tokens from the previous step's device valid counts and rewrites positions.gpu / "
+        "seq_lens.gpu; zb-patch's slot-mapping kernel rewrites slot_mapping.gpu of every table the release maps. "
+        "Then the host waits for the previous step's counts (valid_sampled_token_count_event, recorded before "
+        "that step's drafter: vllm-ascend #10506's wait, chosen over #8461's D2H of seq_lens + event, which waits "
+        "for everything queued) and subtracts the rejected drafts from seq_lens.cpu and num_computed_tokens_cpu, "
+        "so Ascend attention, max_seq_len, cascade prefix lengths and the proposer's backup index read exact "
+        "CPU values.",
+    upstream=_UPSTREAM + ("vllm#38556",),
+    remove_when=_REMOVE_WHEN,
+)
+
+EXECUTE_MODEL = Patch(
+    id="zb018-deferred-correction",
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
+    make=lambda original: _glue().make_execute_model(original),
+    fingerprints={"vllm-ascend 0.18.0": "9eca449f8a01d727"},
+    why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
+        "sample_tokens and the next step.",
+    how="Wrapper. After the release's execute_model returned (the forward is launched), subtract the rejected "
+        "drafts from each corrected request's num_computed_tokens, with the counts the host already waited for "
+        "in _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts closure).",
+    upstream=("vllm#32951",),
+    remove_when=_REMOVE_WHEN,
+)
+
+COPY_VALID_COUNT = Patch(
+    id="zb018-device-valid-count",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
+    make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
+    fingerprints={"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
+    why="The device correction of the next step needs this step's valid sampled counts on the device; 0.18 only "
+        "copies them to the host.",
+    how="Wrapper. After the release's copy (side stream, event), keep a reference to the device count tensor "
+        "(int64 on Ascend; the host buffer stays int64 too, so the D2H copy has no dtype cast). Consumed once by "
+        "the next _prepare_inputs.",
+    upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
+    remove_when=_REMOVE_WHEN,
+)
+
+BACKUP_STAGING = Patch(
+    id="zb018-backup-token-staging",
+    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
+    make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
+    fingerprints={"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
+    why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
+        "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
+        "the next step can rewrite the buffer while this step's copy is still queued (found by zb-patch's "
+        "engine-loop harness; docs/selftest.md).",
+    how="Wrapper. Alternate two backup buffers between calls; a buffer is rewritten two steps later, after "
+        "synchronize_input_prep has waited on an event recorded behind its copy. The backup index itself is "
+        "unchanged: it reads the proposer metadata's seq_lens_cpu, which the _prepare_inputs patch makes exact "
+        "(vLLM #38098 cannot occur).",
+    upstream=("vllm#38098", "vllm#38556"),
+    remove_when=_REMOVE_WHEN,
+)
+
+PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING)
 
 ADAPTER = Adapter(
     id='ascend-0.18',
-    title='vllm-ascend 0.18.0 + vLLM 0.18.x (classic async + spec decode, no zero-bubble)',
+    title='vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)',
     vllm_ascend=((0, 18, 0), (0, 19)),
     vllm=((0, 18, 0), (0, 19)),
     patch_set=PatchSet('ascend-0.18', PATCHES, GUARDS),

@@ -1,0 +1,734 @@
+"""Runner-level parity harness for adapter ascend-0.18: vLLM 0.18's real ``AsyncScheduler`` drives vllm-ascend
+0.18.0's real ``NPUModelRunner`` on CPU tensors (NPU runtime stand-in), unpatched vs patched.
+
+What is real and what is not
+----------------------------
+Real (the installed release's code): ``AsyncScheduler`` with its KV-cache manager (small pool: preemption and
+resumption happen), ``NPUModelRunner`` construction, ``_update_states`` (with the batch changes: add / remove /
+condense / decode-first reorder), ``_prepare_inputs`` (positions, seq_lens, slot mapping, input ids incl. the
+device-side scatter of last step's sampled and draft tokens, spec-decode metadata, discard indices),
+``_bookkeeping_sync``, the Ascend proposer's ``prepare_next_token_ids_padded``, vLLM's
+``_copy_valid_sampled_token_count`` / ``_get_valid_sampled_token_count``, ``synchronize_input_prep``.
+
+Not real (there is no model, no attention math, no NPU): the bodies of ``execute_model`` and ``sample_tokens`` are
+mirrored here step by step (``Driver.execute_model_body`` / ``Driver.sample_tokens``; the order is the release's,
+commented with its line numbers) with the forward, the rejection sampler and the drafter replaced by
+:mod:`zb_patch.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed **block table**,
+the **CPU seq_lens** (what Ascend FIA / paged attention reads), **positions**, **slot mapping** and **input ids**
+from the runner's buffers exactly where ``_build_attention_metadata`` / ``_preprocess`` take them, so any wrong value
+changes every later token of the request. Acceptance is seeded per (request, position): none / all / partial.
+
+In patched mode the adapter's patches are applied to the live classes with the registry; the adapter's
+``execute_model`` patch is applied to ``Driver.execute_model_body`` through the patch's own factory (the harness
+never calls the release's ``execute_model``).
+
+The accepted-count copy is adversarial: :class:`LazyCountEvent` replaces the runner's
+``valid_sampled_token_count_event``; when the copy is recorded the host buffer is poisoned, and it only receives the
+counts when someone waits on the event. A read without a wait sees poison. Every wait is counted by phase:
+``update_states`` (before input preparation: the classic blocking sync), ``prepare_inputs:release`` (inside the
+release's body), ``prepare_inputs:after`` (after the release prepared and enqueued this step's inputs: the Ascend
+exact-seq_lens wait), ``forward`` (after the forward launch: deferred correction), ``sample``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import os
+import socket
+import tempfile
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import numpy as np
+
+from zb_patch.selftest import fakemodel
+from zb_patch.selftest.compat import EngineShape
+from zb_patch.selftest.workload import RequestSpec, make_workload
+
+ARCH = "ZbRunner018ForCausalLM"
+EAGLE_ARCH = "EagleZbRunner018ForCausalLM"
+PHASES = ("update_states", "prepare_inputs:release", "prepare_inputs:after", "forward", "sample", "other")
+
+
+# ------------------------------------------------------------------------------------------------
+# Process set-up (CPU distributed state before the worker modules; test platform; tiny model configs)
+# ------------------------------------------------------------------------------------------------
+
+
+def setup_cpu_worker() -> dict[str, Any]:
+    """vLLM distributed state on vLLM's CPU platform (gloo, world of 1), then the worker modules in the real
+    worker's import order (vllm-ascend's worker patches replace GroupCoordinator with an HCCL one, so the state
+    must exist before they are imported). Idempotent."""
+    import npu_standin
+
+    npu_standin.install()
+    import vllm.platforms as platforms
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    if ps._WORLD is None:
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with set_current_vllm_config(VllmConfig()):
+            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                            distributed_init_method=f"tcp://127.0.0.1:{port}")
+            ps.initialize_model_parallel(1, 1, backend="gloo")
+    from npu_standin.ascend_imports import import_worker_modules
+
+    return import_worker_modules()
+
+
+@dataclass
+class Session:
+    model_dir: str
+    draft_dir: str
+    configs: dict = field(default_factory=dict)
+
+
+def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    cfg = {"architectures": [arch], "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": layers, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float32",
+           "rms_norm_eps": 1e-6, "hidden_act": "silu", "rope_theta": 10000.0, "tie_word_embeddings": False,
+           "bos_token_id": 1, "eos_token_id": 2}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+@contextlib.contextmanager
+def session(vocab_size: int = 512) -> Iterator[Session]:
+    """Process-global state for the run, restored on exit: the current platform (device "cpu", Ascend attention
+    backends), ``plugins_loaded`` (config creation must not load general plugins), two config-only model
+    architectures, the prefix-cache root hash, and ``torch.Tensor.pin_memory`` (vllm-ascend 0.18's
+    ``_calc_spec_decode_metadata`` pins unconditionally; there is no accelerator to pin for)."""
+    import torch
+    import vllm.platforms as platforms
+    import vllm.plugins as plugins
+    import vllm.v1.core.kv_cache_utils as kv_utils
+    from torch import nn
+    from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.platforms.interface import UnspecifiedPlatform
+    from vllm.utils.hashing import sha256
+    from vllm_ascend.platform import NPUPlatform
+
+    class Runner018Platform(UnspecifiedPlatform):
+        device_type = "cpu"
+        device_name = "cpu"
+        dispatch_key = "CPU"
+        get_attn_backend_cls = NPUPlatform.get_attn_backend_cls
+
+        @classmethod
+        def is_pin_memory_available(cls) -> bool:
+            return False
+
+        @classmethod
+        def num_compute_units(cls, device_id: int = 0) -> int:
+            return 2
+
+    class _Base(nn.Module):
+        def __init__(self, *, vllm_config: Any = None, prefix: str = "") -> None:
+            super().__init__()
+
+        def embed_input_ids(self, input_ids: Any) -> Any:
+            raise NotImplementedError
+
+        def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
+                    inputs_embeds: Any = None) -> Any:
+            raise NotImplementedError
+
+        def compute_logits(self, hidden_states: Any) -> Any:
+            raise NotImplementedError
+
+    saved = (platforms._current_platform, plugins.plugins_loaded, getattr(kv_utils, "NONE_HASH", None),
+             torch.Tensor.pin_memory)
+    registered = []
+    tmp = tempfile.TemporaryDirectory(prefix="zb-runner018-")
+    try:
+        platforms._current_platform = Runner018Platform()
+        plugins.plugins_loaded = True
+        torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+        for name in (ARCH, EAGLE_ARCH):
+            if name not in ModelRegistry.get_supported_archs():
+                ModelRegistry.register_model(name, type(name, (_Base,), {}))
+                registered.append(name)
+        kv_utils.init_none_hash(sha256)
+        model_dir, draft_dir = os.path.join(tmp.name, "target"), os.path.join(tmp.name, "eagle")
+        _write_model_dir(model_dir, ARCH, 2, vocab_size)
+        _write_model_dir(draft_dir, EAGLE_ARCH, 1, vocab_size)
+        yield Session(model_dir, draft_dir)
+    finally:
+        for name in registered:
+            ModelRegistry.models.pop(name, None)
+        platforms._current_platform, plugins.plugins_loaded = saved[0], saved[1]
+        if saved[2] is not None:
+            kv_utils.NONE_HASH = saved[2]
+        torch.Tensor.pin_memory = saved[3]  # type: ignore[method-assign]
+        tmp.cleanup()
+
+
+def build_config(sess: Session, shape: EngineShape, *, async_scheduling: bool = True, method: str = "eagle",
+                 **spec_extra: Any) -> Any:
+    key = (shape, async_scheduling, method, tuple(sorted(spec_extra.items())))
+    if key in sess.configs:
+        return sess.configs[key]
+    from vllm.engine.arg_utils import EngineArgs
+
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": shape.num_spec_tokens, **spec_extra}
+    if method in ("eagle", "eagle3"):
+        spec["model"] = sess.draft_dir
+    args = EngineArgs(model=sess.model_dir, skip_tokenizer_init=True, load_format="dummy", dtype="float32",
+                      enforce_eager=True, max_model_len=shape.max_model_len, block_size=shape.block_size,
+                      max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                      async_scheduling=async_scheduling, enable_prefix_caching=shape.enable_prefix_caching,
+                      enable_chunked_prefill=True, seed=0, speculative_config=spec)
+    vc = args.create_engine_config()
+    sess.configs[key] = vc
+    return vc
+
+
+def kv_cache_config(vllm_config: Any, shape: EngineShape) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    vllm_config.cache_config.num_gpu_blocks = shape.num_blocks
+    return KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
+
+
+def make_scheduler(vllm_config: Any, kvc: Any, shape: EngineShape) -> Any:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return AsyncScheduler(vllm_config=vllm_config, kv_cache_config=kvc,
+                          structured_output_manager=StructuredOutputManager(vllm_config),
+                          block_size=shape.block_size, log_stats=True)
+
+
+def make_runner(vllm_config: Any, kvc: Any, *, reorder: bool = True) -> Any:
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.ascend_config import init_ascend_config
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    init_ascend_config(vllm_config)
+    with set_current_vllm_config(vllm_config):
+        runner = NPUModelRunner(vllm_config, torch.device("cpu"))
+    runner.kv_cache_config = kvc
+    if reorder:  # decode-first reordering of the persistent batch (what Ascend's MLA / spec builders ask for)
+        runner.reorder_batch_threshold = runner.decode_threshold
+    return runner
+
+
+# ------------------------------------------------------------------------------------------------
+# The adversarial accepted-count copy and the wait counter
+# ------------------------------------------------------------------------------------------------
+
+POISON = -777
+
+
+class LazyCountEvent:
+    """Replaces ``runner.valid_sampled_token_count_event``.
+
+    ``record()`` (end of the D2H copy of the valid counts, vLLM ``_copy_valid_sampled_token_count``) keeps the
+    counts aside and poisons the host buffer; ``synchronize()`` delivers them. So the host buffer holds the counts
+    only after a wait, as on a device that has not reached the copy yet. Waits are counted by the driver's phase;
+    ``blocking`` = the copy was still pending."""
+
+    def __init__(self, host_buffer: Any, driver: "Driver") -> None:
+        self.host, self.driver = host_buffer, driver
+        self.pending: Any = None
+
+    def record(self, stream: Any = None) -> None:
+        self.pending = self.host.clone()
+        self.host.fill_(POISON)
+
+    def synchronize(self) -> None:
+        blocking = self.pending is not None
+        if blocking:
+            self.host.copy_(self.pending)
+            self.pending = None
+        self.driver.count_wait(blocking)
+
+    def query(self) -> bool:
+        return self.pending is None
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver: execute_model / sample_tokens of vllm-ascend 0.18.0 with the model replaced
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RowRecord:
+    """What the forward of one step saw for one request, plus what the step produced."""
+
+    positions: tuple
+    slots: tuple
+    input_ids: tuple
+    seq_len_cpu: int
+    seq_len_gpu: int
+    num_computed_cpu: int
+    max_seq_len: int
+    discarded: bool
+    sampled: tuple
+    drafted: int
+    accepted: int
+    next_token: int
+    req_num_computed: int   # req_state.num_computed_tokens after execute_model returned (deferred correction)
+
+    FIELDS = ("positions", "slots", "input_ids", "seq_len_cpu", "seq_len_gpu", "num_computed_cpu", "max_seq_len",
+              "discarded", "sampled", "drafted", "accepted", "next_token", "req_num_computed")
+
+
+@dataclass
+class StepState:
+    so: Any
+    n: int
+    req_ids: list
+    qsl: np.ndarray
+    input_ids: np.ndarray
+    num_drafts: list
+    seq_lens_cpu: list
+    target: np.ndarray
+    hidden: np.ndarray
+    spec_meta: Any
+    total: int
+    rows: dict
+
+
+class PendingOutput:
+    def __init__(self, output: Any) -> None:
+        self.output = output
+
+    def get_output(self) -> Any:
+        return self.output
+
+
+class Driver:
+    """One runner + its fake model. ``execute_model(so)`` / ``sample_tokens()`` as the engine core calls them."""
+
+    def __init__(self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None) -> None:
+        self.runner, self.shape, self.k = runner, shape, shape.num_spec_tokens
+        self.pattern = fakemodel.AcceptancePattern(seed, self.k)
+        self.kv = np.zeros(shape.num_blocks * shape.block_size, dtype=np.int64)
+        self.phase = "other"
+        self.step = 0
+        self.waits: dict[str, int] = defaultdict(int)
+        self.blocking_waits: dict[str, int] = defaultdict(int)
+        self.step_waits: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.spec_steps = 0
+        self.spec_step_ids: set[int] = set()
+        self.records: dict[int, dict[str, RowRecord]] = {}
+        self.state: StepState | None = None
+        runner.valid_sampled_token_count_event = LazyCountEvent(runner.valid_sampled_token_count_cpu, self)
+        body = self.execute_model_body
+        # the adapter's execute_model patch wraps this mirror of the release's body, through its own factory
+        self._execute = execute_patch.make(body) if execute_patch is not None else body
+
+    # -- wait accounting ---------------------------------------------------------------------------
+    def count_wait(self, blocking: bool) -> None:
+        self.waits[self.phase] += 1
+        self.step_waits[self.step][self.phase] += 1
+        if blocking:
+            self.blocking_waits[self.phase] += 1
+
+    @contextlib.contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        saved, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = saved
+
+    # -- execute_model -----------------------------------------------------------------------------
+    def execute_model(self, so: Any, step: int) -> bool:
+        self.step = step
+        self.state = None
+        self._execute(self.runner, so)
+        return self.state is not None
+
+    def execute_model_body(self, runner: Any, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """Mirror of vllm-ascend 0.18.0 ``NPUModelRunner.execute_model`` (model_runner_v1.py L1108-1437) on the
+        paths the supported configuration takes; the forward is the fake model."""
+        so = scheduler_output
+        if runner.execute_model_state is not None:  # L1119
+            raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
+        if runner.use_async_scheduling and runner.num_spec_tokens and runner._draft_token_ids is None:  # L1128
+            so = copy.deepcopy(so)
+        with runner.synchronize_input_prep():  # L1134
+            with self.in_phase("update_states"):
+                runner._update_states(so)  # L1136
+            if not so.total_num_scheduled_tokens:  # L1146
+                return None
+            req_ids = list(runner.input_batch.req_ids)
+            nst = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)  # L1167
+            with self.in_phase("prepare_inputs:release"):
+                logits_indices, spec_meta, total = runner._prepare_inputs(so, nst)  # L1174
+            # L1249 (_build_attention_metadata): what Ascend attention and the proposer are handed
+            n = runner.input_batch.num_reqs
+            seq_lens_cpu = [int(x) for x in runner.seq_lens.cpu[:n]]
+            max_seq_len = int(runner.seq_lens.np[:n].max())
+            spec_common = SimpleNamespace(seq_lens_cpu=runner.seq_lens.cpu[:n])
+        # L1264 _preprocess (input_ids.gpu / positions.gpu), L1325 _model_forward: the fake model
+        bt = runner.input_batch.block_table[0]
+        qsl = runner.query_start_loc.gpu[: n + 1].numpy().copy()
+        input_ids = runner.input_ids.gpu[:total].numpy().copy()
+        positions = runner.positions.gpu[:total].numpy().copy()
+        slots = bt.slot_mapping.gpu[:total].numpy().copy()
+        block_table = bt.block_table.gpu[:n].numpy()
+        with self.in_phase("forward"):
+            target, hidden = fakemodel.forward(self.kv, input_ids, positions, slots, qsl, seq_lens_cpu, block_table,
+                                               n, self.shape.block_size, self.shape.vocab_size)
+        spec = so.scheduled_spec_decode_tokens
+        num_drafts = [len(spec.get(r, ())) for r in req_ids]
+        discarded = set(int(i) for i in runner.discard_request_indices.np[: runner.num_discarded_requests])
+        rows = {}
+        for r, rid in enumerate(req_ids):
+            s, e = int(qsl[r]), int(qsl[r + 1])
+            rows[rid] = dict(positions=tuple(positions[s:e].tolist()), slots=tuple(slots[s:e].tolist()),
+                             input_ids=tuple(input_ids[s:e].tolist()), seq_len_cpu=seq_lens_cpu[r],
+                             seq_len_gpu=int(runner.seq_lens.gpu[r]),
+                             num_computed_cpu=int(runner.input_batch.num_computed_tokens_cpu[r]),
+                             max_seq_len=max_seq_len, discarded=r in discarded, drafted=num_drafts[r])
+        self.state = StepState(so, n, req_ids, qsl, input_ids, num_drafts, seq_lens_cpu, target, hidden, spec_meta,
+                               total, rows)
+        self.spec_common = spec_common
+        if spec_meta is not None:
+            self.spec_steps += 1
+            self.spec_step_ids.add(self.step)
+        runner.execute_model_state = ("zb-runner018", so)
+        self.phase = "forward"  # the patch's work after this body returns happens after the forward launch
+        return None
+
+    # -- sample_tokens -----------------------------------------------------------------------------
+    def sample_tokens(self, so: Any) -> PendingOutput | None:
+        """Mirror of vllm-ascend 0.18.0 ``NPUModelRunner.sample_tokens`` (L1440-1609), padded EAGLE path."""
+        import torch
+        from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
+
+        self.phase = "sample"
+        runner, st = self.runner, self.state
+        self.state = None
+        runner.execute_model_state = None
+        n = st.n
+        for rid in st.req_ids:
+            st.rows[rid]["req_num_computed"] = int(runner.requests[rid].num_computed_tokens)
+        sampled, accepted = fakemodel.rejection_sample(st.target, st.input_ids, st.qsl, st.num_drafts, n, self.k)
+        if st.spec_meta is None:
+            sampled = sampled[:, :1]
+        sampler_output = SamplerOutput(sampled_token_ids=torch.tensor(sampled, dtype=torch.int32),
+                                       logprobs_tensors=None)
+        hidden_t = torch.zeros((st.total, 1))
+        (_, _, _, req_ids_copy, req_id_to_index_copy, invalid) = runner._bookkeeping_sync(  # L1525
+            st.so, sampler_output, None, hidden_t, st.total, st.spec_meta)
+        # L1544 propose_draft_token_ids (padded): L1003-1014
+        next_ids, valid = runner.drafter.prepare_next_token_ids_padded(
+            self.spec_common, sampler_output.sampled_token_ids, runner.requests, runner.input_batch,
+            runner.discard_request_indices.gpu, runner.num_discarded_requests)
+        runner._copy_valid_sampled_token_count(next_ids, valid)
+        nxt, valid_np = next_ids.numpy().astype(np.int64), valid.numpy().astype(np.int64)
+        drafts = fakemodel.propose(st.hidden, nxt, valid_np, st.qsl, st.num_drafts, st.seq_lens_cpu,
+                                   [fakemodel.req_key(r) for r in st.req_ids], n, self.k, self.shape.vocab_size,
+                                   self.pattern)
+        runner._draft_token_ids = torch.tensor(drafts[:, : self.k], dtype=torch.int64)
+        invalid_set = set(int(i) for i in invalid)
+        out_tokens = []
+        recs = {}
+        for r, rid in enumerate(st.req_ids):
+            toks = [] if r in invalid_set else [int(t) for t in sampled[r, : int(accepted[r]) + 1]]
+            out_tokens.append(toks)
+            row = st.rows[rid]
+            recs[rid] = RowRecord(sampled=tuple(toks), accepted=int(accepted[r]) if toks else 0,
+                                  next_token=int(nxt[r]), **row)
+        self.records[self.step] = recs
+        self.phase = "other"
+        return PendingOutput(ModelRunnerOutput(req_ids=req_ids_copy, req_id_to_index=req_id_to_index_copy,
+                                               sampled_token_ids=out_tokens))
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine loop (EngineCore.step_with_batch_queue, queue depth 2)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    scheduler: Any
+    driver: Driver
+    shape: EngineShape
+    queue: deque = field(default_factory=deque)
+    step: int = 0
+    streams: dict = field(default_factory=dict)
+    finish: dict = field(default_factory=dict)
+    aborted: set = field(default_factory=set)
+    pending_aborts: list = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    preemptions: int = 0
+    requests: int = 0
+
+    def add(self, specs: list[RequestSpec]) -> None:
+        from vllm import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        from vllm.v1.request import Request
+
+        for s in specs:
+            sp = SamplingParams(max_tokens=s.max_tokens, temperature=0.0, ignore_eos=True,
+                                stop_token_ids=list(s.stop_token_ids))
+            self.scheduler.add_request(Request(
+                request_id=s.req_id, prompt_token_ids=list(s.prompt), sampling_params=sp, pooling_params=None,
+                arrival_time=float(s.arrival), block_hasher=get_request_block_hasher(self.shape.block_size, sha256)))
+            self.streams[s.req_id] = []
+            self.requests += 1
+
+    def iteration(self, abort_after: dict[str, int]) -> None:
+        sched = self.scheduler
+        if sched.has_requests():
+            so = sched.schedule()
+            self.step += 1
+            self.preemptions += len(getattr(so, "preempted_req_ids", None) or ())
+            executed = self.driver.execute_model(so, self.step)
+            out = self.driver.sample_tokens(so) if executed else None
+            self.queue.appendleft((out, so))
+            if len(self.queue) < 2:
+                return
+        elif not self.queue:
+            return
+        self._finish_one(abort_after)
+
+    def _finish_one(self, abort_after: dict[str, int]) -> None:
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+        from vllm.v1.request import RequestStatus
+
+        out, so = self.queue.pop()
+        model_output = out.get_output() if out is not None else EMPTY_MODEL_RUNNER_OUTPUT
+        if self.pending_aborts:
+            live = [r for r in self.pending_aborts if r in self.scheduler.requests]
+            if live:
+                self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+                self.aborted.update(live)
+            self.pending_aborts.clear()
+        eco = self.scheduler.update_from_output(so, model_output)
+        for e in (eco or {}).values():
+            sds = getattr(getattr(e, "scheduler_stats", None), "spec_decoding_stats", None)
+            if sds is not None:
+                self.drafted += sds.num_draft_tokens
+                self.accepted += sds.num_accepted_tokens
+            for o in e.outputs:
+                stream = self.streams.setdefault(o.request_id, [])
+                stream.extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.finish[o.request_id] = str(o.finish_reason)
+                else:
+                    lim = abort_after.get(o.request_id)
+                    if lim is not None and len(stream) >= lim and o.request_id not in self.aborted:
+                        self.pending_aborts.append(o.request_id)
+
+    def idle(self) -> bool:
+        return not self.queue and not self.scheduler.has_requests()
+
+
+def drive(run: Run, specs: list[RequestSpec], iterations: int) -> None:
+    by_arrival: dict[int, list[RequestSpec]] = defaultdict(list)
+    for s in specs:
+        by_arrival[s.arrival].append(s)
+    abort_after = {s.req_id: s.abort_after for s in specs if s.abort_after is not None}
+    it = 0
+    limit = iterations * 5 + 2000
+    while it < limit:
+        if it < iterations:
+            run.add(by_arrival.get(it, []))
+        run.iteration(abort_after)
+        it += 1
+        if it >= iterations and run.idle():
+            break
+    while run.queue:
+        run._finish_one(abort_after)
+
+
+# ------------------------------------------------------------------------------------------------
+# Unpatched vs patched
+# ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def phase_spy(driver_ref: list) -> Iterator[None]:
+    """A ``functools.wraps`` spy on ``NPUModelRunner._prepare_inputs`` (below any patch: fingerprints see through
+    it) that moves the driver to phase ``prepare_inputs:after`` once the release's body has returned."""
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    original = NPUModelRunner.__dict__["_prepare_inputs"]
+
+    @functools.wraps(original)
+    def _prepare_inputs(self, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        if driver_ref:
+            driver_ref[0].phase = "prepare_inputs:after"
+        return result
+
+    NPUModelRunner._prepare_inputs = _prepare_inputs
+    try:
+        yield
+    finally:
+        NPUModelRunner._prepare_inputs = original
+
+
+@contextlib.contextmanager
+def reference_kernels() -> Iterator[None]:
+    """Run zb-patch's device ops on their pure-torch twins for the duration (the Triton kernels are proved against
+    the twins by tests/kernels; under TRITON_INTERPRET=1 every launch would go through Triton's interpreter)."""
+    from zb_patch.kernels import _launch
+
+    saved = _launch._interpret
+    _launch._interpret = False
+    try:
+        yield
+    finally:
+        _launch._interpret = saved
+
+
+@dataclass
+class RunResult:
+    mode: str
+    steps: int
+    spec_steps: int
+    requests: int
+    finished: int
+    aborted: int
+    preemptions: int
+    tokens: int
+    drafted: int
+    accepted: int
+    waits: dict
+    blocking_waits: dict
+    before_prep_per_spec_step: float
+    min_before_prep_per_spec_step: int
+    max_before_prep_per_step: int
+    max_waits_per_step: int
+    seconds: float
+    streams: dict
+    finish: dict
+    records: dict
+    zb: dict
+    runner: Any = None
+
+    def summary(self) -> dict:
+        keys = ("mode", "steps", "spec_steps", "requests", "finished", "aborted", "preemptions", "tokens",
+                "drafted", "accepted", "waits", "blocking_waits", "before_prep_per_spec_step",
+                "min_before_prep_per_spec_step", "max_before_prep_per_step", "max_waits_per_step", "seconds", "zb")
+        return {k: getattr(self, k) for k in keys}
+
+
+def run_mode(sess: Session, shape: EngineShape, specs: list[RequestSpec], iterations: int, *, seed: int,
+             patched: bool, adapter: Any = None, reorder: bool = True, method: str = "eagle",
+             runner_hook: Any = None) -> RunResult:
+    from zb_patch import registry as R
+
+    vc = build_config(sess, shape, method=method)
+    kvc = kv_cache_config(vc, shape)
+    driver_ref: list = []
+    t0 = time.time()
+    with phase_spy(driver_ref):
+        report = None
+        execute_patch = None
+        if patched:
+            report = adapter.patch_set.apply()
+            if report.verdict != R.APPLIED:
+                raise RuntimeError(f"adapter did not apply: {report.reason}")
+            execute_patch = next(p for p in adapter.patch_set.patches
+                                 if p.target.endswith("NPUModelRunner.execute_model"))
+        try:
+            runner = make_runner(vc, kvc, reorder=reorder)
+            if runner_hook is not None:
+                runner_hook(runner)
+            driver = Driver(runner, shape, seed=seed, execute_patch=execute_patch)
+            driver_ref.append(driver)
+            run = Run(make_scheduler(vc, kvc, shape), driver, shape)
+            drive(run, specs, iterations)
+        finally:
+            if patched:
+                adapter.patch_set.unpatch()
+    free = run.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    if free != shape.num_blocks - 1:
+        raise AssertionError(f"KV pool not returned: {free}/{shape.num_blocks - 1} free")
+    if runner.requests:
+        raise AssertionError(f"runner still holds requests: {sorted(runner.requests)[:5]}")
+    before = [driver.step_waits[s].get("update_states", 0) for s in driver.spec_step_ids]
+    zb_state = runner.__dict__.get("_zb_patch_018")
+    zb = {} if zb_state is None else {"active": zb_state.active, "reason": zb_state.reason,
+                                      "steps": zb_state.steps, "corrected_steps": zb_state.corrected_steps,
+                                      "host_waits": zb_state.host_waits, "fallback_uploads": zb_state.fallback_uploads}
+    all_before = [driver.step_waits[s].get("update_states", 0) for s in range(1, run.step + 1)]
+    return RunResult(
+        mode="patched" if patched else "unpatched", steps=run.step, spec_steps=driver.spec_steps,
+        requests=run.requests, finished=len(run.finish), aborted=len(run.aborted), preemptions=run.preemptions,
+        tokens=sum(len(s) for s in run.streams.values()), drafted=run.drafted, accepted=run.accepted,
+        waits=dict(driver.waits), blocking_waits=dict(driver.blocking_waits),
+        before_prep_per_spec_step=(sum(before) / len(before)) if before else 0.0,
+        min_before_prep_per_spec_step=min(before) if before else 0,
+        max_before_prep_per_step=max(all_before) if all_before else 0,
+        max_waits_per_step=max((sum(w.values()) for w in driver.step_waits.values()), default=0),
+        seconds=round(time.time() - t0, 2), streams=run.streams, finish=run.finish, records=driver.records, zb=zb,
+        runner=runner)
+
+
+def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str]]:
+    """Per-step, per-request comparison of everything the forward saw and produced, then the token streams."""
+    diffs = 0
+    examples: list[str] = []
+
+    def note(msg: str) -> None:
+        nonlocal diffs
+        diffs += 1
+        if len(examples) < limit:
+            examples.append(msg)
+
+    if ref.steps != got.steps:
+        note(f"steps: {ref.steps} vs {got.steps}")
+    for step in sorted(set(ref.records) | set(got.records)):
+        a, b = ref.records.get(step, {}), got.records.get(step, {})
+        for rid in sorted(set(a) | set(b)):
+            ra, rb = a.get(rid), b.get(rid)
+            if ra is None or rb is None:
+                note(f"step {step} {rid}: scheduled {ra is not None} vs {rb is not None}")
+                continue
+            for f in RowRecord.FIELDS:
+                va, vb = getattr(ra, f), getattr(rb, f)
+                if va != vb:
+                    note(f"step {step} {rid} {f}: {va} vs {vb}")
+    for rid in sorted(set(ref.streams) | set(got.streams)):
+        if ref.streams.get(rid) != got.streams.get(rid) or ref.finish.get(rid) != got.finish.get(rid):
+            note(f"{rid}: token stream / finish differ ({ref.finish.get(rid)} vs {got.finish.get(rid)})")
+    for attr in ("drafted", "accepted", "tokens", "finished", "aborted", "preemptions"):
+        if getattr(ref, attr) != getattr(got, attr):
+            note(f"{attr}: {getattr(ref, attr)} vs {getattr(got, attr)}")
+    return diffs, examples
+
+
+def parity(sess: Session, shape: EngineShape, iterations: int, *, seed: int, adapter: Any, reorder: bool = True,
+           triton: bool = False, method: str = "eagle", runner_hook: Any = None) -> dict:
+    specs = make_workload(seed, shape, iterations)
+    ctx = contextlib.nullcontext() if triton else reference_kernels()
+    with ctx:
+        ref = run_mode(sess, shape, specs, iterations, seed=seed, patched=False, reorder=reorder, method=method)
+        got = run_mode(sess, shape, specs, iterations, seed=seed, patched=True, adapter=adapter, reorder=reorder,
+                       method=method, runner_hook=runner_hook)
+    diffs, examples = compare(ref, got)
+    return {"k": shape.num_spec_tokens, "iterations": iterations, "divergences": diffs, "examples": examples,
+            "unpatched": ref.summary(), "patched": got.summary(), "runners": (ref.runner, got.runner)}
