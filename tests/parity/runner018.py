@@ -37,7 +37,6 @@ import copy
 import functools
 import json
 import os
-import socket
 import tempfile
 import time
 from collections import defaultdict, deque
@@ -57,35 +56,9 @@ PHASES = ("update_states", "prepare_inputs:release", "prepare_inputs:after", "fo
 
 
 # ------------------------------------------------------------------------------------------------
-# Process set-up (CPU distributed state before the worker modules; test platform; tiny model configs)
+# Process set-up (test platform; tiny model configs). The CPU distributed state comes from
+# tests/support/cpu_worker.py (tests/patches/conftest.py's `cpu_worker` fixture).
 # ------------------------------------------------------------------------------------------------
-
-
-def setup_cpu_worker() -> dict[str, Any]:
-    """vLLM distributed state on vLLM's CPU platform (gloo, world of 1), then the worker modules in the real
-    worker's import order (vllm-ascend's worker patches replace GroupCoordinator with an HCCL one, so the state
-    must exist before they are imported). Idempotent."""
-    import npu_standin
-
-    npu_standin.install()
-    import vllm.platforms as platforms
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-
-    if ps._WORLD is None:
-        from vllm.platforms.cpu import CpuPlatform
-
-        platforms._current_platform = CpuPlatform()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with set_current_vllm_config(VllmConfig()):
-            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                            distributed_init_method=f"tcp://127.0.0.1:{port}")
-            ps.initialize_model_parallel(1, 1, backend="gloo")
-    from npu_standin.ascend_imports import import_worker_modules
-
-    return import_worker_modules()
 
 
 @dataclass

@@ -1,0 +1,36 @@
+"""Set up a worker-side process on CPU for tests that run real vLLM / vllm-ascend worker classes.
+
+vLLM distributed state on vLLM's own ``CpuPlatform`` (gloo, world of one process), then the worker modules
+in the real worker's import order. The order matters: vllm-ascend's worker patches replace vLLM's
+``GroupCoordinator`` with an HCCL one (which needs an NPU), so the state must exist before they are imported.
+Idempotent; the platform switch is global to the process (run such tests in their own pytest process).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+
+def setup_cpu_worker() -> dict[str, Any]:
+    import npu_standin
+
+    npu_standin.install()
+    import vllm.platforms as platforms
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    if ps._WORLD is None:
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with set_current_vllm_config(VllmConfig()):
+            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                            distributed_init_method=f"tcp://127.0.0.1:{port}")
+            ps.initialize_model_parallel(1, 1, backend="gloo")
+    from npu_standin.ascend_imports import import_worker_modules
+
+    return import_worker_modules()
