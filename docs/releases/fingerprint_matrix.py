@@ -86,7 +86,7 @@ def lookup(roots: list[str], target: str) -> str | None:
     module, _ = split_target(target)
     for root in roots:
         if module_file(root, module) is not None:
-            return fingerprint_in_tree(root, target)
+            return fingerprint_in_tree(root, target, follow_reexports=False)  # "defined in that file"
     return None
 
 

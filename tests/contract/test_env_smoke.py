@@ -1,4 +1,4 @@
-"""Proves a real-package env (va011 / va013 / va018 / va023) is what requirements/ says it is:
+"""Proves a real-package env (va011 / va013 / va018 / va019 / va023) is what requirements/ says it is:
 every installed distribution matches the pinned lock, the real worker modules of the release
 import through the NPU stand-in, and vLLM's own plugin loading works in a fresh process with every
 plugin enabled (the ascend platform plugin included), as on a real NPU host."""
@@ -23,9 +23,13 @@ if FAMILY is None:
                 allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = "va" + FAMILY.replace(".", "").rjust(3, "0")  # "0.18" -> "va018"
+# installed vllm-ascend release -> (tox env, the vLLM release it is pinned with). Several envs can share a
+# stand-in family (va019 and va023 both use the "0.23" surface).
+ENVS = {"0.11.0": ("va011", "0.11.0"), "0.13.0": ("va013", "0.13.0"), "0.18.0": ("va018", "0.18.0"),
+        "0.19.1rc1": ("va019", "0.19.1"), "0.23.0": ("va023", "0.23.0")}
+ASCEND_RELEASE = importlib.metadata.version("vllm-ascend")
+ENV, VLLM_RELEASE = ENVS[ASCEND_RELEASE]
 LOCK = ROOT / "requirements" / f"{ENV}.txt"
-RELEASE = {"0.11": "0.11.0", "0.13": "0.13.0", "0.18": "0.18.0", "0.23": "0.23.0"}[FAMILY]
 
 
 def _pins(path: Path) -> dict[str, str]:
@@ -42,8 +46,8 @@ def test_tox_env_matches_family():
 
 
 def test_release_pair_is_the_pinned_one():
-    assert importlib.metadata.version("vllm") == RELEASE
-    assert importlib.metadata.version("vllm-ascend") == RELEASE
+    assert importlib.metadata.version("vllm") == VLLM_RELEASE
+    assert _pins(LOCK)["vllm-ascend"] == ASCEND_RELEASE
     assert importlib.metadata.version("torch") == "2.13.0+cpu"
 
 
@@ -134,7 +138,9 @@ def test_vllm_plugin_loading_in_a_fresh_process():
 # --- the stand-in's own contract (cheap: no vLLM import) ----------------------------------------------
 
 @pytest.mark.parametrize("version, family", [
-    ("0.11.0", "0.11"), ("0.13.0rc2", "0.13"), ("0.18.0", "0.18"), ("0.19.1rc1", "0.18"),
+    ("0.11.0", "0.11"), ("0.13.0rc2", "0.13"), ("0.18.0", "0.18"), ("0.18.1", "0.18"),
+    # 0.19-0.22 need the transformers-5 surface (docs/releases/ascend-0.19-0.23.md section 7.3)
+    ("0.19.1rc1", "0.23"), ("0.20.2rc1", "0.23"), ("0.22.1rc1", "0.23"),
     ("0.23.0.post1", "0.23"), ("0.27.1+empty", "0.23"),
 ])
 def test_family_of(version, family):

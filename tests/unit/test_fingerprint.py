@@ -112,3 +112,25 @@ def test_functools_wraps_decorated_method_agrees_with_source(upstream):
     assert fingerprint_object(mod.K.__dict__["m"]) == fingerprint_source(src, "K.m")
     # the decorator is part of the fingerprint
     assert fingerprint_source(src, "K.m") != fingerprint_source(src.replace("    @deco\n", ""), "K.m")
+
+
+def test_fingerprint_in_tree_follows_reexports_like_the_running_process(tmp_path):
+    """A module that re-exports a class (``from x import K``) resolves to the defining module at run time
+    (registry.resolve goes through the module namespace); fingerprint_in_tree does the same."""
+    from zb_patch.versions import fingerprint_in_tree
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("class K:\n    def m(self):\n        return 1\n")
+    (pkg / "absolute.py").write_text("from pkg.base import K\n")
+    (pkg / "relative.py").write_text("from .base import K as L\n")
+    (pkg / "shadowed.py").write_text("from pkg.base import K\n\nclass K:\n    def m(self):\n        return 2\n")
+    want = fingerprint_in_tree(str(tmp_path), "pkg.base:K.m")
+    assert want is not None
+    assert fingerprint_in_tree(str(tmp_path), "pkg.absolute:K.m") == want
+    assert fingerprint_in_tree(str(tmp_path), "pkg.relative:L.m") == want
+    assert fingerprint_in_tree(str(tmp_path), "pkg.shadowed:K.m") == _fp("def m(self):\n    return 2\n", "m")
+    assert fingerprint_in_tree(str(tmp_path), "pkg.absolute:K.m", follow_reexports=False) is None
+    assert fingerprint_in_tree(str(tmp_path), "pkg.absolute:K.nope") is None
+    assert fingerprint_in_tree(str(tmp_path), "pkg.relative:K.m") is None

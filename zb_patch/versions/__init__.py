@@ -14,6 +14,7 @@ Version checks live here and in :mod:`zb_patch.detect` only. A release's quirks 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 from typing import Optional
@@ -151,11 +152,47 @@ def module_file(root: str, module: str) -> Optional[str]:
     return None
 
 
-def fingerprint_in_tree(root: str, target: str) -> Optional[str]:
-    """Fingerprint of ``target`` in a source tree (site-packages, unpacked wheel, git checkout)."""
+def fingerprint_in_tree(root: str, target: str, *, follow_reexports: bool = True, _depth: int = 0) -> Optional[str]:
+    """Fingerprint of ``target`` in a source tree (site-packages, unpacked wheel, git checkout).
+
+    Resolves like the running process does (through the module's namespace): when the module does not define
+    the target's first name but binds it with a module-level ``from X import Name`` (a re-export, e.g.
+    ``vllm_ascend.spec_decode.eagle_proposer`` re-exports ``AscendSpecDecodeBaseProposer`` from
+    ``llm_base_proposer`` since vllm-ascend 0.20.2rc1), the definition in ``X`` is fingerprinted, as
+    ``registry.resolve`` + ``fingerprint_object`` would. ``follow_reexports=False``: only definitions in that
+    very file count (docs/releases/fingerprint_matrix.py reports re-exports as absent).
+    """
     module, parts = split_target(target)
     path = module_file(root, module)
     if path is None:
         return None
     with open(path, encoding="utf-8-sig") as fh:
-        return fingerprint_source(fh.read(), parts)
+        source = fh.read()
+    fp = fingerprint_source(source, parts)
+    if fp is not None or not follow_reexports or _depth >= 4:
+        return fp
+    origin = _reexport_origin(ast.parse(source), module, path.endswith("__init__.py"), parts[0])
+    if origin is None:
+        return None
+    src_module, src_name = origin
+    return fingerprint_in_tree(root, f"{src_module}:{'.'.join((src_name, *parts[1:]))}", _depth=_depth + 1)
+
+
+def _reexport_origin(tree: ast.Module, module: str, is_package: bool, name: str) -> Optional[tuple[str, str]]:
+    """(module, name) that a module-level ``from X import ...`` binds to ``name``, if the last module-level
+    binding of ``name`` is such an import (a later def/class would win at run time)."""
+    origin: Optional[tuple[str, str]] = None
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+            origin = None
+        elif isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if (alias.asname or alias.name) == name and alias.name != "*":
+                    if stmt.level:
+                        base = module.split(".") if is_package else module.split(".")[:-1]
+                        base = base[: len(base) - (stmt.level - 1)] if stmt.level > 1 else base
+                        src = ".".join(base + ([stmt.module] if stmt.module else []))
+                    else:
+                        src = stmt.module or ""
+                    origin = (src, alias.name) if src else None
+    return origin

@@ -39,8 +39,9 @@ class StandinError(RuntimeError):
 def detect_family(dist: str = "vllm-ascend") -> str | None:
     """The vllm-ascend family of the installed distribution (``None`` if not installed).
 
-    Family = the newest entry of FAMILIES whose major.minor is <= the installed release, e.g.
-    0.18.0 -> "0.18", 0.19.1rc1 -> "0.18", 0.23.0.post1 -> "0.23". Older than every family: error.
+    Family = the newest entry of FAMILIES whose first release (``surface.FAMILY_FROM``) is <= the installed
+    major.minor, e.g. 0.18.0 -> "0.18", 0.19.1rc1 -> "0.23" (the transformers-5 surface serves 0.19-0.23),
+    0.23.0.post1 -> "0.23". Older than every family: error.
     Read from package metadata; nothing is imported.
     """
     try:
@@ -56,7 +57,7 @@ def family_of(ver: str, dist: str = "vllm-ascend") -> str:
     if not m:
         raise StandinError(f"NPU stand-in: cannot parse {dist} version {ver!r}")
     have = (int(m.group(1)), int(m.group(2)))
-    fams = [f for f in FAMILIES if tuple(map(int, f.split("."))) <= have]
+    fams = [f for f in FAMILIES if surface.FAMILY_FROM[f] <= have]
     if not fams:
         raise StandinError(
             f"NPU stand-in: {dist} {ver} is older than every covered family {FAMILIES} ({HINT})"

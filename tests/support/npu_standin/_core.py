@@ -117,6 +117,17 @@ def ref(dotted: str) -> Kind:
     return build
 
 
+def standin_module(name: str) -> Kind:
+    """Another declared stand-in module, imported through the finder (to hang it on a real package)."""
+
+    def build(qualname: str) -> Any:
+        import importlib
+
+        return importlib.import_module(name)
+
+    return build
+
+
 class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves the declared stand-in modules; refuses every other name under the stand-in roots."""
 

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ._core import Kind, opaque_class, ref, sentinel, unavailable, value
+from ._core import Kind, opaque_class, ref, sentinel, standin_module, unavailable, value
 
 F11, F13, F18, F23 = "0.11", "0.13", "0.18", "0.23"
 FAMILIES: tuple[str, ...] = (F11, F13, F18, F23)
 ALL = frozenset(FAMILIES)
+# The first vllm-ascend release (major, minor) each family's surface serves. "0.23" (the transformers-5.x surface)
+# serves 0.19-0.22 too: every worker module of 0.19.1rc1 .. 0.22.1rc1 imports with it, while the "0.18"
+# surface fails there (transformers 5.5.x needs torchvision.transforms.InterpolationMode;
+# docs/releases/ascend-0.19-0.23.md section 7.3).
+FAMILY_FROM: dict[str, tuple[int, int]] = {F11: (0, 11), F13: (0, 13), F18: (0, 18), F23: (0, 19)}
 
 # Top-level names this stand-in owns. Any import under these roots that is not declared in
 # MODULES raises ModuleNotFoundError, even if a real package of that name is installed.
 ROOTS = frozenset({"torch_npu", "torchair", "torchvision", "acl",
-                   # triton-ascend's extension namespace (triton-ascend >= 3.2.2 is not on PyPI and
-                   # cannot sit beside plain triton): only this subtree, the rest of triton is real
-                   "triton.language.extra.cann"})
+                   # triton-ascend's extension namespaces (triton-ascend >= 3.2.2 is not on PyPI and
+                   # cannot sit beside plain triton): only these subtrees, the rest of triton is real
+                   "triton.language.extra.cann", "triton.language.extra.ascend"})
 
 
 class Entry(NamedTuple):
@@ -133,6 +138,15 @@ module("triton.language.extra.cann.extension", {F18, F23},
        extract_slice=E(unavailable, {F18, F23}, "ops/triton/triton_utils.py:38 (import time)"),
        get_element=E(unavailable, {F18, F23}, "ops/triton/triton_utils.py:39 (import time)"))
 
+# triton-ascend's `ascend` backend package. Its triton/language/extra/__init__.py imports every backend package,
+# so on a real host `triton.language.extra.ascend` is an attribute as soon as triton.language is imported
+# (TRITON_ASCEND_SIDE_EFFECTS below hangs the stand-in there).
+module("triton.language.extra.ascend", {F23}, "parent of libdevice (0.19.1rc1 reads it as an attribute chain)")
+module("triton.language.extra.ascend.libdevice", {F23},
+       "0.19.1rc1 worker/v2/sample/penalties.py:24 `pow = triton.language.extra.ascend.libdevice.pow` "
+       "(module level; imported through patch/worker/__init__ -> patch_v2.patch_triton)",
+       pow=E(unavailable, {F23}, "penalties.py:24 (import time); called only inside @triton.jit bodies"))
+
 # ---------------------------------------------------------------------------------------------
 # torchair (Ascend graph-mode compiler; needs torch_npu + CANN)
 module("torchair", {F11, F18, F23},
@@ -196,10 +210,26 @@ TORCH_SIDE_EFFECTS: dict[str, dict[str, Entry]] = {
 }
 
 
+# What triton-ascend's import does to the (here: real, plain) triton package, applied at the same moment (the first
+# stand-in import, which vllm_ascend/utils.py makes before anything reads triton-ascend names).
+TRITON_ASCEND_SIDE_EFFECTS: dict[str, dict[str, Entry]] = {
+    "triton.language.extra": {
+        "ascend": E(standin_module("triton.language.extra.ascend"), {F23},
+                    "triton-ascend's triton/language/extra/__init__.py imports its `ascend` backend package; "
+                    "0.19.1rc1 penalties.py:24 reads it as an attribute without importing it"),
+    },
+}
+
+
 def side_effects_for(family: str | None) -> dict[str, dict[str, object]]:
     fams = ALL if family is None else frozenset({family})
-    return {mod: {a: e.kind(f"{mod}.{a}") for a, e in attrs.items() if e.families & fams}
-            for mod, attrs in TORCH_SIDE_EFFECTS.items()}
+    out: dict[str, dict[str, object]] = {}
+    for table in (TORCH_SIDE_EFFECTS, TRITON_ASCEND_SIDE_EFFECTS):
+        for mod, attrs in table.items():
+            vals = {a: e.kind(f"{mod}.{a}") for a, e in attrs.items() if e.families & fams}
+            if vals:
+                out.setdefault(mod, {}).update(vals)
+    return out
 
 
 def modules_for(family: str | None) -> dict[str, dict[str, Kind]]:
