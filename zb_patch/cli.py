@@ -225,6 +225,8 @@ def cmd_patches(args) -> int:
             print(f"     remove when: {p.remove_when}")
             for label, fp in p.fingerprints.items():
                 print(f"     replaces:    {fp}  ({label})")
+            for label, fp in p.native_fingerprints.items():
+                print(f"     native:      {fp}  ({label}: already fixed, nothing applied)")
         if a.patch_set.guards:
             print(f"\n   guards ({len(a.patch_set.guards)}): verified, never replaced")
             for g in a.patch_set.guards:
@@ -232,6 +234,14 @@ def cmd_patches(args) -> int:
                 print(f"     {g.target}  {fps}")
                 if g.why:
                     print(f"       {g.why}")
+        if a.patch_set.advisories:
+            print(f"\n   advisories ({len(a.patch_set.advisories)}): known upstream bugs NOT fixed (one WARNING)")
+            for adv in a.patch_set.advisories:
+                fps = ", ".join(f"{fp} ({label})" for label, fp in adv.affected.items())
+                print(f"     {adv.id}: {adv.target}  affected: {fps}")
+                print(f"       {adv.message}")
+                if adv.upstream:
+                    print(f"       upstream: {', '.join(adv.upstream)}")
         print()
     return 0
 
@@ -256,7 +266,11 @@ def cmd_fingerprints(args) -> int:
     for a in adapters:
         print(f"# {a.id}  (source tree: {root})")
         specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
-        specs += [("patch", p.target, p.fingerprints) for p in a.patch_set.patches]
+        specs += [("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in
+                                                             p.native_fingerprints.items()}})
+                  for p in a.patch_set.patches]
+        specs += [("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()})
+                  for adv in a.patch_set.advisories]
         for kind, target, expected in specs:
             module = target.split(":")[0]
             if args.only and not module.startswith(tuple(args.only)):
@@ -266,6 +280,8 @@ def cmd_fingerprints(args) -> int:
                 status = "absent"
             elif fp in expected.values():
                 status = "recorded (" + ", ".join(k for k, v in expected.items() if v == fp) + ")"
+            elif kind == "advis.":
+                status = "not affected (or NEW)"
             else:
                 status = "NEW"
                 bad += 1

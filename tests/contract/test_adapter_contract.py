@@ -61,8 +61,9 @@ def _own_adapter():
 
 
 def _items(adapter):
+    # a patch target must have either a form the patch replaces or a form that already carries the fix
     return [("guard", g.target, g.fingerprints) for g in adapter.patch_set.guards] + \
-           [("patch", p.target, p.fingerprints) for p in adapter.patch_set.patches]
+           [("patch", p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches]
 
 
 OWN = _own_adapter()
@@ -77,6 +78,17 @@ def test_target_resolves_and_fingerprint_matches(worker_modules, kind, target, e
     assert res.patched_by is None, "a contract test left a patch behind"
     label, why = R.check_fingerprint(res, expected)
     assert label is not None, why
+
+
+OWN_ADVISORIES = list(OWN.patch_set.advisories) if OWN else []
+
+
+@pytest.mark.skipif(not OWN_ADVISORIES, reason="the adapter has no advisories")
+@pytest.mark.parametrize("advisory", OWN_ADVISORIES, ids=[a.id for a in OWN_ADVISORIES] or None)
+def test_advisory_target_resolves(worker_modules, advisory):
+    """An advisory whose target cannot be resolved would stay silent: its target must exist here."""
+    res = R.resolve(advisory.target)
+    assert res.found and res.fingerprint, res.reason
 
 
 @pytest.mark.skipif(OWN is None, reason=f"vllm-ascend {FAMILY} has no adapter: it must be refused (tested below)")
@@ -146,4 +158,5 @@ def test_doctor_with_zb_patch_on():
     else:
         assert (code, data["verdict"], data["adapter"]) == (0, "apply", EXPECTED[FAMILY]), data["reason"]
         items = data["adapters"][0]["items"]
-        assert items and all(i["found"] and i["fingerprint_ok"] for i in items)
+        assert items and all(i["found"] and i["fingerprint_ok"] for i in items if i["kind"] != "advisory")
+        assert all(i["found"] for i in items)

@@ -85,8 +85,12 @@ print("STATE2", st["state"], st["adapter"])
     assert "STATE1 armed" in r.stdout, r.stdout
     assert f"STATE2 applied {EXPECTED}" in r.stdout, r.stdout
     armed = [line for line in lines if " armed " in line]
-    applied = [line for line in lines if f"adapter={EXPECTED}" in line]
+    applied = [line for line in lines if f"adapter={EXPECTED}" in line and "known issue" not in line]
     assert len(armed) == 1 and len(applied) == 1, lines
+    # advisories of the installed release (adapter ascend-0.19-0.23): one WARNING each, never repeated
+    advisories = [line.split("known issue ")[1].split()[0] for line in lines if "known issue" in line]
+    assert len(advisories) == len(set(advisories)) and all("WARNING" in line for line in lines
+                                                           if "known issue" in line), lines
     assert "INFO" in applied[0] and "guards verified" in applied[0] and "selected by version" in applied[0]
 
 

@@ -3,8 +3,14 @@
 hybrid block sizes and context-parallel settings; and unpatch restores the exact original.
 
 Both sides run Triton under TRITON_INTERPRET=1 on CPU tensors: the release's path launches vLLM's generic
-`_compute_slot_mapping_kernel` (CP off) or its torch CP routine (CP on); the patched path launches zb-patch's
-kernel."""
+`_compute_slot_mapping_kernel` (CP off) or, from #10442 on (0.21.0rc1 sdist, 0.22.1rc1+), its torch CP routine
+(CP on); the patched path launches zb-patch's kernel.
+
+Releases before #10442 (0.19.1rc1 .. 0.21.0rc1 wheels) run vLLM's generic kernel with CP too. Where the CP
+interleave size does not divide the kernel block size (hybrid blocks, e.g. physical 128 / kernel 16 with
+interleave 128) that kernel's "virtual block" is wrong (vllm-ascend #10442); there the patch must give #10442's
+answer (zb_patch.kernels.reference, vllm-ascend's virtual-physical-block formula), and the release must be
+seen to differ from it (docs/releases/ascend-0.19-0.23.md section 5 item 2)."""
 
 from __future__ import annotations
 
@@ -75,14 +81,33 @@ def _run(bt, num_reqs, qsl, positions, cp):
     bt.compute_slot_mapping(num_reqs, qsl, positions)
     n = positions.shape[0]
     if cp:
-        # the release's CP routine writes the .cpu half when the indices are CPU tensors (always, here) and
-        # only [:num_tokens]; the kernel writes the device buffer and also pads the tail.
-        return bt.slot_mapping.cpu[:n].clone() if not _patched() else bt.slot_mapping.gpu[:n].clone()
+        # #10442's CP routine writes the .cpu half when the indices are CPU tensors (always, here) and only
+        # [:num_tokens]; vLLM's kernel (releases before #10442) and zb-patch's kernel write the device buffer.
+        return bt.slot_mapping.cpu[:n].clone() if _has_10442() and not _patched() else bt.slot_mapping.gpu[:n].clone()
     return bt.slot_mapping.gpu[:MAX_TOKENS].clone()
 
 
 def _patched():
     return R.resolve(TARGET).patched_by is not None
+
+
+def _has_10442():
+    from vllm_ascend.worker.block_table import BlockTable
+
+    return "_compute_pcp_dcp_slot_mapping" in BlockTable.__dict__
+
+
+def _answer_10442(bt, num_reqs, qsl, positions, cp):
+    """#10442's slot mapping for this CP rank (pure torch, vllm-ascend's virtual-physical-block formula)."""
+    from zb_patch.kernels.reference import slot_mapping_reference
+
+    n = positions.shape[0]
+    out = torch.full((n,), 12345, dtype=torch.int64)
+    slot_mapping_reference(qsl, positions, bt.block_table.gpu, out, block_size=bt.block_size, max_num_tokens=n,
+                           num_reqs=num_reqs, physical_block_size=bt.physical_block_size,
+                           cp_world_size=cp["pcp"] * cp["dcp"], cp_rank=cp["dcp"] * cp["pcp_rank"] + cp["dcp_rank"],
+                           cp_kv_cache_interleave_size=cp["interleave"])
+    return out
 
 
 @pytest.fixture
@@ -109,12 +134,23 @@ def test_patched_equals_release_on_random_batches(patch_set, physical, kernel, c
     rng = random.Random(physical * 1000 + kernel + (0 if not cp else cp["dcp"] * 10 + cp["pcp"]))
     world = 1 if not cp else cp["pcp"] * cp["dcp"]
     original = R.resolve(TARGET).raw
-    cases = []
+    # releases before #10442 run vLLM's generic kernel with CP: right where the interleave size divides the
+    # kernel block size, wrong elsewhere; there the patch gives #10442's answer
+    release_wrong = bool(cp) and not _has_10442() and kernel % cp["interleave"] != 0
+    cases, release_differs = [], []
     for _ in range(6):
         ref_bt = _table(physical, kernel, cp)
         batch = _batch(rng, ref_bt, physical, world)
         _fill(ref_bt, batch[1])
-        cases.append((batch, _run(ref_bt, batch[0], batch[2], batch[3], cp)))
+        expected = _run(ref_bt, batch[0], batch[2], batch[3], cp)
+        if cp and not _has_10442():
+            fixed = _answer_10442(ref_bt, batch[0], batch[2], batch[3], cp)
+            release_differs.append(not torch.equal(expected, fixed))
+            expected = fixed
+        cases.append((batch, expected))
+    if cp and not _has_10442():
+        # right where the interleave divides the kernel block, and seen to be wrong elsewhere
+        assert any(release_differs) if release_wrong else not any(release_differs), release_differs
     report = patch_set.apply(detect())
     assert report.verdict == R.APPLIED, report.reason
     assert R.resolve(TARGET).raw is not original

@@ -76,11 +76,22 @@ def test_every_adapter_names_its_releases():
         assert a.releases, a.id
 
 
+_VERSION = re.compile(r"\d+\.\d+\.\d+(?:rc\d+)?(?:\.post\d+)?")
+
+
+def _named(release: str, label: str) -> bool:
+    """The label names this exact release ("0.23.0" is not named by "0.23.0rc1" nor by "0.23.0.post1")."""
+    return release in _VERSION.findall(label)
+
+
 @pytest.mark.parametrize("adapter,release", CASES, ids=[f"{a.id}@{r}" for a, r in CASES])
 def test_recorded_fingerprints_match_pypi_sources(adapter, release):
+    """Every guard and patch target has, in every listed release, a recorded fingerprint (for a patch: of the
+    form it replaces or, in native_fingerprints, of the form that already carries the fix) whose label names
+    that release."""
     root = _sources(release)
     items = [(g.target, g.fingerprints) for g in adapter.patch_set.guards] + \
-            [(p.target, p.fingerprints) for p in adapter.patch_set.patches]
+            [(p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches]
     checked = 0
     for target, expected in items:
         if not target.startswith("vllm_ascend."):
@@ -93,3 +104,22 @@ def test_recorded_fingerprints_match_pypi_sources(adapter, release):
             f"{target}: {fp} recorded under {labels}, which do not name {release}"
         checked += 1
     assert checked, f"{adapter.id} has no vllm_ascend target"
+
+
+ADVISORY_CASES = [(a, adv, rel) for a in V.adapters() for adv in a.patch_set.advisories for rel in a.releases]
+
+
+@pytest.mark.parametrize("adapter,advisory,release", ADVISORY_CASES,
+                         ids=[f"{a.id}:{adv.id}@{r}" for a, adv, r in ADVISORY_CASES])
+def test_advisories_name_exactly_the_affected_releases(adapter, advisory, release):
+    """An advisory warns on a listed release iff one of its affected labels names that release: the target's
+    fingerprint there is the recorded one, and a release no label names has none of the affected forms."""
+    root = _sources(release)
+    fp = V.fingerprint_in_tree(root, advisory.target)
+    assert fp is not None, f"{advisory.target} not found in vllm-ascend {release}"
+    named = {label: v for label, v in advisory.affected.items() if _named(release, label)}
+    if named:
+        assert fp in named.values(), f"{advisory.id}: {release} is named affected by {list(named)}, but has {fp}"
+    else:
+        assert fp not in advisory.affected.values(), \
+            f"{advisory.id}: {release} has the affected form {fp}, but no label names it"

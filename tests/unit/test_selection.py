@@ -67,6 +67,13 @@ def test_adapter_table_is_well_formed():
             assert g.fingerprints and all(len(fp) == 16 for fp in g.fingerprints.values()), g.target
         for p in a.patch_set.patches:
             assert p.why and p.upstream and p.remove_when, p.id
+            fps = list(p.fingerprints.values()) + list(p.native_fingerprints.values())
+            assert all(len(fp) == 16 for fp in fps), p.id
+            # one installed form is either "needs the patch" or "already fixed", never both
+            assert not set(p.fingerprints.values()) & set(p.native_fingerprints.values()), p.id
+        for adv in a.patch_set.advisories:
+            assert adv.affected and all(len(fp) == 16 for fp in adv.affected.values()), adv.id
+            assert adv.message and adv.upstream, adv.id
         lo, hi = a.vllm_ascend
         assert lo < hi
     # ranges of different adapters never overlap

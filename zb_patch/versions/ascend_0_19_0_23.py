@@ -14,7 +14,9 @@ docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --a
 
 from __future__ import annotations
 
-from ..registry import Guard, Patch, PatchSet
+import functools
+
+from ..registry import Advisory, Guard, Patch, PatchSet
 from . import Adapter
 
 
@@ -79,7 +81,261 @@ SLOT_MAPPING_KERNEL = Patch(
     roles=("worker",),
 )
 
-PATCHES = (SLOT_MAPPING_KERNEL,)
+# ----------------------------------------------------------------------------------------------------
+# Later correctness fixes, each applied only where the installed code lacks it. "native" is decided by the
+# fingerprint of the installed target (native_fingerprints), never by a version string; a target whose
+# fingerprint is in neither map refuses the whole adapter. Pre-/post-fix fingerprints per release:
+# docs/releases/ascend-0.19-0.23.md section 3.2 and docs/releases/ascend-0.19-0.23-fixes.json.
+# ----------------------------------------------------------------------------------------------------
+
+
+def _make_copy_valid_sampled_token_count(original):
+    """#9456's ``NPUModelRunner._copy_valid_sampled_token_count``, verbatim: its AST equals the method of every
+    release that carries the fix (fingerprint a84e0bc102b7bda1, checked by tests/patches/test_fix_patches.py)."""
+    import torch
+
+    def _copy_valid_sampled_token_count(
+        self, next_token_ids: torch.Tensor, valid_sampled_tokens_count: torch.Tensor
+    ) -> None:
+        if self.valid_sampled_token_count_event is None:
+            return
+
+        # Initialize a new stream to overlap the copy operation with
+        # prepare_input of draft model.
+        default_stream = torch.npu.current_stream()
+        with torch.npu.stream(self.valid_sampled_token_count_copy_stream):
+            self.valid_sampled_token_count_copy_stream.wait_stream(default_stream)
+            counts = valid_sampled_tokens_count
+            counts_cpu = self.valid_sampled_token_count_cpu
+            assert counts_cpu is not None
+            counts_cpu[: counts.shape[0]].copy_(counts, non_blocking=True)
+            self.valid_sampled_token_count_event.record()
+
+        if self.use_async_spec_decode:
+            # Stash for GPU-side correction in _prepare_inputs.
+            self.valid_sampled_token_count_gpu = valid_sampled_tokens_count
+        self.input_batch.prev_sampled_token_ids = next_token_ids.unsqueeze(1)
+
+    return _copy_valid_sampled_token_count
+
+
+VALID_COUNT_COPY_ORDER = Patch(
+    id="valid-count-copy-order",
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._copy_valid_sampled_token_count",
+    make=_make_copy_valid_sampled_token_count,
+    fingerprints={"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
+    native_fingerprints={
+        "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "a84e0bc102b7bda1",
+    },
+    why="(pitfall P2) The release enters `with torch.npu.stream(copy_stream):` and only then calls "
+        "`copy_stream.wait_stream(torch.npu.current_stream())`; inside the context the current stream IS the copy "
+        "stream, so it waits on itself and the D2H copy of the valid-token counts can run before the "
+        "sampler/drafter kernels that produce them finish: dirty counts, then num_accepted / num_computed_tokens "
+        "overflow and a crash (vllm-ascend issue #9482).",
+    how="Replace the method with #9456's: capture the default stream before entering the side-stream context and "
+        "wait on it. Nothing else changes (same copy, event, stash of the device count).",
+    upstream=("vllm-ascend#9456", "vllm-ascend#9482", "vllm-ascend#8766"),
+    remove_when="vllm-ascend >= 0.20.2rc1 (native there: the installed method has the fixed fingerprint).",
+    roles=("worker",),
+)
+
+
+def _make_runner_init_int64_valid_count(original):
+    """Wrap ``NPUModelRunner.__init__``: after the release's own constructor, re-create the pinned CPU valid-count
+    buffer as int64, exactly as #10205 does (same condition, shape, device and pinning)."""
+    import torch
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        # vllm-ascend #10205: reinit valid_sampled_token_count_cpu with torch.int64 dtype
+        if self.use_async_scheduling and self.num_spec_tokens:
+            self.valid_sampled_token_count_cpu = torch.empty(
+                self.max_num_reqs,
+                dtype=torch.int64,
+                device="cpu",
+                pin_memory=self.pin_memory,
+            )
+
+    return __init__
+
+
+VALID_COUNT_INT64 = Patch(
+    id="valid-count-int64",
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
+    make=_make_runner_init_int64_valid_count,
+    fingerprints={
+        "vllm-ascend 0.19.1rc1": "9abd41d70e108d7a",
+        "vllm-ascend 0.20.2rc1": "5b5331dc8055da86",
+    },
+    native_fingerprints={
+        "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "944a8f07a008165f",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "ac988ef9f9a7745c",
+    },
+    why="(pitfall P1) vLLM's GPUModelRunner.__init__ allocates valid_sampled_token_count_cpu as int32, but Ascend's "
+        "prepare_next_token_ids_padded returns valid_mask.sum(dim=1), an int64 device tensor. The "
+        "`copy_(counts, non_blocking=True)` then converts dtypes, which torch_npu turns into a blocking copy: a "
+        "hidden host sync every step under async scheduling + spec decode (0.20.2rc1 worked around part of it by "
+        "moving the copy after the drafter, #9656).",
+    how="Wrap NPUModelRunner.__init__ (the target that tells the releases apart: _copy_valid_sampled_token_count is "
+        "identical in 0.20.2rc1, which lacks the fix, and 0.21.0rc1+, which has it): after the original, when "
+        "async scheduling and spec decode are on, re-create the buffer as int64 with the same size and pinning, "
+        "as #10205 does. #9656's later copy placement in 0.20.2rc1 stays (harmless with a same-dtype copy).",
+    upstream=("vllm-ascend#10205", "vllm-ascend#9656"),
+    remove_when="vllm-ascend >= 0.21.0rc1 (native there: the installed __init__ has a post-#10205 fingerprint).",
+    roles=("worker",),
+)
+
+
+def _make_unpadded(original):
+    """#8749's ``AscendCommonAttentionMetadata.unpadded``, verbatim (the method of the commit that fixed it: its
+    AST equals 931604054f's, fingerprint 61ad363d7de89c15, checked by tests/patches/test_fix_patches.py)."""
+    AscendCommonAttentionMetadata = original.__globals__["AscendCommonAttentionMetadata"]
+
+    def unpadded(self, num_actual_tokens: int, num_actual_reqs: int) -> "AscendCommonAttentionMetadata":
+        # This only use to eagle now. It will be use to enforce_eager in future.
+        # Helper to slice optional per-request tensors to ``num_actual_reqs``.
+        def _slice_reqs(x):
+            return x[:num_actual_reqs] if x is not None else None
+
+        return AscendCommonAttentionMetadata(
+            query_start_loc=self.query_start_loc[: num_actual_reqs + 1],
+            query_start_loc_cpu=self.query_start_loc_cpu[: num_actual_reqs + 1],
+            seq_lens=self.seq_lens[:num_actual_reqs],
+            seq_lens_cpu=_slice_reqs(self.seq_lens_cpu),
+            num_computed_tokens_cpu=_slice_reqs(self.num_computed_tokens_cpu),
+            num_reqs=num_actual_reqs,
+            num_actual_tokens=num_actual_tokens,
+            max_query_len=self.max_query_len,
+            decode_token_per_req=self.decode_token_per_req,
+            # NOTE: keep all tokens for block_table_tensor and slot_mapping otherwise
+            # there will be error about shape mismatch during reshape and cache.
+            # This is really strange since vLLM slices them as well
+            block_table_tensor=self.block_table_tensor,
+            slot_mapping=self.slot_mapping,
+            causal=self.causal,
+            actual_seq_lengths_q=self.actual_seq_lengths_q[:num_actual_tokens],
+            positions=self.positions,
+            attn_state=self.attn_state,
+            graph_pad_size=-1,  # It should be -1 when not run in fullgraph mode.
+            num_input_tokens=self.num_input_tokens,
+            prefill_context_parallel_metadata=self.prefill_context_parallel_metadata,
+            max_seq_len=self.max_seq_len,
+            # Propagate parent-class fields so the unpadded view is a
+            # faithful sub-batch of the original.
+            _seq_lens_cpu=_slice_reqs(self._seq_lens_cpu),
+            _num_computed_tokens_cpu=_slice_reqs(self._num_computed_tokens_cpu),
+            dcp_local_seq_lens=_slice_reqs(self.dcp_local_seq_lens),
+            dcp_local_seq_lens_cpu=_slice_reqs(self.dcp_local_seq_lens_cpu),
+            is_prefilling=_slice_reqs(self.is_prefilling),
+            encoder_seq_lens=_slice_reqs(self.encoder_seq_lens),
+            encoder_seq_lens_cpu=_slice_reqs(self.encoder_seq_lens_cpu),
+            logits_indices_padded=self.logits_indices_padded,
+            num_logits_indices=self.num_logits_indices,
+        )
+
+    return unpadded
+
+
+SEQ_LENS_CPU_UNPADDED = Patch(
+    id="seq-lens-cpu-unpadded",
+    target="vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded",
+    make=_make_unpadded,
+    fingerprints={"vllm-ascend 0.19.1rc1": "34cfdda571b64daa"},
+    native_fingerprints={
+        "vllm-ascend 0.20.2rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "d556ed4650dd6861",
+        "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "e2c1f3dd724c203a",
+    },
+    why="(pitfall P5b) In async + spec mode the runner passes seq_lens_cpu=None and only _seq_lens_cpu (the "
+        "optimistic CPU mirror, #7640). unpadded(), which the runner calls whenever the target batch was padded, "
+        "drops _seq_lens_cpu / _num_computed_tokens_cpu (and the DCP, encoder, is_prefilling and fast-prefill "
+        "fields), so the drafter's metadata has no CPU mirror and the attention builders fall back to "
+        "seq_lens.to('cpu'): a hidden device->host sync in the drafter every step.",
+    how="Replace the method with #8749's (931604054f), which slices every per-request field, the private CPU "
+        "mirrors included, to num_actual_reqs.",
+    upstream=("vllm-ascend#8749", "vllm-ascend#7640"),
+    remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
+    roles=("worker",),
+)
+
+
+def _make_prepare_inputs_padded(original):
+    """Wrap ``AscendSpecDecodeBaseProposer.prepare_inputs_padded``: the metadata it builds gets the two private CPU
+    mirrors #8749 passes to its constructor (set on the freshly built object, nothing else changes)."""
+
+    @functools.wraps(original)
+    def prepare_inputs_padded(self, common_attn_metadata, *args, **kwargs):
+        out = original(self, common_attn_metadata, *args, **kwargs)
+        spec_common_attn_metadata = out[0]
+        # vllm-ascend #8749: pass both CPU mirrors through unchanged (seq_lens are not changed here)
+        spec_common_attn_metadata._seq_lens_cpu = common_attn_metadata._seq_lens_cpu
+        spec_common_attn_metadata._num_computed_tokens_cpu = common_attn_metadata._num_computed_tokens_cpu
+        return out
+
+    return prepare_inputs_padded
+
+
+SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
+    id="seq-lens-cpu-prepare-inputs-padded",
+    # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
+    # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
+    target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.prepare_inputs_padded",
+    make=_make_prepare_inputs_padded,
+    fingerprints={"vllm-ascend 0.19.1rc1": "bec28bfc8a735b99"},
+    native_fingerprints={
+        "vllm-ascend 0.20.2rc1": "9970ba8894628732",
+        "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "3761c8b3feebc565",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "a518d54daa124020",
+    },
+    why="(pitfall P5b) The drafter's metadata built by prepare_inputs_padded (the async padded-drafter path) keeps "
+        "seq_lens_cpu (None in async mode) but drops _seq_lens_cpu / _num_computed_tokens_cpu, so the drafter's "
+        "attention builders take the seq_lens.to('cpu') fallback: a device->host sync every step.",
+    how="Wrap the method: set _seq_lens_cpu and _num_computed_tokens_cpu of the metadata it returns from its input, "
+        "which is what #8749 passes to the constructor. The method's own work (Triton/torch index math) is "
+        "untouched.",
+    upstream=("vllm-ascend#8749",),
+    remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
+    roles=("worker",),
+)
+
+PATCHES = (SLOT_MAPPING_KERNEL, VALID_COUNT_COPY_ORDER, VALID_COUNT_INT64, SEQ_LENS_CPU_UNPADDED,
+           SEQ_LENS_CPU_PREPARE_INPUTS_PADDED)
+
+# Known bugs of releases in range that zb-patch does not fix: one WARNING where the installed code has them.
+ADVISORIES = (
+    Advisory(
+        id="dcp-cp-builder-seq-lens-cpu",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata",
+        affected={"vllm-ascend 0.19.1rc1": "6676eefcd28a4cbd"},
+        message="with decode context parallelism (DCP > 1) + async scheduling + speculative decoding, "
+                "this runner builds attention metadata with seq_lens_cpu=None (only _seq_lens_cpu is set) and "
+                "AscendAttentionCPMetadataBuilder.build subscripts seq_lens_cpu: TypeError on the first step. "
+                "zb-patch carries #8749's unpadded()/prepare_inputs_padded part, not its CP-builder part (that "
+                "module is imported only when CP is on, and a patch set waits for every target module). Upgrade "
+                "to vllm-ascend >= 0.20.2rc1, or run DCP without async scheduling.",
+        upstream=("vllm-ascend#8749",),
+    ),
+    Advisory(
+        id="stale-accepted-counts",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
+        affected={
+            "vllm-ascend 0.19.1rc1": "f1af3c1294ee7238",
+            "vllm-ascend 0.20.2rc1": "e41ce44ffa1ca1d6",
+            "vllm-ascend 0.21.0rc1 (wheels)": "e48a9922e9c25ad9",
+            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "39dbbacd0f41023f",
+            "vllm-ascend 0.23.0rc1": "1fcb593c20e02607",
+        },
+        message="hybrid (Mamba/GDN) models with MTP/EAGLE under async scheduling: _prepare_inputs remaps the previous "
+                "step's accepted-token counts from InputBatch rows (num_accepted_tokens_cpu) that add_request() and "
+                "condense() may already have reused, so a request can use another request's count as its state-copy "
+                "offset: repeated, dropped or garbled tokens under load (vllm-ascend #13863). zb-patch does not "
+                "carry the fix (#13865 keeps the counts in runner-owned buffers; its backport needs a per-vLLM-form "
+                "override of _update_states_after_model_execute). Upgrade to vllm-ascend 0.23.0 (or 0.23.0.post1), "
+                "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
+                "affected.",
+        upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
+    ),
+)
 
 GUARDS = (
     Guard(
@@ -110,7 +366,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.19.1rc1-0.23.x + vLLM 0.19-0.23 (zero-bubble present; generic slot-mapping kernel)",
     vllm_ascend=((0, 19, 0), (0, 24)),
     vllm=((0, 19, 0), (0, 24)),
-    patch_set=PatchSet("ascend-0.19-0.23", PATCHES, GUARDS),
+    patch_set=PatchSet("ascend-0.19-0.23", PATCHES, GUARDS, ADVISORIES),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0", "0.23.0.post1"),
     notes="vllm-ascend 0.23.0 pins vLLM 0.23.0; 0.23.0.post1 (sdist only) has identical targets.",
