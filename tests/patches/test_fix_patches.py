@@ -73,14 +73,6 @@ def test_verdicts_per_release(patch_set):
     assert all(R.resolve(p.target).patched_by is None for p in patch_set.patches)
 
 
-def test_replacements_are_the_upstream_fixes(cpu_worker):
-    """The two replaced methods are #9456's / #8749's code: same AST as upstream's fixed method."""
-    copy_orig = R.resolve(A.VALID_COUNT_COPY_ORDER.target).original
-    assert R.fingerprint_object(A.VALID_COUNT_COPY_ORDER.make(copy_orig)) == "a84e0bc102b7bda1"  # 0.20.2rc1+
-    unpadded_orig = R.resolve(A.SEQ_LENS_CPU_UNPADDED.target).original
-    assert R.fingerprint_object(A.SEQ_LENS_CPU_UNPADDED.make(unpadded_orig)) == "61ad363d7de89c15"  # 931604054f
-
-
 # --------------------------------------------------------------------------------------------------------
 # A real NPUModelRunner (async scheduling + EAGLE, k=2) on CPU
 # --------------------------------------------------------------------------------------------------------
@@ -213,9 +205,16 @@ def _copy_counts(runner, log):
     return log.calls
 
 
-FIXED_ORDER = [("wait_stream", "copy", "default"),                        # the side stream waits for the sampler
-               ("copy", "copy", torch.int64, torch.int64, True),          # then copies on the side stream, no cast
-               ("event.record", "copy")]                                  # and marks the copy done
+def _assert_fixed_order(calls):
+    """#9456 + #10205 semantics, whatever the code's shape: before the D2H copy the side stream has waited on
+    the default stream (where the sampler ran); the copy runs on the side stream without a dtype cast; the event
+    is recorded on the side stream after it."""
+    copies = [i for i, c in enumerate(calls) if c[0] == "copy"]
+    assert len(copies) == 1, calls
+    at = copies[0]
+    assert ("wait_stream", "copy", "default") in calls[:at], calls
+    assert calls[at] == ("copy", "copy", torch.int64, torch.int64, True), calls
+    assert ("event.record", "copy") in calls[at + 1:], calls
 
 
 def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_set, make_runner, stream_log):
@@ -224,7 +223,7 @@ def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_s
     assert runner.use_async_scheduling and runner.num_spec_tokens == 2
     assert runner.valid_sampled_token_count_cpu.dtype == torch.int64
     assert runner.valid_sampled_token_count_cpu.shape == (runner.max_num_reqs,)
-    assert _copy_counts(runner, stream_log) == FIXED_ORDER
+    _assert_fixed_order(_copy_counts(runner, stream_log))
 
 
 @pytest.mark.skipif(not (_applies("valid-count-copy-order") and _applies("valid-count-int64")),

@@ -90,31 +90,22 @@ SLOT_MAPPING_KERNEL = Patch(
 
 
 def _make_copy_valid_sampled_token_count(original):
-    """#9456's ``NPUModelRunner._copy_valid_sampled_token_count``, verbatim: its AST equals the method of every
-    release that carries the fix (fingerprint a84e0bc102b7bda1, checked by tests/patches/test_fix_patches.py)."""
+    """Wrap ``NPUModelRunner._copy_valid_sampled_token_count``: order the copy stream after the default stream
+    *before* the release's method runs.
+
+    The release calls ``copy_stream.wait_stream(torch.npu.current_stream())`` inside ``with
+    torch.npu.stream(copy_stream)``, where the current stream is the copy stream itself, so that wait orders
+    nothing. Making the copy stream wait on the caller's (default) stream first gives the D2H copy the
+    dependency #9456 restores: every kernel queued so far (rejection sampler, prepare_next_token_ids_padded)
+    finishes before the counts are read. The release's own body then runs unchanged.
+    """
     import torch
 
-    def _copy_valid_sampled_token_count(
-        self, next_token_ids: torch.Tensor, valid_sampled_tokens_count: torch.Tensor
-    ) -> None:
-        if self.valid_sampled_token_count_event is None:
-            return
-
-        # Initialize a new stream to overlap the copy operation with
-        # prepare_input of draft model.
-        default_stream = torch.npu.current_stream()
-        with torch.npu.stream(self.valid_sampled_token_count_copy_stream):
-            self.valid_sampled_token_count_copy_stream.wait_stream(default_stream)
-            counts = valid_sampled_tokens_count
-            counts_cpu = self.valid_sampled_token_count_cpu
-            assert counts_cpu is not None
-            counts_cpu[: counts.shape[0]].copy_(counts, non_blocking=True)
-            self.valid_sampled_token_count_event.record()
-
-        if self.use_async_spec_decode:
-            # Stash for GPU-side correction in _prepare_inputs.
-            self.valid_sampled_token_count_gpu = valid_sampled_tokens_count
-        self.input_batch.prev_sampled_token_ids = next_token_ids.unsqueeze(1)
+    @functools.wraps(original)
+    def _copy_valid_sampled_token_count(self, next_token_ids, valid_sampled_tokens_count):
+        if self.valid_sampled_token_count_event is not None:
+            self.valid_sampled_token_count_copy_stream.wait_stream(torch.npu.current_stream())
+        return original(self, next_token_ids, valid_sampled_tokens_count)
 
     return _copy_valid_sampled_token_count
 
@@ -132,8 +123,9 @@ VALID_COUNT_COPY_ORDER = Patch(
         "stream, so it waits on itself and the D2H copy of the valid-token counts can run before the "
         "sampler/drafter kernels that produce them finish: dirty counts, then num_accepted / num_computed_tokens "
         "overflow and a crash (vllm-ascend issue #9482).",
-    how="Replace the method with #9456's: capture the default stream before entering the side-stream context and "
-        "wait on it. Nothing else changes (same copy, event, stash of the device count).",
+    how="Wrap the method: before the release's body, make the copy stream wait on the caller's (default) stream, "
+        "the dependency #9456 restores by capturing the default stream outside the side-stream context. The "
+        "release's own copy, event and stash of the device count run unchanged.",
     upstream=("vllm-ascend#9456", "vllm-ascend#9482", "vllm-ascend#8766"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there: the installed method has the fixed fingerprint).",
     roles=("worker",),
@@ -187,52 +179,32 @@ VALID_COUNT_INT64 = Patch(
 )
 
 
+# Per-request fields of AscendCommonAttentionMetadata that 0.19.1rc1's unpadded() drops and #8749 carries through
+# (sliced to the real requests), and batch-level fields it carries as they are.
+_UNPADDED_PER_REQUEST = ("_seq_lens_cpu", "_num_computed_tokens_cpu", "dcp_local_seq_lens", "dcp_local_seq_lens_cpu",
+                         "is_prefilling", "encoder_seq_lens", "encoder_seq_lens_cpu")
+_UNPADDED_AS_IS = ("logits_indices_padded", "num_logits_indices")
+
+
 def _make_unpadded(original):
-    """#8749's ``AscendCommonAttentionMetadata.unpadded``, verbatim (the method of the commit that fixed it: its
-    AST equals 931604054f's, fingerprint 61ad363d7de89c15, checked by tests/patches/test_fix_patches.py)."""
-    AscendCommonAttentionMetadata = original.__globals__["AscendCommonAttentionMetadata"]
+    """Wrap ``AscendCommonAttentionMetadata.unpadded``: the release builds the sub-batch view; the wrapper adds the
+    fields it drops (the private CPU mirrors above all), sliced to ``num_actual_reqs``, via dataclasses.replace.
+    Fields the installed class does not have are skipped."""
+    import dataclasses
 
-    def unpadded(self, num_actual_tokens: int, num_actual_reqs: int) -> "AscendCommonAttentionMetadata":
-        # This only use to eagle now. It will be use to enforce_eager in future.
-        # Helper to slice optional per-request tensors to ``num_actual_reqs``.
-        def _slice_reqs(x):
-            return x[:num_actual_reqs] if x is not None else None
-
-        return AscendCommonAttentionMetadata(
-            query_start_loc=self.query_start_loc[: num_actual_reqs + 1],
-            query_start_loc_cpu=self.query_start_loc_cpu[: num_actual_reqs + 1],
-            seq_lens=self.seq_lens[:num_actual_reqs],
-            seq_lens_cpu=_slice_reqs(self.seq_lens_cpu),
-            num_computed_tokens_cpu=_slice_reqs(self.num_computed_tokens_cpu),
-            num_reqs=num_actual_reqs,
-            num_actual_tokens=num_actual_tokens,
-            max_query_len=self.max_query_len,
-            decode_token_per_req=self.decode_token_per_req,
-            # NOTE: keep all tokens for block_table_tensor and slot_mapping otherwise
-            # there will be error about shape mismatch during reshape and cache.
-            # This is really strange since vLLM slices them as well
-            block_table_tensor=self.block_table_tensor,
-            slot_mapping=self.slot_mapping,
-            causal=self.causal,
-            actual_seq_lengths_q=self.actual_seq_lengths_q[:num_actual_tokens],
-            positions=self.positions,
-            attn_state=self.attn_state,
-            graph_pad_size=-1,  # It should be -1 when not run in fullgraph mode.
-            num_input_tokens=self.num_input_tokens,
-            prefill_context_parallel_metadata=self.prefill_context_parallel_metadata,
-            max_seq_len=self.max_seq_len,
-            # Propagate parent-class fields so the unpadded view is a
-            # faithful sub-batch of the original.
-            _seq_lens_cpu=_slice_reqs(self._seq_lens_cpu),
-            _num_computed_tokens_cpu=_slice_reqs(self._num_computed_tokens_cpu),
-            dcp_local_seq_lens=_slice_reqs(self.dcp_local_seq_lens),
-            dcp_local_seq_lens_cpu=_slice_reqs(self.dcp_local_seq_lens_cpu),
-            is_prefilling=_slice_reqs(self.is_prefilling),
-            encoder_seq_lens=_slice_reqs(self.encoder_seq_lens),
-            encoder_seq_lens_cpu=_slice_reqs(self.encoder_seq_lens_cpu),
-            logits_indices_padded=self.logits_indices_padded,
-            num_logits_indices=self.num_logits_indices,
-        )
+    @functools.wraps(original)
+    def unpadded(self, num_actual_tokens, num_actual_reqs):
+        view = original(self, num_actual_tokens, num_actual_reqs)
+        names = {f.name for f in dataclasses.fields(view) if f.init}
+        carried = {}
+        for name in _UNPADDED_PER_REQUEST:
+            if name in names:
+                value = getattr(self, name)
+                carried[name] = value[:num_actual_reqs] if value is not None else None
+        for name in _UNPADDED_AS_IS:
+            if name in names:
+                carried[name] = getattr(self, name)
+        return dataclasses.replace(view, **carried) if carried else view
 
     return unpadded
 
@@ -251,8 +223,8 @@ SEQ_LENS_CPU_UNPADDED = Patch(
         "drops _seq_lens_cpu / _num_computed_tokens_cpu (and the DCP, encoder, is_prefilling and fast-prefill "
         "fields), so the drafter's metadata has no CPU mirror and the attention builders fall back to "
         "seq_lens.to('cpu'): a hidden device->host sync in the drafter every step.",
-    how="Replace the method with #8749's (931604054f), which slices every per-request field, the private CPU "
-        "mirrors included, to num_actual_reqs.",
+    how="Wrap the method: after the release builds the sub-batch view, carry the fields it drops into it "
+        "(dataclasses.replace), per-request ones sliced to num_actual_reqs, as #8749 (931604054f) does.",
     upstream=("vllm-ascend#8749", "vllm-ascend#7640"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
     roles=("worker",),
