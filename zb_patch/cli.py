@@ -151,13 +151,13 @@ def _print_doctor(d: dict, out=sys.stdout) -> None:
     w(f"\nAdapter selection: {sel['verdict']}: {sel['reason']}\n")
     for a in d["adapters"]:
         w(f"\n  {a['id']}  [{a['range']}]  in range: {'yes' if a['in_range'] else 'no'}  -> {a['verdict']}\n")
-        w(f"  {'kind':<6} {'verdict':<16} {'found':<6} {'fp ok':<6} {'fingerprint':<17} target\n")
+        w(f"  {'kind':<8} {'verdict':<16} {'found':<6} {'fp ok':<6} {'fingerprint':<17} target\n")
         for it in a["items"]:
-            w(f"  {it['kind']:<6} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
+            w(f"  {it['kind']:<8} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
               f"{ {True: 'yes', False: 'no', None: '-'}[it['fingerprint_ok']]:<6} {it['fingerprint'] or '-':<17} "
               f"{it['target'] if it['kind'] == 'guard' else it['id'] + ' -> ' + it['target']}\n")
             if it["reason"] and it["verdict"] not in ("ok",):
-                w(f"  {'':<6} {it['reason']}\n")
+                w(f"  {'':<8} {it['reason']}\n")
     w("\n")
     state = "ON" if s["enabled"] else "off (set ZB_PATCH=1 to enable)"
     w(f"zb-patch is {state}\n")
