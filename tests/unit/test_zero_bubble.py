@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
+_WHY = "zero_bubble needs numpy + torch; the unit env has neither (this module runs in the kernels and va envs)"
+np = pytest.importorskip("numpy", reason=_WHY)
+torch = pytest.importorskip("torch", reason=_WHY)
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
