@@ -214,7 +214,8 @@ def cmd_patches(args) -> int:
         if a.notes:
             print(f"   notes: {a.notes}")
         for p in a.patch_set.patches:
-            print(f"\n   patch {p.id}  (roles: {', '.join(p.roles)})")
+            group = f", group: {p.group}" if p.group else ""
+            print(f"\n   patch {p.id}  (roles: {', '.join(p.roles)}{group})")
             print(f"     target:      {p.target}")
             for alias in p.aliases:
                 print(f"     alias:       {alias}")

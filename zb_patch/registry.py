@@ -234,6 +234,9 @@ class Patch:
     # fingerprints of the target in releases that already carry the fix: verdict "native", nothing applied
     # (decided by the code actually installed, so a nightly that picked the fix up is recognised too)
     native_fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # patches that only work together share a group: disabling one (ZB_PATCH_DISABLE) disables the group, so a
+    # half of an interdependent change is never applied
+    group: str = ""
 
     def __post_init__(self) -> None:
         split_target(self.target)
@@ -462,9 +465,14 @@ class PatchSet:
         """Split patches into (to apply, {id: (verdict, reason)} for native / disabled ones)."""
         disabled = set(disabled)
         chosen, skipped = [], {}
+        off_groups = {p.group: p.id for p in self.patches if p.group and (p.id in disabled or "*" in disabled)}
         for p in self.patches:
             if "*" in disabled or p.id in disabled:
                 skipped[p.id] = (DISABLED, "disabled by ZB_PATCH_DISABLE")
+                continue
+            if p.group in off_groups:
+                skipped[p.id] = (DISABLED, f"disabled with {off_groups[p.group]} (group {p.group!r}: these patches "
+                                           f"only work together)")
                 continue
             why_native = p.native(versions) if (p.native and versions is not None) else None
             if why_native:

@@ -229,3 +229,17 @@ def test_advisory_warns_without_blocking(upstream):
     assert rep.verdict == R.APPLIED
     verdicts = {i.id: (i.kind, i.verdict) for i in rep.items}
     assert verdicts["#42"] == ("advisory", R.ADVISORY) and verdicts["#43"] == ("advisory", R.OK)
+
+
+def test_disabling_one_patch_of_a_group_disables_the_group(upstream):
+    mod = upstream.load()
+    orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]
+    a = _patch(upstream, "Runner.step", _double_step, pid="a", group="g")
+    b = _patch(upstream, "Runner.prepare", lambda o: (lambda self, n: []), pid="b", group="g")
+    c = _patch(upstream, "Runner.pure", lambda o: o, pid="c")
+    rep = PatchSet("t", [a, b, c]).apply(disabled={"b"})
+    v = {i.id: (i.verdict, i.reason) for i in rep.items}
+    assert v["b"] == (R.DISABLED, "disabled by ZB_PATCH_DISABLE")
+    assert v["a"][0] == R.DISABLED and "disabled with b" in v["a"][1] and "group 'g'" in v["a"][1]
+    assert v["c"][0] == R.APPLIED
+    assert mod.Runner.__dict__["step"] is orig_step and mod.Runner.__dict__["prepare"] is orig_prep

@@ -161,6 +161,7 @@ GUARDS = (
 
 UPDATE_STATES = Patch(
     id="zb018-optimistic-update-states",
+    group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
     make=lambda original: _glue().make_update_states(original),
     fingerprints={"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
@@ -178,6 +179,7 @@ UPDATE_STATES = Patch(
 
 PREPARE_INPUTS = Patch(
     id="zb018-device-corrected-inputs",
+    group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
     make=lambda original: _glue().make_prepare_inputs(original),
     fingerprints={"vllm-ascend 0.18.0": "72f01a8e67691f0d"},
@@ -197,6 +199,7 @@ PREPARE_INPUTS = Patch(
 
 EXECUTE_MODEL = Patch(
     id="zb018-deferred-correction",
+    group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
     make=lambda original: _glue().make_execute_model(original),
     fingerprints={"vllm-ascend 0.18.0": "9eca449f8a01d727"},
@@ -211,6 +214,7 @@ EXECUTE_MODEL = Patch(
 
 COPY_VALID_COUNT = Patch(
     id="zb018-device-valid-count",
+    group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
     make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
     fingerprints={"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
@@ -225,6 +229,7 @@ COPY_VALID_COUNT = Patch(
 
 BACKUP_STAGING = Patch(
     id="zb018-backup-token-staging",
+    group="zero-bubble-0.18",
     target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
     make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
     fingerprints={"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
