@@ -1,0 +1,434 @@
+"""Zero-bubble glue for adapter ascend-0.13 (vllm-ascend 0.13.0 + vLLM 0.13.0): the wrapped runner methods.
+
+vllm-ascend 0.13.0 runs async scheduling (``--async-scheduling``; off by default in vLLM 0.13) + EAGLE / MTP in the
+classic form: vLLM 0.13's ``GPUModelRunner._update_states`` (inherited) calls ``_get_valid_sampled_token_count()``
+at its L865, i.e. the host waits for step N's accepted-draft counts before it prepares step N+1. Wrappers only (no
+copy of an upstream method):
+
+``_update_states``  (vLLM)        Waits on the input-preparation event of the previous step (vLLM's
+                                  ``prepare_inputs_event``; vllm-ascend 0.13 never waits on it, because the
+                                  classic accepted-count sync already ordered the reused host buffers), then, for
+                                  the duration of the release's call, ``_get_valid_sampled_token_count`` answers
+                                  from the host with *optimistic* counts (``prev_num_draft_len + 1`` at each
+                                  previous row). The release keeps the scheduler's optimistic
+                                  ``num_computed_tokens`` and appends ``prev_num_draft_len`` placeholders. The rows
+                                  it looked up are this step's corrections (request, drafts, previous row).
+``_prepare_inputs`` (vllm-ascend) Monolithic: it prepares the inputs *and* builds the attention metadata. The
+                                  wrapper only opens the window in which the hook below acts, and records the
+                                  input-preparation event once the release queued all of the step's copies.
+``_init_model_kwargs`` (vLLM)     The hook. The release calls it exactly once per ``_prepare_inputs``, after the
+                                  last host-to-device copy of positions / seq_lens / slot mapping / input ids and
+                                  the discard indices (L743-770) and before the spec-decode metadata and the
+                                  attention-metadata loop (L879-1107). There, on the device and without waiting:
+                                  counts = this step's CPU counts (private snapshot) minus step N's rejected
+                                  drafts (``zero_bubble.correct_counts(base="cpu")``: vLLM 0.13's scheduler can
+                                  schedule a row more than ``1 + drafts`` tokens, so upstream's "previous device
+                                  count + valid count" is wrong here; docs/selftest.md), then ``positions.gpu``,
+                                  ``seq_lens.gpu`` and ``slot_mapping.gpu``. Then the host waits for step N's
+                                  counts (``valid_sampled_token_count_event``, recorded before step N's drafter)
+                                  and makes ``seq_lens.cpu`` and ``num_computed_tokens_cpu`` exact, so the Ascend
+                                  metadata (FIA / paged attention ``seq_lens_cpu``), the FULL-graph pad copy and
+                                  the drafter's backup index read exact values.
+``execute_model``   (vllm-ascend) After the forward launch, the per-request correction of
+                                  ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure).
+``_copy_valid_sampled_token_count`` (vLLM) Keeps a reference to the device valid-count tensor of the step.
+``prepare_next_token_ids_padded`` (vllm-ascend EagleProposer; MtpProposer inherits it) Alternates two backup-token
+                                  staging buffers.
+
+Activation (decided once per runner, at its first ``_update_states``): async scheduling + EAGLE / EAGLE3 / MTP with
+the padded drafter, on the release's own ``NPUModelRunner`` class, without PP > 1, PCP / DCP > 1, M-RoPE /
+XD-RoPE, hybrid (Mamba / GDN accepted-token) state, pooling or vllm-ascend's PD-decode ``_update_states``
+replacement. Anything else runs the release's methods untouched (one WARNING per reason and process when async +
+spec decode is on but the combination is unsupported).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import kernels, zero_bubble
+
+STATE_ATTR = "_zb_patch_013"          # per-runner state, in the runner's __dict__
+_BACKUP_PAIR_ATTR = "_zb_patch_013_backup_pair"
+_OVERRIDE = "_get_valid_sampled_token_count"
+
+SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
+
+logger = logging.getLogger("vllm.zb_patch.ascend_0_13")
+_warned: set[str] = set()
+
+
+# ------------------------------------------------------------------------------------------------
+# Activation and per-runner state
+# ------------------------------------------------------------------------------------------------
+
+
+def unsupported_reason(runner: Any) -> tuple[bool, str]:
+    """``(wanted, reason)``: ``reason == ""`` means zero-bubble can run on this runner.
+
+    ``wanted`` is False when async scheduling + spec decode is simply off (nothing to do, no warning)."""
+    spec = getattr(runner, "speculative_config", None)
+    if not getattr(runner, "use_async_scheduling", False) or spec is None \
+            or not getattr(spec, "num_speculative_tokens", 0):
+        return False, "async scheduling with speculative decoding is off"
+    method = getattr(spec, "method", None)
+    if method not in SUPPORTED_METHODS:
+        return True, f"speculative method {method!r} (zero-bubble supports {', '.join(SUPPORTED_METHODS)})"
+    if getattr(spec, "disable_padded_drafter_batch", False):
+        return True, "disable_padded_drafter_batch=True (zero-bubble needs the padded drafter)"
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    if type(runner) is not NPUModelRunner:
+        return True, (f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
+                      f"NPUModelRunner is verified; 310P / torchair runners keep the classic path)")
+    if getattr(runner, "valid_sampled_token_count_event", None) is None:
+        return True, "the runner has no valid_sampled_token_count_event"
+    if runner.parallel_config.pipeline_parallel_size > 1:
+        return True, "pipeline parallelism > 1"
+    if getattr(runner, "pcp_size", 1) * getattr(runner, "dcp_size", 1) > 1:
+        return True, "prefill / decode context parallelism > 1"
+    if getattr(runner, "uses_mrope", False) or getattr(runner, "uses_xdrope_dim", 0) > 0:
+        return True, "M-RoPE / XD-RoPE positions (computed on the host from the token counts)"
+    if getattr(runner, "need_accepted_tokens", False):
+        return True, "hybrid model (Mamba / GDN accepted-token state)"
+    if getattr(runner, "is_pooling_model", False):
+        return True, "pooling model"
+    ascend_config = getattr(runner, "ascend_config", None)
+    if getattr(ascend_config, "recompute_scheduler_enable", False) and \
+            getattr(runner.vllm_config, "kv_transfer_config", None) is not None:
+        return True, ("PD decode node with the recompute scheduler (vllm-ascend 0.13 replaces "
+                      "GPUModelRunner._update_states there: vllm_ascend.patch.worker.patch_model_runner)")
+    return True, ""
+
+
+@dataclass
+class _Buffers:
+    num_computed: Any           # device int32 [max_num_reqs]: exact counts of this step
+    prev_positions: Any         # CpuGpuBuffer int64 [max_num_reqs]
+    prev_drafts: Any            # CpuGpuBuffer int32 [max_num_reqs] (drafts of step N at step N's rows)
+    cpu_counts: Any             # CpuGpuBuffer int32 [max_num_reqs]: private snapshot of num_computed_tokens_cpu
+    num_scheduled: Any          # CpuGpuBuffer int32 [max_num_reqs]
+    req_indices: Any            # CpuGpuBuffer int64 [max_num_tokens]
+    query_pos: Any              # CpuGpuBuffer int64 [max_num_tokens]
+    slot_mappers: dict = field(default_factory=dict)
+
+
+@dataclass
+class ZeroBubbleState:
+    """What zero-bubble keeps per runner between its wrapped methods."""
+
+    active: bool
+    reason: str = ""
+    buffers: _Buffers | None = None
+    # this step: (req_id, drafts assumed accepted, previous row) per request the release looked up
+    queue: list = field(default_factory=list)
+    num_prev: int = 0
+    valid_gpu: Any = None           # device valid counts of the last proposing step (consumed once)
+    valid_host: list | None = None  # step N's counts once the host waited for them (this step)
+    in_prepare: bool = False        # inside the patched _prepare_inputs, hook not yet run
+    backup_flip: int = 0
+    # diagnostics (tests, doctor-style reports)
+    steps: int = 0
+    corrected_steps: int = 0
+    host_waits: int = 0
+    fallback_uploads: int = 0
+    hooks: int = 0
+
+
+def state_of(runner: Any) -> ZeroBubbleState:
+    """The runner's zero-bubble state, created (and activation decided) on first use."""
+    st = runner.__dict__.get(STATE_ATTR)
+    if st is None:
+        wanted, reason = unsupported_reason(runner)
+        st = ZeroBubbleState(active=wanted and not reason, reason=reason)
+        if st.active:
+            st.buffers = _allocate(runner)
+            logger.info("zb-patch: zero-bubble async scheduling + spec decode active on this NPUModelRunner "
+                        "(method %s, k=%d)", runner.speculative_config.method,
+                        runner.speculative_config.num_speculative_tokens)
+        elif wanted and reason not in _warned:
+            _warned.add(reason)
+            logger.warning("zb-patch: zero-bubble NOT active for async scheduling + speculative decoding: %s. "
+                           "vllm-ascend 0.13's classic path runs (one blocking accepted-count sync per step).",
+                           reason)
+        runner.__dict__[STATE_ATTR] = st
+    return st
+
+
+def _allocate(runner: Any) -> _Buffers:
+    import torch
+
+    max_reqs = runner.max_num_reqs
+    max_tokens = runner.positions.gpu.shape[0]
+    mk = runner._make_buffer
+    b = _Buffers(
+        num_computed=torch.zeros(max_reqs, dtype=torch.int32, device=runner.device),
+        prev_positions=mk(max_reqs, dtype=torch.int64),
+        prev_drafts=mk(max_reqs, dtype=torch.int32),
+        cpu_counts=mk(max_reqs, dtype=torch.int32),
+        num_scheduled=mk(max_reqs, dtype=torch.int32),
+        req_indices=mk(max_tokens, dtype=torch.int64),
+        query_pos=mk(max_tokens, dtype=torch.int64),
+    )
+    b.prev_drafts.np.fill(0)
+    b.prev_drafts.gpu.fill_(0)
+    return b
+
+
+def _active(runner: Any) -> ZeroBubbleState | None:
+    st = runner.__dict__.get(STATE_ATTR)
+    return st if st is not None and st.active else None
+
+
+# ------------------------------------------------------------------------------------------------
+# _update_states: optimistic counts instead of the blocking sync
+# ------------------------------------------------------------------------------------------------
+
+
+class _OptimisticCounts(list):
+    """What ``_get_valid_sampled_token_count()`` returns while the release's ``_update_states`` runs:
+    ``drafts + 1`` at every previous row (all drafts accepted). Records the rows the release reads -- exactly the
+    requests it would have corrected in the classic form."""
+
+    def __init__(self, values: list[int]) -> None:
+        super().__init__(values)
+        self.read: list[int] = []
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            self.read.append(index)
+        return super().__getitem__(index)
+
+
+def make_update_states(original: Callable) -> Callable:
+    def _update_states(self, scheduler_output):
+        st = state_of(self)
+        if not st.active:
+            return original(self, scheduler_output)
+        # vLLM's synchronize_input_prep wait: the previous step's host-to-device copies from the reused host
+        # buffers (block table, positions, seq_lens, ...) have run before this step rewrites them
+        event = getattr(self, "prepare_inputs_event", None)
+        if event is not None:
+            event.synchronize()
+        st.queue = []
+        st.valid_host = None
+        st.steps += 1
+        batch = self.input_batch
+        prev_sampled = batch.prev_sampled_token_ids
+        prev_map = batch.prev_req_id_to_index
+        b = st.buffers
+        b.prev_drafts.np.fill(0)
+        if prev_sampled is None:
+            st.num_prev = 0
+            return original(self, scheduler_output)  # no previous step to wait for: no sync either way
+        st.num_prev = int(prev_sampled.shape[0])
+        values = [1] * st.num_prev
+        row_req: dict[int, str] = {}
+        for req_id, row in (prev_map or {}).items():
+            req_state = self.requests.get(req_id)
+            if req_state is not None and 0 <= row < st.num_prev:
+                values[row] = req_state.prev_num_draft_len + 1
+                row_req[row] = req_id
+        counts = _OptimisticCounts(values)
+        self.__dict__[_OVERRIDE] = lambda: counts
+        try:
+            result = original(self, scheduler_output)
+        finally:
+            self.__dict__.pop(_OVERRIDE, None)
+        for row in counts.read:
+            drafts = values[row] - 1
+            if drafts > 0 and row in row_req:
+                st.queue.append((row_req[row], drafts, row))
+                b.prev_drafts.np[row] = drafts
+        return result
+
+    return _update_states
+
+
+# ------------------------------------------------------------------------------------------------
+# _prepare_inputs (window) + _init_model_kwargs (hook): device correction, then exact CPU counts
+# ------------------------------------------------------------------------------------------------
+
+
+def make_prepare_inputs(original: Callable) -> Callable:
+    def _prepare_inputs(self, *args, **kwargs):
+        st = _active(self)
+        if st is None:
+            return original(self, *args, **kwargs)
+        st.in_prepare = True
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            missed, st.in_prepare = st.in_prepare, False
+        if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
+            raise RuntimeError("zb-patch ascend-0.13: _prepare_inputs returned without calling _init_model_kwargs; "
+                               "the attention metadata was built from optimistic counts")
+        event = getattr(self, "prepare_inputs_event", None)
+        if event is not None:
+            event.record()
+        return result
+
+    return _prepare_inputs
+
+
+def make_init_model_kwargs(original: Callable) -> Callable:
+    def _init_model_kwargs(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        st = _active(self)
+        if st is not None and st.in_prepare:
+            st.in_prepare = False
+            st.hooks += 1
+            _device_correction(self, st)
+            _exact_host_counts(self, st)
+        return result
+
+    return _init_model_kwargs
+
+
+def _computes_slot_mapping(block_table: Any) -> bool:
+    """Whether vllm-ascend 0.13's numpy ``BlockTable.compute_slot_mapping`` writes this table's slot mapping
+    (non-CP branch: only when the kernel block size is the first of ``kernel_sizes``)."""
+    sizes = getattr(block_table, "kernel_sizes", None)
+    return bool(sizes) and block_table.block_size == sizes[0]
+
+
+def _slot_mapper(b: _Buffers, block_table: Any) -> Callable:
+    key = id(block_table)
+    entry = b.slot_mappers.get(key)
+    if entry is None or entry[0] is not block_table:
+        mapper = kernels.slot_mapper(
+            block_table.block_table.gpu, block_table.slot_mapping.gpu, block_size=block_table.block_size,
+            max_num_tokens=block_table.max_num_batched_tokens,
+            block_table_stride=block_table.block_table.gpu.stride(0),
+            physical_block_size=block_table.physical_block_size)
+        entry = b.slot_mappers[key] = (block_table, mapper)
+    return entry[1]
+
+
+def _device_correction(runner: Any, st: ZeroBubbleState) -> None:
+    import torch
+
+    b = st.buffers
+    batch = runner.input_batch
+    n = batch.num_reqs
+    valid_gpu, st.valid_gpu = st.valid_gpu, None
+    if not st.queue:
+        return  # exact host counts: the release's positions / seq_lens / slot mapping are right
+    if valid_gpu is None:
+        # The previous step's device counts are unknown (it did not go through the padded drafter's copy):
+        # upload the host copy instead (this waits, as the classic path does; never seen in steady state).
+        st.valid_host = runner._get_valid_sampled_token_count()
+        st.host_waits += 1
+        st.fallback_uploads += 1
+        valid_gpu = torch.tensor(st.valid_host, dtype=torch.int64).to(runner.device, non_blocking=True)
+    st.corrected_steps += 1
+    qsl = runner.query_start_loc.np[: n + 1]
+    counts = np.diff(qsl).astype(np.int64)
+    total = int(qsl[n])
+    # private snapshot: the host correction below changes num_computed_tokens_cpu in place right after
+    b.cpu_counts.np[:n] = batch.num_computed_tokens_cpu[:n]
+    b.cpu_counts.copy_to_gpu(n)
+    b.num_scheduled.np[:n] = counts
+    b.num_scheduled.copy_to_gpu(n)
+    zero_bubble.compute_prev_positions(batch.req_ids, batch.prev_req_id_to_index, n, b.prev_positions.np)
+    b.prev_positions.copy_to_gpu(n)
+    b.prev_drafts.copy_to_gpu(st.num_prev)
+    b.req_indices.np[:total] = np.repeat(np.arange(n, dtype=np.int64), counts)
+    b.query_pos.np[:total] = np.arange(total, dtype=np.int64) - np.repeat(qsl[:n].astype(np.int64), counts)
+    b.req_indices.copy_to_gpu(total)
+    b.query_pos.copy_to_gpu(total)
+    zero_bubble.correct_counts(
+        b.num_computed, None, b.prev_positions.gpu[:n], valid_gpu, b.prev_drafts.gpu, b.cpu_counts.gpu[:n],
+        b.num_scheduled.gpu[:n], runner.seq_lens.gpu, num_reqs=n, req_indices=b.req_indices.gpu,
+        query_pos=b.query_pos.gpu, positions=runner.positions.gpu, num_tokens=total, num_positions=total,
+        num_prev_reqs=st.num_prev, base="cpu")
+    query_start_loc = runner.query_start_loc.gpu[: n + 1]
+    positions = runner.positions.gpu[:total]
+    for table in batch.block_table.block_tables:
+        if _computes_slot_mapping(table):
+            _slot_mapper(b, table)(n, query_start_loc, positions)
+
+
+def _exact_host_counts(runner: Any, st: ZeroBubbleState) -> None:
+    """Wait for step N's counts (recorded before step N's drafter; this step's device inputs are already queued)
+    and make ``seq_lens.cpu`` and ``num_computed_tokens_cpu`` exact before the attention metadata is built."""
+    if not st.queue:
+        return
+    if st.valid_host is None:
+        st.valid_host = runner._get_valid_sampled_token_count()
+        st.host_waits += 1
+    b = st.buffers
+    n = runner.input_batch.num_reqs
+    valid = np.asarray(st.valid_host, dtype=np.int64)
+    for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
+        zero_bubble.correct_seq_lens_cpu(host, b.prev_positions.np, b.prev_drafts.np, valid, n,
+                                         num_prev=st.num_prev)
+
+
+# ------------------------------------------------------------------------------------------------
+# execute_model: per-request correction after the forward launch
+# ------------------------------------------------------------------------------------------------
+
+
+def apply_deferred(runner: Any) -> None:
+    """Subtract the rejected drafts from ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure)."""
+    st = _active(runner)
+    if st is None or not st.queue:
+        return
+    valid = st.valid_host
+    if valid is None:  # input preparation did not run this step (early return): wait here
+        valid = runner._get_valid_sampled_token_count()
+        st.host_waits += 1
+    if valid:
+        requests = runner.requests
+        for req_id, drafts, row in st.queue:
+            req_state = requests.get(req_id)
+            if req_state is not None and row < len(valid):
+                req_state.num_computed_tokens -= drafts - (int(valid[row]) - 1)
+    st.queue = []
+    st.valid_host = None
+
+
+def make_execute_model(original: Callable) -> Callable:
+    def execute_model(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        apply_deferred(self)
+        return output
+
+    return execute_model
+
+
+# ------------------------------------------------------------------------------------------------
+# sample_tokens side: device valid count, backup-token staging
+# ------------------------------------------------------------------------------------------------
+
+
+def make_copy_valid_sampled_token_count(original: Callable) -> Callable:
+    def _copy_valid_sampled_token_count(self, next_token_ids, valid_sampled_tokens_count):
+        original(self, next_token_ids, valid_sampled_tokens_count)
+        st = _active(self)
+        if st is not None and self.valid_sampled_token_count_event is not None:
+            st.valid_gpu = valid_sampled_tokens_count
+
+    return _copy_valid_sampled_token_count
+
+
+def make_prepare_next_token_ids_padded(original: Callable) -> Callable:
+    def prepare_next_token_ids_padded(self, *args, **kwargs):
+        runner = getattr(self, "runner", None)
+        st = _active(runner) if runner is not None else None
+        if st is not None:
+            pair = self.__dict__.get(_BACKUP_PAIR_ATTR)
+            if pair is None:
+                first = self.backup_next_token_ids
+                second = runner._make_buffer(first.gpu.shape[0], dtype=first.gpu.dtype)
+                pair = self.__dict__[_BACKUP_PAIR_ATTR] = (first, second)
+            self.backup_next_token_ids = pair[st.backup_flip]
+            st.backup_flip ^= 1
+        return original(self, *args, **kwargs)
+
+    return prepare_next_token_ids_padded
