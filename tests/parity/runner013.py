@@ -106,6 +106,7 @@ class Driver(base.Driver):
     """
 
     unfilled_drafts = 0
+    negative_input_ids = 0   # token ids < 0 handed to the model (a -1 would index the embedding out of range)
 
     def execute_model_body(self, runner: Any, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
         """Mirror of vllm-ascend 0.13.0 ``NPUModelRunner.execute_model`` (L1485-1653), supported paths."""
@@ -133,6 +134,7 @@ class Driver(base.Driver):
         # L1569 forward: the fake model reads what the release handed the model and the attention builder
         qsl = cm.query_start_loc[: n + 1].numpy().copy()
         input_ids = input_ids_t[:total].numpy().copy()
+        self.negative_input_ids += int((input_ids < 0).sum())
         positions = positions_t[:total].numpy().copy()
         slots = cm.slot_mapping[:total].numpy().copy()
         block_table = cm.block_table_tensor[:n].numpy()
@@ -309,4 +311,5 @@ def parity(sess: Session, shape: EngineShape, iterations: int, *, seed: int, ada
     diffs, examples = compare(ref, got)
     return {"k": shape.num_spec_tokens, "iterations": iterations, "divergences": diffs, "examples": examples,
             "unfilled_drafts": (ref.runner._zb_driver.unfilled_drafts, got.runner._zb_driver.unfilled_drafts),
+            "negative_input_ids": (ref.runner._zb_driver.negative_input_ids, got.runner._zb_driver.negative_input_ids),
             "unpatched": ref.summary(), "patched": got.summary(), "runners": (ref.runner, got.runner)}

@@ -93,6 +93,7 @@ def test_parity_10k_steps(H, sess, capsys):
         u, p = res["unpatched"], res["patched"]
         assert 0 < u["accepted"] < u["drafted"]          # partial acceptance overall
         assert u["preemptions"] > 0 and u["aborted"] > 0   # batch changes of every kind happened
+        assert res["negative_input_ids"][1] == 0, res["negative_input_ids"]  # a -1 id never reaches the model
         total += u["steps"]
         lines.append(f"k={k}: {u['steps']} steps ({u['spec_steps']} spec), {u['requests']} requests, "
                      f"{u['preemptions']} preemptions, {u['aborted']} aborts, drafted {u['drafted']} / accepted "
@@ -100,7 +101,8 @@ def test_parity_10k_steps(H, sess, capsys):
                      f"{u['before_prep_per_spec_step']:.2f}, patched {p['max_before_prep_per_step']} (max per step); "
                      f"patched waits after input prep: {p['waits'].get('prepare_inputs:after', 0)} on "
                      f"{p['zb']['corrected_steps']} corrected steps; unfilled draft ids (not compared) "
-                     f"{res['unfilled_drafts'][0]} / {res['unfilled_drafts'][1]}; {u['seconds']}s / {p['seconds']}s")
+                     f"{res['unfilled_drafts'][0]} / {res['unfilled_drafts'][1]}; negative input ids unpatched / patched "
+                     f"{res['negative_input_ids'][0]} / {res['negative_input_ids'][1]}; {u['seconds']}s / {p['seconds']}s")
     assert total >= MIN_TOTAL_STEPS
     with capsys.disabled():
         print("\nrunner-level parity (ascend-0.13), 0 divergences:\n  " + "\n  ".join(lines))

@@ -267,6 +267,13 @@ def make_prepare_inputs(original: Callable) -> Callable:
         if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
             raise RuntimeError("zb-patch ascend-0.13: _prepare_inputs returned without calling _init_model_kwargs; "
                                "the attention metadata was built from optimistic counts")
+        # vLLM 0.13 can schedule draft placeholders for a row that was not in the previous batch; the release has
+        # no draft ids for it and gathers its token table there, where the optimistic bookkeeping may have left a
+        # -1 placeholder. Those positions are junk the rejection sampler rejects in both modes, but a -1 token id
+        # must never reach the embedding: clamp on the device (no host work, no sync).
+        total = getattr(args[0] if args else kwargs.get("scheduler_output"), "total_num_scheduled_tokens", 0)
+        if total:
+            self.input_ids.gpu[:total].clamp_(min=0)
         event = getattr(self, "prepare_inputs_event", None)
         if event is not None:
             event.record()
