@@ -50,7 +50,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import kernels, zero_bubble
+from .. import zero_bubble
+from . import _npu_glue as _common
 
 STATE_ATTR = "_zb_patch_013"          # per-runner state, in the runner's __dict__
 _BACKUP_PAIR_ATTR = "_zb_patch_013_backup_pair"
@@ -189,19 +190,7 @@ def _active(runner: Any) -> ZeroBubbleState | None:
 # ------------------------------------------------------------------------------------------------
 
 
-class _OptimisticCounts(list):
-    """What ``_get_valid_sampled_token_count()`` returns while the release's ``_update_states`` runs:
-    ``drafts + 1`` at every previous row (all drafts accepted). Records the rows the release reads -- exactly the
-    requests it would have corrected in the classic form."""
-
-    def __init__(self, values: list[int]) -> None:
-        super().__init__(values)
-        self.read: list[int] = []
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, int):
-            self.read.append(index)
-        return super().__getitem__(index)
+_OptimisticCounts = _common.OptimisticCounts
 
 
 def make_update_states(original: Callable) -> Callable:
@@ -296,24 +285,10 @@ def make_init_model_kwargs(original: Callable) -> Callable:
     return _init_model_kwargs
 
 
-def _computes_slot_mapping(block_table: Any) -> bool:
-    """Whether vllm-ascend 0.13's numpy ``BlockTable.compute_slot_mapping`` writes this table's slot mapping
-    (non-CP branch: only when the kernel block size is the first of ``kernel_sizes``)."""
-    sizes = getattr(block_table, "kernel_sizes", None)
-    return bool(sizes) and block_table.block_size == sizes[0]
+_computes_slot_mapping = _common.computes_slot_mapping
 
 
-def _slot_mapper(b: _Buffers, block_table: Any) -> Callable:
-    key = id(block_table)
-    entry = b.slot_mappers.get(key)
-    if entry is None or entry[0] is not block_table:
-        mapper = kernels.slot_mapper(
-            block_table.block_table.gpu, block_table.slot_mapping.gpu, block_size=block_table.block_size,
-            max_num_tokens=block_table.max_num_batched_tokens,
-            block_table_stride=block_table.block_table.gpu.stride(0),
-            physical_block_size=block_table.physical_block_size)
-        entry = b.slot_mappers[key] = (block_table, mapper)
-    return entry[1]
+_slot_mapper = _common.slot_mapper
 
 
 def _device_correction(runner: Any, st: ZeroBubbleState) -> None:
@@ -360,20 +335,7 @@ def _device_correction(runner: Any, st: ZeroBubbleState) -> None:
             _slot_mapper(b, table)(n, query_start_loc, positions)
 
 
-def _exact_host_counts(runner: Any, st: ZeroBubbleState) -> None:
-    """Wait for step N's counts (recorded before step N's drafter; this step's device inputs are already queued)
-    and make ``seq_lens.cpu`` and ``num_computed_tokens_cpu`` exact before the attention metadata is built."""
-    if not st.queue:
-        return
-    if st.valid_host is None:
-        st.valid_host = runner._get_valid_sampled_token_count()
-        st.host_waits += 1
-    b = st.buffers
-    n = runner.input_batch.num_reqs
-    valid = np.asarray(st.valid_host, dtype=np.int64)
-    for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
-        zero_bubble.correct_seq_lens_cpu(host, b.prev_positions.np, b.prev_drafts.np, valid, n,
-                                         num_prev=st.num_prev)
+_exact_host_counts = _common.exact_host_counts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -382,31 +344,12 @@ def _exact_host_counts(runner: Any, st: ZeroBubbleState) -> None:
 
 
 def apply_deferred(runner: Any) -> None:
-    """Subtract the rejected drafts from ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure)."""
-    st = _active(runner)
-    if st is None or not st.queue:
-        return
-    valid = st.valid_host
-    if valid is None:  # input preparation did not run this step (early return): wait here
-        valid = runner._get_valid_sampled_token_count()
-        st.host_waits += 1
-    if valid:
-        requests = runner.requests
-        for req_id, drafts, row in st.queue:
-            req_state = requests.get(req_id)
-            if req_state is not None and row < len(valid):
-                req_state.num_computed_tokens -= drafts - (int(valid[row]) - 1)
-    st.queue = []
-    st.valid_host = None
+    """Subtract the rejected drafts from ``req_state.num_computed_tokens`` after the forward launch."""
+    _common.apply_deferred(runner, _active(runner))
 
 
 def make_execute_model(original: Callable) -> Callable:
-    def execute_model(self, *args, **kwargs):
-        output = original(self, *args, **kwargs)
-        apply_deferred(self)
-        return output
-
-    return execute_model
+    return _common.make_execute_model(original, lambda runner: apply_deferred(runner))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -415,27 +358,8 @@ def make_execute_model(original: Callable) -> Callable:
 
 
 def make_copy_valid_sampled_token_count(original: Callable) -> Callable:
-    def _copy_valid_sampled_token_count(self, next_token_ids, valid_sampled_tokens_count):
-        original(self, next_token_ids, valid_sampled_tokens_count)
-        st = _active(self)
-        if st is not None and self.valid_sampled_token_count_event is not None:
-            st.valid_gpu = valid_sampled_tokens_count
-
-    return _copy_valid_sampled_token_count
+    return _common.make_copy_valid_sampled_token_count(original, _active)
 
 
 def make_prepare_next_token_ids_padded(original: Callable) -> Callable:
-    def prepare_next_token_ids_padded(self, *args, **kwargs):
-        runner = getattr(self, "runner", None)
-        st = _active(runner) if runner is not None else None
-        if st is not None:
-            pair = self.__dict__.get(_BACKUP_PAIR_ATTR)
-            if pair is None:
-                first = self.backup_next_token_ids
-                second = runner._make_buffer(first.gpu.shape[0], dtype=first.gpu.dtype)
-                pair = self.__dict__[_BACKUP_PAIR_ATTR] = (first, second)
-            self.backup_next_token_ids = pair[st.backup_flip]
-            st.backup_flip ^= 1
-        return original(self, *args, **kwargs)
-
-    return prepare_next_token_ids_padded
+    return _common.make_prepare_next_token_ids_padded(original, _active, _BACKUP_PAIR_ATTR)
