@@ -20,6 +20,43 @@ from .. import kernels, zero_bubble
 Active = Callable[[Any], Optional[Any]]
 
 
+SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
+
+
+def unsupported_reason(runner: Any, other_runners: str) -> tuple[bool, str]:
+    """``(wanted, reason)`` for the combinations neither 0.13 nor 0.18 supports; ``reason == ""`` means this check
+    passes (a release module may add its own). ``wanted`` is False when async scheduling + spec decode is simply
+    off (nothing to do, no warning). ``other_runners`` names the release's other runner classes for the message."""
+    spec = getattr(runner, "speculative_config", None)
+    if not getattr(runner, "use_async_scheduling", False) or spec is None \
+            or not getattr(spec, "num_speculative_tokens", 0):
+        return False, "async scheduling with speculative decoding is off"
+    method = getattr(spec, "method", None)
+    if method not in SUPPORTED_METHODS:
+        return True, f"speculative method {method!r} (zero-bubble supports {', '.join(SUPPORTED_METHODS)})"
+    if getattr(spec, "disable_padded_drafter_batch", False):
+        return True, "disable_padded_drafter_batch=True (zero-bubble needs the padded drafter)"
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    if type(runner) is not NPUModelRunner:
+        return True, (f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
+                      f"NPUModelRunner is verified; {other_runners} runners keep the classic path)")
+    if getattr(runner, "valid_sampled_token_count_event", None) is None:
+        return True, "the runner has no valid_sampled_token_count_event"
+    if runner.parallel_config.pipeline_parallel_size > 1:
+        return True, "pipeline parallelism > 1"
+    if getattr(runner, "pcp_size", 1) * getattr(runner, "dcp_size", 1) > 1:
+        return True, "prefill / decode context parallelism > 1"
+    if getattr(runner, "uses_mrope", False) or getattr(runner, "uses_xdrope_dim", 0) > 0:
+        return True, "M-RoPE / XD-RoPE positions (computed on the host from the token counts)"
+    if getattr(runner, "need_accepted_tokens", False) or \
+            getattr(runner.cache_config, "mamba_cache_mode", None) == "align":
+        return True, "hybrid model (Mamba / GDN accepted-token state)"
+    if getattr(runner, "is_pooling_model", False):
+        return True, "pooling model"
+    return True, ""
+
+
 class OptimisticCounts(list):
     """What ``_get_valid_sampled_token_count()`` returns while the release's ``_update_states`` runs:
     ``drafts + 1`` at every previous row (all drafts accepted). Records the rows the release reads -- exactly the

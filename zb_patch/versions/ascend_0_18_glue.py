@@ -54,7 +54,7 @@ STATE_ATTR = "_zb_patch_018"          # per-runner state, in the runner's __dict
 _BACKUP_PAIR_ATTR = "_zb_patch_018_backup_pair"
 _OVERRIDE = "_get_valid_sampled_token_count"
 
-SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
+SUPPORTED_METHODS = _common.SUPPORTED_METHODS
 
 logger = logging.getLogger("vllm.zb_patch.ascend_0_18")
 _warned: set[str] = set()
@@ -66,37 +66,8 @@ _warned: set[str] = set()
 
 
 def unsupported_reason(runner: Any) -> tuple[bool, str]:
-    """``(wanted, reason)``: ``reason == ""`` means zero-bubble can run on this runner.
-
-    ``wanted`` is False when async scheduling + spec decode is simply off (nothing to do, no warning)."""
-    spec = getattr(runner, "speculative_config", None)
-    if not getattr(runner, "use_async_scheduling", False) or spec is None \
-            or not getattr(spec, "num_speculative_tokens", 0):
-        return False, "async scheduling with speculative decoding is off"
-    method = getattr(spec, "method", None)
-    if method not in SUPPORTED_METHODS:
-        return True, f"speculative method {method!r} (zero-bubble supports {', '.join(SUPPORTED_METHODS)})"
-    if getattr(spec, "disable_padded_drafter_batch", False):
-        return True, "disable_padded_drafter_batch=True (zero-bubble needs the padded drafter)"
-    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
-
-    if type(runner) is not NPUModelRunner:
-        return True, (f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
-                      f"NPUModelRunner is verified; 310P / xlite runners keep the classic path)")
-    if getattr(runner, "valid_sampled_token_count_event", None) is None:
-        return True, "the runner has no valid_sampled_token_count_event"
-    if runner.parallel_config.pipeline_parallel_size > 1:
-        return True, "pipeline parallelism > 1"
-    if getattr(runner, "pcp_size", 1) * getattr(runner, "dcp_size", 1) > 1:
-        return True, "prefill / decode context parallelism > 1"
-    if getattr(runner, "uses_mrope", False) or getattr(runner, "uses_xdrope_dim", 0) > 0:
-        return True, "M-RoPE / XD-RoPE positions (computed on the host from the token counts)"
-    if getattr(runner, "need_accepted_tokens", False) or \
-            getattr(runner.cache_config, "mamba_cache_mode", None) == "align":
-        return True, "hybrid model (Mamba / GDN accepted-token state)"
-    if getattr(runner, "is_pooling_model", False):
-        return True, "pooling model"
-    return True, ""
+    """``(wanted, reason)``: ``reason == ""`` means zero-bubble can run on this runner (see _npu_glue)."""
+    return _common.unsupported_reason(runner, "310P / xlite")
 
 
 @dataclass
