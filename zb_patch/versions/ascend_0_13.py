@@ -1,36 +1,78 @@
 """Adapter ascend-0.13: vllm-ascend 0.13.0 + vLLM 0.13.0 -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-vllm-ascend 0.13.0 runs async scheduling (``--async-scheduling``: off by default in vLLM 0.13) with EAGLE / EAGLE3 /
-MTP in the classic form: vLLM 0.13's ``GPUModelRunner._update_states`` (inherited) calls
-``_get_valid_sampled_token_count()`` at its L865, i.e. the host blocks on the device->host copy of step N's
-accepted-token counts before it prepares step N+1. The NPU runner's ``_prepare_inputs`` is monolithic (it also
-builds the attention metadata). The patches below (wrappers only; the glue is
-:mod:`zb_patch.versions.ascend_0_13_glue`) make the host assume every draft accepted, correct counts / positions /
-seq_lens / slot mapping on the device from this step's CPU counts and step N's device valid counts, wait for the
-counts inside ``_prepare_inputs`` only after the step's inputs are queued and before the attention metadata is built
-(hook: ``_init_model_kwargs``), and correct the per-request CPU bookkeeping after the forward launch.
-docs/releases/ascend-0.13.md: what is verified and how.
-
-``vllm_ascend.patch.worker.patch_model_runner`` (a global ``GPUModelRunner._update_states`` replacement imported only
-on PD decode nodes with the recompute scheduler) is not composed with: if it is in place when the adapter is
-applied, the ``_update_states`` fingerprint does not match and nothing is applied; if it replaces the wrapper later,
-zero-bubble never activates; and the activation check reports that configuration as unsupported.
-
-Ids like B-a2 / B-b13 in the guards refer to ../shared/reference/blueprint.md (method-by-method backport plan).
+Declarations (the patch specs, each with its why / how / upstream / remove-when, and the guards) and this release's
+quirks; the wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.18. The quirks
+(:class:`ZeroBubble013`): the monolithic ``_prepare_inputs`` also builds the attention metadata, so the correction
+runs inside it, at ``_init_model_kwargs``; the device counts are corrected from this step's CPU counts
+(``count_base = "cpu"``); the release never waits on ``prepare_inputs_event``, so the ``_update_states`` wrapper does;
+vllm-ascend's PD-decode ``_update_states`` replacement is not composed with. docs/releases/ascend-0.13.md: what is
+verified and how.
 """
 
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter
+from . import Adapter, npu_runner
 
 
-def _glue():
-    # numpy / torch / kernels only when a patch is applied, never at selection time
-    from . import ascend_0_13_glue
+class ZeroBubble013(npu_runner.ZeroBubble):
+    """vllm-ascend 0.13's quirks (see the module docstring and the specs of PREPARE_INPUTS / INIT_MODEL_KWARGS)."""
 
-    return ascend_0_13_glue
+    count_base = "cpu"
+    waits_for_input_prep = True
 
+    def unsupported_reason(self, runner):
+        wanted, reason = super().unsupported_reason(runner)
+        if reason or not wanted:
+            return wanted, reason
+        ascend_config = getattr(runner, "ascend_config", None)
+        if getattr(ascend_config, "recompute_scheduler_enable", False) and \
+                getattr(runner.vllm_config, "kv_transfer_config", None) is not None:
+            return True, ("PD decode node with the recompute scheduler (vllm-ascend 0.13 replaces "
+                          "GPUModelRunner._update_states there: vllm_ascend.patch.worker.patch_model_runner)")
+        return True, ""
+
+    def make_prepare_inputs(self, original):
+        def _prepare_inputs(runner, *args, **kwargs):
+            st = self.active(runner)
+            if st is None:
+                return original(runner, *args, **kwargs)
+            st.in_prepare = True
+            try:
+                result = original(runner, *args, **kwargs)
+            finally:
+                missed, st.in_prepare = st.in_prepare, False
+            if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
+                raise RuntimeError("zb-patch ascend-0.13: _prepare_inputs returned without calling "
+                                   "_init_model_kwargs; the attention metadata was built from optimistic counts")
+            # a row re-added with draft placeholders gets its host token table gathered there, where the optimistic
+            # bookkeeping may have left a -1: junk the rejection sampler rejects, but never an embedding index
+            scheduler_output = args[0] if args else kwargs.get("scheduler_output")
+            total = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+            if total:
+                runner.input_ids.gpu[:total].clamp_(min=0)
+            event = getattr(runner, "prepare_inputs_event", None)
+            if event is not None:
+                event.record()
+            return result
+
+        return _prepare_inputs
+
+    def make_init_model_kwargs(self, original):
+        def _init_model_kwargs(runner, *args, **kwargs):
+            result = original(runner, *args, **kwargs)
+            st = self.active(runner)
+            if st is not None and st.in_prepare:  # once per patched _prepare_inputs: its inputs are queued here
+                st.in_prepare = False
+                n = runner.input_batch.num_reqs
+                query_start_loc = runner.query_start_loc.np
+                self.correct(runner, st, query_start_loc[1: n + 1] - query_start_loc[:n], int(query_start_loc[n]))
+            return result
+
+        return _init_model_kwargs
+
+
+ZERO_BUBBLE = ZeroBubble013("0.13", other_runners="310P / torchair")
 
 _REMOVE_WHEN = ("vllm-ascend 0.13.x is no longer served (upgrade path: vllm-ascend >= 0.19.1rc1 ships zero-bubble "
                 "natively, #7640 / #8461); this adapter covers vllm-ascend 0.13.0 only, so the patch goes with it")
@@ -43,14 +85,14 @@ GUARDS = (
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__',
         {'vllm 0.13.0': '6e1ca3fff01ce8a8'},
-        'B-a1: creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
+        'creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
         'prepare_inputs_event (async); positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device '
         'correction, seq_lens.cpu exact after the host correction)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count',
         {'vllm 0.13.0': '26d90667e22b8057'},
-        'B-a7: the wait itself (event.synchronize + host list); called by the glue inside _prepare_inputs',
+        'the wait itself (event.synchronize + host list); called by the glue inside _prepare_inputs',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer',
@@ -66,29 +108,29 @@ GUARDS = (
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
         {'vllm 0.13.0': '5932e601684fdc7a'},
-        'B-a5: decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
+        'decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
         'of the (optimistic) CPU positions used for the host gather; called before the hook',
     ),
     Guard(
         'vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids',
         {'vllm 0.13.0': '2593129b2e22f2e9'},
-        'B-a12: not called on the NPU path (NPUModelRunner._sample does not), so the optimistic -1 placeholder '
+        'not called on the NPU path (NPUModelRunner._sample does not), so the optimistic -1 placeholder '
         'tail of output_token_ids is never half-replaced',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__',
         {'vllm-ascend 0.13.0': '8d9ac47259e3fe63'},
-        'B-b1: positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
+        'positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens',
         {'vllm-ascend 0.13.0': '4a7d6cf7b2fe1407'},
-        'B-b6: _bookkeeping_sync, then the padded drafter',
+        '_bookkeeping_sync, then the padded drafter',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids',
         {'vllm-ascend 0.13.0': '08a0f995a61d0d7d'},
-        'B-b7: prepare_next_token_ids_padded(spec_decode_common_attn_metadata, ...), then '
+        'prepare_next_token_ids_padded(spec_decode_common_attn_metadata, ...), then '
         '_copy_valid_sampled_token_count, then the drafter: the event the host waits on is recorded before the '
         'drafter runs',
     ),
@@ -105,28 +147,28 @@ GUARDS = (
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded',
         {'vllm-ascend 0.13.0': 'd6b4172b92252aa7'},
-        'B-b9: derives the draft metadata from the (exact) common metadata',
+        'derives the draft metadata from the (exact) common metadata',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose',
         {'vllm-ascend 0.13.0': 'f0ab0b1e0a8a7030'},
-        'B-b11: reads the common metadata\'s seq_lens_cpu (exact) and positions (device-corrected)',
+        'reads the common metadata\'s seq_lens_cpu (exact) and positions (device-corrected)',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:EagleProposer.attn_update_stack_num_spec_norm',
         {'vllm-ascend 0.13.0': '75f8e995cd684ac4'},
-        'B-b11: per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
+        'per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
     ),
     Guard(
         'vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose',
         {'vllm-ascend 0.13.0': '97cc12b8c7e3a7b1'},
-        'B-b12: MTP\'s own draft loop reads the same (exact) common metadata; MtpProposer inherits '
+        'MTP\'s own draft loop reads the same (exact) common metadata; MtpProposer inherits '
         'prepare_next_token_ids_padded',
     ),
     Guard(
         'vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded',
         {'vllm-ascend 0.13.0': '45c4d912f875ffac'},
-        'B-b15: the proposer\'s unpadded metadata keeps seq_lens_cpu (exact after the hook)',
+        'the proposer\'s unpadded metadata keeps seq_lens_cpu (exact after the hook)',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.__init__',
@@ -137,18 +179,18 @@ GUARDS = (
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping',
         {'vllm-ascend 0.13.0': 'ab181c2789fafa53'},
-        'B-b13: the device slot mapping reproduces its non-CP branch (computed only when block_size == '
+        'the device slot mapping reproduces its non-CP branch (computed only when block_size == '
         'kernel_sizes[0]) from corrected positions',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping',
         {'vllm-ascend 0.13.0': '7ecb26d2b557ccfa'},
-        'B-b13: the H2D copy of the host result is queued before the device kernel overwrites it',
+        'the H2D copy of the host result is queued before the device kernel overwrites it',
     ),
     Guard(
         'vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping',
         {'vllm-ascend 0.13.0': '9b098020be5b986e'},
-        'B-b13: every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
+        'every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
     ),
 )
 
@@ -158,9 +200,9 @@ UPDATE_STATES = Patch(
     id="zb013-optimistic-update-states",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=lambda original: _glue().make_update_states(original),
+    make=ZERO_BUBBLE.make_update_states,
     fingerprints={"vllm 0.13.0": "71f7c9676bb77930"},
-    why="vLLM 0.13's _update_states calls _get_valid_sampled_token_count() at L865: the host blocks on step N's "
+    why="vLLM 0.13's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step N's "
         "accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the host "
         "prepares every step.",
     how="Wrapper. First waits on prepare_inputs_event (vLLM's synchronize_input_prep wait, which vllm-ascend 0.13 "
@@ -177,14 +219,17 @@ PREPARE_INPUTS = Patch(
     id="zb013-prepare-inputs-window",
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
-    make=lambda original: _glue().make_prepare_inputs(original),
+    make=ZERO_BUBBLE.make_prepare_inputs,
     fingerprints={"vllm-ascend 0.13.0": "3f2160eb21592eb2"},
     why="vllm-ascend 0.13's _prepare_inputs is monolithic: the corrections must happen inside it (after the "
         "inputs are queued, before the attention metadata is built), and the input-preparation event must be "
         "recorded after all of its host-to-device copies.",
     how="Wrapper. Opens the window in which the _init_model_kwargs hook corrects (once per call), runs the "
         "release's body unchanged, refuses to return metadata built from optimistic counts if the hook did not "
-        "run (unreachable under the guarded release), then records prepare_inputs_event.",
+        "run (unreachable under the guarded release), clamps the step's input ids on the device to >= 0 (a row "
+        "re-added with draft placeholders has no draft ids and gets a host gather that may read a -1 placeholder: "
+        "junk the rejection sampler rejects in both modes, but never an embedding index; no host work, no sync), "
+        "then records prepare_inputs_event.",
     upstream=_UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
@@ -193,12 +238,12 @@ INIT_MODEL_KWARGS = Patch(
     id="zb013-corrections-before-metadata",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs",
-    make=lambda original: _glue().make_init_model_kwargs(original),
+    make=ZERO_BUBBLE.make_init_model_kwargs,
     fingerprints={"vllm 0.13.0": "252092b39911bd67"},
     why="With optimistic CPU counts the release's positions, seq_lens and slot mapping are too long by the "
         "rejected drafts of the previous step, and Ascend attention (FIA / paged attention) needs exact CPU "
         "seq_lens when its metadata is built. vllm-ascend 0.13's _prepare_inputs calls _init_model_kwargs exactly "
-        "once, after its last host-to-device copy of positions / seq_lens / slot mapping / input ids (L743) and "
+        "once, after its last host-to-device copy of positions / seq_lens / slot mapping / input ids and "
         "the discard indices, and before the spec-decode metadata and the attention-metadata loop: the narrowest "
         "point where both hold.",
     how="Wrapper; acts only inside the patched _prepare_inputs. After the release's body (an empty dict off "
@@ -218,7 +263,7 @@ EXECUTE_MODEL = Patch(
     id="zb013-deferred-correction",
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=lambda original: _glue().make_execute_model(original),
+    make=ZERO_BUBBLE.make_execute_model,
     fingerprints={"vllm-ascend 0.13.0": "57d4b56dcef2d872"},
     why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
         "sample_tokens and the next step.",
@@ -234,13 +279,14 @@ COPY_VALID_COUNT = Patch(
     id="zb013-device-valid-count",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
+    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
     fingerprints={"vllm 0.13.0": "1defdf40921fa49a"},
     why="The device correction of the next step needs this step's valid sampled counts on the device; 0.13 only "
         "copies them to the host.",
     how="Wrapper. After the release's copy (side stream, event; the default stream is captured before the "
-        "side-stream context, so pitfall P2 is absent), keep a reference to the device count tensor (int64 from "
-        "the Ascend proposer; the host buffer is int64 too: no P1 cast). Consumed once by the next hook.",
+        "side-stream context, so the copy waits for the sampler: vllm-ascend #9482's bug is absent), keep a "
+        "reference to the device count tensor (int64 from the Ascend proposer; the host buffer is int64 too: no "
+        "dtype cast). Consumed once by the next hook.",
     upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
     remove_when=_REMOVE_WHEN,
 )
@@ -249,7 +295,7 @@ BACKUP_STAGING = Patch(
     id="zb013-backup-token-staging",
     group=_GROUP,
     target="vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded",
-    make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
+    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
     fingerprints={"vllm-ascend 0.13.0": "b04a2a09323e2c31"},
     why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
         "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "

@@ -1,28 +1,32 @@
 """Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-vllm-ascend 0.18.0 runs async scheduling with EAGLE/MTP in the classic (#24799) form: every step blocks on the
-device->host copy of the accepted-token count inside the inherited vLLM 0.18 ``GPUModelRunner._update_states``,
-before it prepares the step's inputs. The patches below (wrappers only; the glue is
-:mod:`zb_patch.versions.ascend_0_18_glue`) make the host assume every draft accepted, let the device correct its
-token counts / positions / seq_lens / slot mapping from the previous step's device counts, wait for the counts only
-after this step's inputs are prepared and enqueued (Ascend attention needs exact CPU seq_lens), and correct the
-per-request CPU bookkeeping after the forward launch. docs/releases/ascend-0.18.md: what is verified and how.
-
-Ids like A-a2 / A-b14 in the guards refer to ../shared/reference/blueprint.md (method-by-method backport plan).
+Declarations only: the patch specs (each with its why / how / upstream / remove-when) and the guards. The wrappers
+are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.13; this release's one quirk is where
+the correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
+docs/releases/ascend-0.18.md: what is verified and how.
 """
 
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter
+from . import Adapter, npu_runner
 
 
-def _glue():
-    # numpy / torch / kernels only when a patch is applied, never at selection time
-    from . import ascend_0_18_glue
+class ZeroBubble018(npu_runner.ZeroBubble):
+    """vllm-ascend 0.18: ``_prepare_inputs`` only prepares the inputs; the correction runs right after it."""
 
-    return ascend_0_18_glue
+    def make_prepare_inputs(self, original):
+        def _prepare_inputs(runner, scheduler_output, num_scheduled_tokens):
+            result = original(runner, scheduler_output, num_scheduled_tokens)
+            st = self.active(runner)
+            if st is not None:
+                self.correct(runner, st, num_scheduled_tokens, int(result[2]))  # result: (..., ..., total tokens)
+            return result
 
+        return _prepare_inputs
+
+
+ZERO_BUBBLE = ZeroBubble018("0.18", other_runners="310P / xlite")
 
 _REMOVE_WHEN = ("vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
                 "ascend-0.19-0.23; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it")
@@ -35,14 +39,14 @@ GUARDS = (
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__',
         {'vllm 0.18.0, 0.18.1': '5153d645b5659849'},
-        'A-a1: creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
+        'creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
         'prepare_inputs_event; positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device '
         'correction, seq_lens.cpu exact after the host correction)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count',
         {'vllm 0.18.0, 0.18.1': '20784bf355208845'},
-        'A-a7: the wait itself (event.synchronize + host list); called by the glue after input preparation',
+        'the wait itself (event.synchronize + host list); called by the glue after input preparation',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer',
@@ -63,28 +67,28 @@ GUARDS = (
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
         {'vllm 0.18.0, 0.18.1': '9485308c065f0754'},
-        'A-a5: decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
+        'decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
         'of the (optimistic) CPU positions used for the host gather',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_positions',
         {'vllm 0.18.0, 0.18.1': '4030980b29de1f18'},
-        'A-a8: reads positions.gpu (device-corrected), not positions.np (optimistic)',
+        'reads positions.gpu (device-corrected), not positions.np (optimistic)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs',
         {'vllm 0.18.0, 0.18.1': '9aff01701dfef106'},
-        'A-a9: reads seq_lens.gpu (device-corrected)',
+        'reads seq_lens.gpu (device-corrected)',
     ),
     Guard(
         'vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess',
         {'vllm 0.18.0, 0.18.1': 'c1c70d453ceb51c9'},
-        'A-a10: reads positions.gpu (device-corrected)',
+        'reads positions.gpu (device-corrected)',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__',
         {'vllm-ascend 0.18.0': '0f3a79171e3bf24f'},
-        'A-b1: positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
+        'positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state',
@@ -95,18 +99,18 @@ GUARDS = (
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata',
         {'vllm-ascend 0.18.0': '590425dd3212fbe8'},
-        'A-b3: reads seq_lens.np / seq_lens.cpu / num_computed_tokens_cpu (host-corrected) and positions.gpu / '
+        'reads seq_lens.np / seq_lens.cpu / num_computed_tokens_cpu (host-corrected) and positions.gpu / '
         'slot_mapping.gpu (device-corrected) after _prepare_inputs; hands seq_lens_cpu to the proposer',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens',
         {'vllm-ascend 0.18.0': 'f1284b38c8dc9ad2'},
-        'A-b5: bookkeeping before proposing; the padded drafter path copies the valid counts before the drafter',
+        'bookkeeping before proposing; the padded drafter path copies the valid counts before the drafter',
     ),
     Guard(
         'vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids',
         {'vllm-ascend 0.18.0': '08404fc38be7261e'},
-        'A-b6: prepare_next_token_ids_padded, then _copy_valid_sampled_token_count, then the drafter: the event the '
+        'prepare_next_token_ids_padded, then _copy_valid_sampled_token_count, then the drafter: the event the '
         'host waits on is recorded before the drafter runs',
     ),
     Guard(
@@ -123,17 +127,17 @@ GUARDS = (
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded',
         {'vllm-ascend 0.18.0': 'bec28bfc8a735b99'},
-        'A-b9: passes the metadata\'s (exact) seq_lens_cpu through to the draft steps',
+        'passes the metadata\'s (exact) seq_lens_cpu through to the draft steps',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose',
         {'vllm-ascend 0.18.0': 'd468b07a805b3f0d'},
-        'A-b10: FULL-graph pad branch reads runner.seq_lens.gpu / .cpu (both exact after the patches)',
+        'FULL-graph pad branch reads runner.seq_lens.gpu / .cpu (both exact after the patches)',
     ),
     Guard(
         'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm',
         {'vllm-ascend 0.18.0': '066043ae9710cf9f'},
-        'A-b11: per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
+        'per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.__init__',
@@ -144,18 +148,18 @@ GUARDS = (
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping',
         {'vllm-ascend 0.18.0': 'ab181c2789fafa53'},
-        'A-b14: the device slot mapping reproduces its non-CP branch (computed only when block_size == '
+        'the device slot mapping reproduces its non-CP branch (computed only when block_size == '
         'kernel_sizes[0]) from corrected positions',
     ),
     Guard(
         'vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping',
         {'vllm-ascend 0.18.0': '7ecb26d2b557ccfa'},
-        'A-b14: the H2D copy of the host result is queued before the device kernel overwrites it',
+        'the H2D copy of the host result is queued before the device kernel overwrites it',
     ),
     Guard(
         'vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping',
         {'vllm-ascend 0.18.0': '9b098020be5b986e'},
-        'A-b14: every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
+        'every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
     ),
 )
 
@@ -163,7 +167,7 @@ UPDATE_STATES = Patch(
     id="zb018-optimistic-update-states",
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=lambda original: _glue().make_update_states(original),
+    make=ZERO_BUBBLE.make_update_states,
     fingerprints={"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
     why="vLLM 0.18's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step "
         "N's accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the "
@@ -181,7 +185,7 @@ PREPARE_INPUTS = Patch(
     id="zb018-device-corrected-inputs",
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
-    make=lambda original: _glue().make_prepare_inputs(original),
+    make=ZERO_BUBBLE.make_prepare_inputs,
     fingerprints={"vllm-ascend 0.18.0": "72f01a8e67691f0d"},
     why="With optimistic CPU counts the release's CPU positions, seq_lens and slot mapping are too long by the "
         "rejected drafts of the previous step.",
@@ -201,7 +205,7 @@ EXECUTE_MODEL = Patch(
     id="zb018-deferred-correction",
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=lambda original: _glue().make_execute_model(original),
+    make=ZERO_BUBBLE.make_execute_model,
     fingerprints={"vllm-ascend 0.18.0": "9eca449f8a01d727"},
     why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
         "sample_tokens and the next step.",
@@ -216,7 +220,7 @@ COPY_VALID_COUNT = Patch(
     id="zb018-device-valid-count",
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
+    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
     fingerprints={"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
     why="The device correction of the next step needs this step's valid sampled counts on the device; 0.18 only "
         "copies them to the host.",
@@ -231,7 +235,7 @@ BACKUP_STAGING = Patch(
     id="zb018-backup-token-staging",
     group="zero-bubble-0.18",
     target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
-    make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
+    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
     fingerprints={"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
     why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
         "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
