@@ -86,7 +86,10 @@ class Driver(H.Driver):
         # the forward: what the release handed the model and the attention builder
         return H.StepInputs(
             spec_meta=spec_meta, query_start_loc=cm.query_start_loc[: n + 1].numpy().copy(),
-            input_ids=input_ids_t[:total].numpy().copy(), positions=positions_t[:total].numpy().copy(),
+            # input_ids_t is None where the release hands the model embeddings (multimodal, prompt embeds)
+            input_ids=runner.input_ids.gpu[:total].numpy().copy() if input_ids_t is None
+            else input_ids_t[:total].numpy().copy(),
+            positions=positions_t[:total].numpy().copy(),
             slots=cm.slot_mapping[:total].numpy().copy(), block_table=cm.block_table_tensor[:n].numpy(),
             seq_lens_cpu=meta["seq_lens_cpu"][:n], seq_lens_gpu=meta["seq_lens_gpu"],
             num_computed_cpu=meta["num_computed_cpu"])

@@ -160,6 +160,41 @@ def test_backup_token_buffers_alternate(H, release, ZB, sess):
     assert ZB.backup_pair_attr not in unpatched.drafter.__dict__
 
 
+class EmbeddingSpy:
+    """Stands in for the model's embedding layer (the harness has no model): a real ``F.embedding`` lookup over a
+    seeded table, so a negative id fails exactly as a real embedding would; counts the ids it was handed."""
+
+    def __init__(self, vocab_size, hidden_size):
+        import torch
+
+        self.weight = torch.randn(vocab_size, hidden_size, generator=torch.Generator().manual_seed(0))
+        self.ids = 0
+
+    def embed_input_ids(self, input_ids, **kwargs):
+        import torch.nn.functional as F
+
+        self.ids += int(input_ids.numel())
+        return F.embedding(input_ids, self.weight)
+
+
+def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
+    """0.13 embeds prompt-embeds / multimodal inputs inside _prepare_inputs, right after _init_model_kwargs: the
+    adapter's clamp must come before that (a -1 id would index the embedding out of range)."""
+    if not CLAMPS_INPUT_IDS:
+        pytest.skip("the adapter of this release does not clamp input ids (its release hands the model the ids)")
+    spies = []
+
+    def prompt_embeds(runner):  # what enable_prompt_embeds=True gives the runner, with the embedding spied on
+        runner.enable_prompt_embeds = True
+        runner.model = EmbeddingSpy(runner.model_config.get_vocab_size(), runner.inputs_embeds.gpu.shape[1])
+        spies.append(runner.model)
+
+    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds)
+    assert res["divergences"] == 0, res["examples"]
+    assert res["unpatched"]["negative_input_ids"] > 0  # the release's own path had -1 ids to clamp
+    assert spies[0].ids > 0 and res["patched"]["negative_input_ids"] == 0
+
+
 # -- planted mistakes: each must be caught ------------------------------------------------------------------
 
 

@@ -3,10 +3,10 @@
 Declarations (the patch specs, each with its why / how / upstream / remove-when, and the guards) and this release's
 quirks; the wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.18. The quirks
 (:class:`ZeroBubble013`): the monolithic ``_prepare_inputs`` also builds the attention metadata, so the correction
-runs inside it, at ``_init_model_kwargs``; the device counts are corrected from this step's CPU counts
-(``count_base = "cpu"``); the release never waits on ``prepare_inputs_event``, so the ``_update_states`` wrapper does;
-vllm-ascend's PD-decode ``_update_states`` replacement is not composed with. docs/releases/ascend-0.13.md: what is
-verified and how.
+runs inside it, at ``_init_model_kwargs``, where the input ids are also clamped to >= 0; the device counts are
+corrected from this step's CPU counts (``count_base = "cpu"``); the release never waits on ``prepare_inputs_event``,
+so the ``_update_states`` wrapper does; vllm-ascend's PD-decode ``_update_states`` replacement is not composed with.
+docs/releases/ascend-0.13.md: what is verified and how.
 """
 
 from __future__ import annotations
@@ -45,12 +45,6 @@ class ZeroBubble013(npu_runner.ZeroBubble):
             if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
                 raise RuntimeError("zb-patch ascend-0.13: _prepare_inputs returned without calling "
                                    "_init_model_kwargs; the attention metadata was built from optimistic counts")
-            # a row re-added with draft placeholders gets its host token table gathered there, where the optimistic
-            # bookkeeping may have left a -1: junk the rejection sampler rejects, but never an embedding index
-            scheduler_output = args[0] if args else kwargs.get("scheduler_output")
-            total = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
-            if total:
-                runner.input_ids.gpu[:total].clamp_(min=0)
             event = getattr(runner, "prepare_inputs_event", None)
             if event is not None:
                 event.record()
@@ -66,7 +60,12 @@ class ZeroBubble013(npu_runner.ZeroBubble):
                 st.in_prepare = False
                 n = runner.input_batch.num_reqs
                 query_start_loc = runner.query_start_loc.np
-                self.correct(runner, st, query_start_loc[1: n + 1] - query_start_loc[:n], int(query_start_loc[n]))
+                total = int(query_start_loc[n])
+                # a row re-added with draft placeholders gets its host token table gathered there, where the
+                # optimistic bookkeeping may have left a -1: junk the rejection sampler rejects, but never an
+                # embedding index (the release embeds multimodal / prompt-embeds inputs right after this call)
+                runner.input_ids.gpu[:total].clamp_(min=0)
+                self.correct(runner, st, query_start_loc[1: n + 1] - query_start_loc[:n], total)
             return result
 
         return _init_model_kwargs
@@ -226,10 +225,7 @@ PREPARE_INPUTS = Patch(
         "recorded after all of its host-to-device copies.",
     how="Wrapper. Opens the window in which the _init_model_kwargs hook corrects (once per call), runs the "
         "release's body unchanged, refuses to return metadata built from optimistic counts if the hook did not "
-        "run (unreachable under the guarded release), clamps the step's input ids on the device to >= 0 (a row "
-        "re-added with draft placeholders has no draft ids and gets a host gather that may read a -1 placeholder: "
-        "junk the rejection sampler rejects in both modes, but never an embedding index; no host work, no sync), "
-        "then records prepare_inputs_event.",
+        "run (unreachable under the guarded release), then records prepare_inputs_event.",
     upstream=_UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
@@ -247,14 +243,17 @@ INIT_MODEL_KWARGS = Patch(
         "the discard indices, and before the spec-decode metadata and the attention-metadata loop: the narrowest "
         "point where both hold.",
     how="Wrapper; acts only inside the patched _prepare_inputs. After the release's body (an empty dict off "
-        "pooling): device counts = private snapshot of this step's CPU counts minus step N's rejected drafts "
-        "(zero_bubble.correct_counts base='cpu' -- vLLM 0.13's scheduler can schedule a row catch-up tokens and "
-        "drafts in one step, so upstream's 'previous device count + valid count' is wrong here; docs/selftest.md), "
-        "fused with positions.gpu / seq_lens.gpu, then zb-patch's slot-mapping kernel on every table the release "
-        "maps. Then the host waits for step N's counts (valid_sampled_token_count_event, recorded before step N's "
-        "drafter: vllm-ascend #10506's wait) and subtracts the rejected drafts from seq_lens.cpu and "
-        "num_computed_tokens_cpu, so the metadata loop, its FULL-graph pad copy and the drafter's backup index read "
-        "exact values.",
+        "pooling): the step's input ids are clamped on the device to >= 0 (a row re-added with draft placeholders "
+        "has no draft ids and gets a host gather that may read a -1 placeholder: junk the rejection sampler rejects "
+        "in both modes, but never an embedding index; the release embeds multimodal / prompt-embeds inputs right "
+        "after this call; no host work, no sync); device counts = private snapshot of this step's CPU counts minus "
+        "step N's rejected drafts (zero_bubble.correct_counts base='cpu' -- vLLM 0.13's scheduler can schedule a "
+        "row catch-up tokens and drafts in one step, so upstream's 'previous device count + valid count' is wrong "
+        "here; docs/selftest.md), fused with positions.gpu / seq_lens.gpu, then zb-patch's slot-mapping kernel on "
+        "every table the release maps. Then the host waits for step N's counts (valid_sampled_token_count_event, "
+        "recorded before step N's drafter: vllm-ascend #10506's wait) and subtracts the rejected drafts from "
+        "seq_lens.cpu and num_computed_tokens_cpu, so the metadata loop, its FULL-graph pad copy and the drafter's "
+        "backup index read exact values.",
     upstream=_UPSTREAM + ("vllm#38556",),
     remove_when=_REMOVE_WHEN,
 )
