@@ -18,7 +18,10 @@ mirrored step by step (the release's :meth:`Driver.prepare_step`, then :meth:`Dr
 replaced by :mod:`zb_patch.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed
 **block table**, the **CPU seq_lens** (what Ascend FIA / paged attention reads), **positions**, **slot mapping** and
 **input ids** where the release hands them to attention and the model, so any wrong value changes every later
-token of the request. Acceptance is seeded per (request, position): none / all / partial.
+token of the request. Acceptance is seeded per (request, position): none / all / partial. Also compared: what is
+read after the forward launch -- ``num_computed_tokens_cpu`` when the drafter runs (its attention metadata reads
+it) and the device ``seq_lens`` rows past ``num_reqs`` up to ``max_num_reqs`` (what padded attention metadata and
+the drafter's FULL-graph pad branch read, up to the padded count).
 
 In patched mode the adapter's patches are applied to the live classes with the registry; the adapter's
 ``execute_model`` patch is applied to ``Driver.execute_model_body`` through the patch's own factory (the harness
@@ -30,7 +33,9 @@ counts when someone waits on the event. A read without a wait sees poison. Every
 ``update_states`` (before input preparation: the classic blocking sync), ``prepare_inputs:release`` (inside the
 release's input preparation, before its inputs are queued), ``prepare_inputs:after`` (once the release queued this
 step's inputs: the Ascend exact-seq_lens wait; :attr:`Driver.inputs_queued` says where that is), ``forward`` (after
-the forward launch: deferred correction), ``sample``.
+the forward launch: deferred correction), ``sample``. A count read without a wait surfaces as
+:class:`PoisonedCounts` once it reaches what attention reads. Waits on ``prepare_inputs_event`` (the release's own
+and any a patch adds) are counted too (:class:`InputPrepEvent`).
 """
 
 from __future__ import annotations
@@ -246,6 +251,32 @@ class LazyCountEvent:
         pass
 
 
+class InputPrepEvent:
+    """Wraps ``runner.prepare_inputs_event`` (vLLM's input-preparation event) and counts the host's waits on it:
+    the release's own (``synchronize_input_prep``) and any a patch adds."""
+
+    def __init__(self, event: Any, driver: "Driver") -> None:
+        self.event, self.driver = event, driver
+
+    def record(self, stream: Any = None) -> None:
+        self.event.record() if stream is None else self.event.record(stream)
+
+    def synchronize(self) -> None:
+        self.driver.input_prep_waits += 1
+        self.event.synchronize()
+
+    def query(self) -> bool:
+        return self.event.query()
+
+    def wait(self, stream: Any = None) -> None:
+        self.event.wait() if stream is None else self.event.wait(stream)
+
+
+class PoisonedCounts(AssertionError):
+    """A value derived from the poisoned accepted-count buffer reached what the model or attention reads: a count
+    was read without waiting on ``valid_sampled_token_count_event``."""
+
+
 # ------------------------------------------------------------------------------------------------
 # The driver: the release's execute_model / sample_tokens with the model replaced
 # ------------------------------------------------------------------------------------------------
@@ -268,9 +299,11 @@ class RowRecord:
     accepted: int
     next_token: int
     req_num_computed: int   # req_state.num_computed_tokens after execute_model returned (deferred correction)
+    num_computed_cpu_drafter: int   # num_computed_tokens_cpu when the drafter runs (its metadata reads it)
 
     FIELDS = ("positions", "slots", "input_ids", "seq_len_cpu", "seq_len_gpu", "num_computed_cpu", "max_seq_len",
-              "discarded", "sampled", "drafted", "accepted", "next_token", "req_num_computed")
+              "discarded", "sampled", "drafted", "accepted", "next_token", "req_num_computed",
+              "num_computed_cpu_drafter")
 
 
 @dataclass
@@ -339,8 +372,14 @@ class Driver:
         self.spec_steps = 0
         self.spec_step_ids: set[int] = set()
         self.records: dict[int, dict[str, RowRecord]] = {}
+        # per step: device seq_lens of the rows past num_reqs (what padded attention metadata and the drafter's
+        # FULL-graph pad branch read, up to the padded count <= max_num_reqs)
+        self.padded_seq_lens: dict[int, tuple] = {}
+        self.input_prep_waits = 0
         self.state: StepState | None = None
         runner.valid_sampled_token_count_event = LazyCountEvent(runner.valid_sampled_token_count_cpu, self)
+        if getattr(runner, "prepare_inputs_event", None) is not None:
+            runner.prepare_inputs_event = InputPrepEvent(runner.prepare_inputs_event, self)
         body = self.execute_model_body
         # the adapter's execute_model patch wraps this mirror of the release's body, through its own factory
         self._execute = execute_patch.make(body) if execute_patch is not None else body
@@ -393,6 +432,10 @@ class Driver:
         total = so.total_num_scheduled_tokens
         qsl, input_ids, positions, slots = inputs.query_start_loc, inputs.input_ids, inputs.positions, inputs.slots
         seq_lens_cpu = inputs.seq_lens_cpu
+        if min(seq_lens_cpu + inputs.num_computed_cpu, default=0) <= POISON // 2:  # no real count is that low
+            raise PoisonedCounts(f"step {self.step}: CPU seq_lens / num_computed_tokens handed to attention derive "
+                                 f"from the poisoned count buffer ({seq_lens_cpu}, {inputs.num_computed_cpu})")
+        self.padded_seq_lens[self.step] = tuple(runner.seq_lens.gpu[n: runner.max_num_reqs].tolist())
         self.negative_input_ids += int((input_ids < 0).sum())
         with self.in_phase("forward"):
             target, hidden = fakemodel.forward(self.kv, input_ids, positions, slots, qsl, seq_lens_cpu,
@@ -445,6 +488,7 @@ class Driver:
         hidden_t = torch.zeros((st.total, 1))
         (_, _, _, req_ids_copy, req_id_to_index_copy, invalid) = runner._bookkeeping_sync(
             st.so, sampler_output, None, hidden_t, st.total, st.spec_meta)
+        num_computed_drafter = runner.input_batch.num_computed_tokens_cpu[:n].tolist()
         next_ids, valid = runner.drafter.prepare_next_token_ids_padded(
             self.spec_common_metadata(runner), sampler_output.sampled_token_ids, runner.requests, runner.input_batch,
             runner.discard_request_indices.gpu, runner.num_discarded_requests)
@@ -462,7 +506,7 @@ class Driver:
             out_tokens.append(toks)
             row = st.rows[rid]
             recs[rid] = RowRecord(sampled=tuple(toks), accepted=int(accepted[r]) if toks else 0,
-                                  next_token=int(nxt[r]), **row)
+                                  next_token=int(nxt[r]), num_computed_cpu_drafter=int(num_computed_drafter[r]), **row)
         self.records[self.step] = recs
         self.phase = "other"
         return PendingOutput(compat.model_runner_output(req_ids_copy, req_id_to_index_copy, out_tokens))
@@ -625,7 +669,9 @@ class RunResult:
     max_waits_per_step: int
     unfilled_drafts: int
     negative_input_ids: int
+    input_prep_waits: int   # host waits on prepare_inputs_event (the release's own plus any a patch adds)
     seconds: float
+    padded_seq_lens: dict
     streams: dict
     finish: dict
     records: dict
@@ -636,7 +682,7 @@ class RunResult:
         keys = ("mode", "steps", "spec_steps", "requests", "finished", "aborted", "preemptions", "tokens",
                 "drafted", "accepted", "waits", "blocking_waits", "before_prep_per_spec_step",
                 "min_before_prep_per_spec_step", "max_before_prep_per_step", "max_waits_per_step",
-                "unfilled_drafts", "negative_input_ids", "seconds", "zb")
+                "unfilled_drafts", "negative_input_ids", "input_prep_waits", "seconds", "zb")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -691,41 +737,49 @@ def run_mode(sess: Session, shape: EngineShape, specs: list[RequestSpec], iterat
         max_before_prep_per_step=max(all_before) if all_before else 0,
         max_waits_per_step=max((sum(w.values()) for w in driver.step_waits.values()), default=0),
         unfilled_drafts=driver.unfilled_drafts, negative_input_ids=driver.negative_input_ids,
+        input_prep_waits=driver.input_prep_waits, padded_seq_lens=driver.padded_seq_lens,
         seconds=round(time.time() - t0, 2), streams=run.streams, finish=run.finish, records=driver.records, zb=zb,
         runner=runner)
 
 
-def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str]]:
-    """Per-step, per-request comparison of everything the forward saw and produced, then the token streams."""
+def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str], Optional[str]]:
+    """Per-step comparison of everything the forward, the padded attention metadata and the drafter saw and
+    produced (per request, plus the padded device seq_lens rows), then the token streams. Returns the number of
+    divergences, up to ``limit`` examples, and what diverged first (a RowRecord field, ``"padded_seq_lens"``, ...)."""
     diffs = 0
     examples: list[str] = []
+    first: Optional[str] = None
 
-    def note(msg: str) -> None:
-        nonlocal diffs
+    def note(what: str, msg: str) -> None:
+        nonlocal diffs, first
         diffs += 1
+        first = first or what
         if len(examples) < limit:
             examples.append(msg)
 
-    if ref.steps != got.steps:
-        note(f"steps: {ref.steps} vs {got.steps}")
     for step in sorted(set(ref.records) | set(got.records)):
         a, b = ref.records.get(step, {}), got.records.get(step, {})
         for rid in sorted(set(a) | set(b)):
             ra, rb = a.get(rid), b.get(rid)
             if ra is None or rb is None:
-                note(f"step {step} {rid}: scheduled {ra is not None} vs {rb is not None}")
+                note("scheduled", f"step {step} {rid}: scheduled {ra is not None} vs {rb is not None}")
                 continue
             for f in RowRecord.FIELDS:
                 va, vb = getattr(ra, f), getattr(rb, f)
                 if va != vb:
-                    note(f"step {step} {rid} {f}: {va} vs {vb}")
+                    note(f, f"step {step} {rid} {f}: {va} vs {vb}")
+        pa, pb = ref.padded_seq_lens.get(step), got.padded_seq_lens.get(step)
+        if pa != pb:
+            note("padded_seq_lens", f"step {step} padded seq_lens rows: {pa} vs {pb}")
+    if ref.steps != got.steps:
+        note("steps", f"steps: {ref.steps} vs {got.steps}")
     for rid in sorted(set(ref.streams) | set(got.streams)):
         if ref.streams.get(rid) != got.streams.get(rid) or ref.finish.get(rid) != got.finish.get(rid):
-            note(f"{rid}: token stream / finish differ ({ref.finish.get(rid)} vs {got.finish.get(rid)})")
+            note("streams", f"{rid}: token stream / finish differ ({ref.finish.get(rid)} vs {got.finish.get(rid)})")
     for attr in ("drafted", "accepted", "tokens", "finished", "aborted", "preemptions"):
         if getattr(ref, attr) != getattr(got, attr):
-            note(f"{attr}: {getattr(ref, attr)} vs {getattr(got, attr)}")
-    return diffs, examples
+            note(attr, f"{attr}: {getattr(ref, attr)} vs {getattr(got, attr)}")
+    return diffs, examples, first
 
 
 def parity(sess: Session, shape: EngineShape, iterations: int, *, seed: int, release: Any, reorder: bool = True,
@@ -739,6 +793,7 @@ def parity(sess: Session, shape: EngineShape, iterations: int, *, seed: int, rel
                        method=method)
         got = run_mode(sess, shape, specs, iterations, release=release, seed=seed, patched=True, reorder=reorder,
                        method=method, runner_hook=runner_hook)
-    diffs, examples = compare(ref, got)
+    diffs, examples, first = compare(ref, got)
     return {"k": shape.num_spec_tokens, "iterations": iterations, "divergences": diffs, "examples": examples,
+            "first_divergence": first, "waits_for_input_prep": release.ZERO_BUBBLE.waits_for_input_prep,
             "unpatched": ref.summary(), "patched": got.summary(), "runners": (ref.runner, got.runner)}

@@ -9,16 +9,20 @@ hits, preemption + resumption, stop tokens, max_model_len, aborts; acceptance no
 position). Asserted:
 
 * identical per-step, per-request positions, slot mapping, input ids, CPU and device seq_lens, CPU
-  num_computed_tokens, max_seq_len, discard flags, sampled tokens, drafted / accepted counts, drafter next-token
-  inputs and req_state.num_computed_tokens after execute_model; identical token streams and finish reasons; on
-  0.13 no negative token id handed to the model;
+  num_computed_tokens (at the forward and when the drafter runs), max_seq_len, discard flags, sampled tokens,
+  drafted / accepted counts, drafter next-token inputs and req_state.num_computed_tokens after execute_model; the
+  padded device seq_lens rows; identical token streams and finish reasons; on 0.13 no negative token id handed to
+  the model;
 * the accepted-count wait: >= 1 per spec-decode step before input preparation unpatched; 0 before input
   preparation on every step patched (its one wait per corrected step comes once the step's inputs are queued and
   before the attention metadata is built: Ascend attention's exact CPU seq_lens);
 * >= 10,000 engine steps in total (k = 1..4), on the kernels' pure-torch twins; a shorter run on the Triton kernels
   (Triton's CPU interpreter); one without batch reordering;
-* planted mistakes in the zero-bubble runner are caught; unsupported combinations fall through to the release with
-  one WARNING.
+* the waits on the input-preparation event: the patched path adds one per step on 0.13 (whose release makes none),
+  none on 0.18;
+* each planted mistake in the zero-bubble runner is caught by the divergence it must cause (PLANTS), or by the
+  harness's PoisonedCounts for a count read without a wait; unsupported combinations fall through to the release
+  with one WARNING.
 
 0.13 only: input ids at draft placeholders the release cannot fill (rows re-added with drafts) are junk in both
 modes and are not compared (runner013.Driver says why); their count is printed.
@@ -99,6 +103,13 @@ def _check_waits(res):
     zb = p["zb"]
     assert zb["active"] and zb["fallback_uploads"] == 0, zb
     assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
+    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13)
+    assert p["input_prep_waits"] - u["input_prep_waits"] == added_input_prep_waits(res), (u, p)
+
+
+def added_input_prep_waits(res):
+    zb = res["patched"]["zb"]
+    return zb["steps"] if res["waits_for_input_prep"] else 0
 
 
 def test_parity_10k_steps(H, release, sess, capsys):
@@ -119,7 +130,8 @@ def test_parity_10k_steps(H, release, sess, capsys):
                      f"{u['accepted']}; accepted-count waits before input prep per spec step: unpatched "
                      f"{u['before_prep_per_spec_step']:.2f}, patched {p['max_before_prep_per_step']} (max per step); "
                      f"patched waits after input prep: {p['waits'].get('prepare_inputs:after', 0)} on "
-                     f"{p['zb']['corrected_steps']} corrected steps; unfilled draft ids (not compared) "
+                     f"{p['zb']['corrected_steps']} corrected steps; input-prep event waits unpatched / patched "
+                     f"{u['input_prep_waits']} / {p['input_prep_waits']}; unfilled draft ids (not compared) "
                      f"{u['unfilled_drafts']} / {p['unfilled_drafts']}; negative input ids unpatched / patched "
                      f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s")
     assert total >= MIN_TOTAL_STEPS
@@ -241,23 +253,60 @@ def _plant(monkeypatch, ZB, name):
                                                  num_prev=n_prev)
 
         monkeypatch.setattr(ZB, "exact_host_counts", exact_host_counts)
+    elif name == "stale-padded-seq-lens":  # device seq_lens past num_reqs keep the previous step's values
+        original = ZB.device_correction
+        last = []
+
+        def device_correction(runner, st, num_scheduled, total):
+            original(runner, st, num_scheduled, total)
+            n = runner.input_batch.num_reqs
+            if last:
+                runner.seq_lens.gpu[n:].copy_(last[0][n:])
+            last[:] = [runner.seq_lens.gpu.clone()]
+
+        monkeypatch.setattr(ZB, "device_correction", device_correction)
+    elif name == "num-computed-cpu-after-forward":  # the deferred correction also hits num_computed_tokens_cpu
+        original = ZB.apply_deferred
+
+        def apply_deferred(runner):
+            st = ZB.active(runner)
+            if st is not None and st.valid_host:
+                index = runner.input_batch.req_id_to_index
+                for req_id, drafts, row in st.queue:
+                    if req_id in index and row < len(st.valid_host):
+                        runner.input_batch.num_computed_tokens_cpu[index[req_id]] -= drafts + 1 - st.valid_host[row]
+            original(runner)
+
+        monkeypatch.setattr(ZB, "apply_deferred", apply_deferred)
     else:
         raise KeyError(name)
 
 
-PLANTS = ("no-device-correction", "no-host-seq-lens-correction", "no-deferred-correction", "no-slot-mapping",
-          "counts-by-current-row", "read-counts-without-wait")
+# plant -> what must diverge first (a RowRecord field, "padded_seq_lens"), or the harness error it must raise
+PLANTS = {
+    "no-device-correction": "positions",
+    "no-host-seq-lens-correction": "seq_len_cpu",
+    "no-deferred-correction": "req_num_computed",
+    "no-slot-mapping": "slots",
+    "counts-by-current-row": "positions",
+    "read-counts-without-wait": "PoisonedCounts",
+    "stale-padded-seq-lens": "padded_seq_lens",
+    "num-computed-cpu-after-forward": "num_computed_cpu_drafter",
+}
 
 
-@pytest.mark.parametrize("plant", PLANTS)
+@pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_planted_mistake_is_caught(H, release, ZB, sess, monkeypatch, plant):
     _plant(monkeypatch, ZB, plant)
-    try:
-        res = H.parity(sess, _shape(2), 300, seed=0, release=release)
-    except Exception:  # a crash of the patched run is a detection too (poisoned counts, bad indices)
+    expected = PLANTS[plant]
+    if expected == "PoisonedCounts":
+        with pytest.raises(H.PoisonedCounts):
+            H.parity(sess, _shape(2), 300, seed=0, release=release)
         assert R.resolve("vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs").patched_by is None
         return
+    res = H.parity(sess, _shape(2), 300, seed=0, release=release)
     assert res["divergences"] > 0, f"planted mistake {plant!r} went unnoticed"
+    assert res["first_divergence"] == expected, res["examples"][:3]
 
 
 # -- activation scope ------------------------------------------------------------------------------------------
