@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zb_patch import probe
+from zb_patch.check import probe
 
 LINE = ("zb-patch: pid={pid} role={role} REFUSED: vllm-ascend is not installed: zb-patch patches vLLM-Ascend "
         "deployments only; versions vllm=0.32.0, vllm_ascend=-, torch=2.13.0+cpu; nothing applied")
