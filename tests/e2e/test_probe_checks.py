@@ -77,6 +77,17 @@ def test_off_mode_flags_any_trace():
     assert "ZB_PATCH is off but zb-patch logged" in text and "ZB_PATCH is off but zb-patch holds state" in text
 
 
+def test_off_mode_allows_only_the_entry_point_and_the_probe_modules():
+    probe_mods = ["zb_patch", "zb_patch.plugin", "zb_patch.check", "zb_patch.check.probe"]
+    clean = dict(_rep(30, decided=False, env={}, state="off"), activation_pids=[], zb_patch_modules=probe_mods)
+    fe = dict(_rep(10, env={}, state="off"), activation_pids=[], zb_patch_modules=probe_mods)
+    assert probe.assemble(_result([clean], frontend=fe), [], {})["problems"] == []
+    leaky = dict(clean, zb_patch_modules=[*probe_mods, "zb_patch.versions"])
+    r = probe.assemble(_result([leaky], frontend=fe), [], {})
+    assert r["problems"] == ["worker rank 0 (VllmWorker-0) pid 30: ZB_PATCH is off but zb-patch imported "
+                             "zb_patch.versions"]
+
+
 def test_strict_refusal_is_exit_2_without_a_log_line():
     msg = LINE.format(pid=10, role="frontend") + " (ZB_PATCH_STRICT=1)"
     res = {"schema": probe.RESULT_SCHEMA, "ok": False, "frontend_pid": 10,
