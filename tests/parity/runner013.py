@@ -35,9 +35,9 @@ import numpy as np
 
 import runner018 as base
 from runner018 import RowRecord, Session, StepState, compare, reference_kernels, session  # noqa: F401
-from zb_patch.selftest import compat, fakemodel
-from zb_patch.selftest.compat import EngineShape
-from zb_patch.selftest.workload import RequestSpec, make_workload
+from zb_patch.check.selftest import compat, fakemodel
+from zb_patch.check.selftest.compat import EngineShape
+from zb_patch.check.selftest.workload import RequestSpec, make_workload
 
 STATE_ATTR = "_zb_patch_013"
 LAYER = "model.layers.0.self_attn.attn"

@@ -13,7 +13,7 @@ device-side scatter of last step's sampled and draft tokens, spec-decode metadat
 Not real (there is no model, no attention math, no NPU): the bodies of ``execute_model`` and ``sample_tokens`` are
 mirrored here step by step (``Driver.execute_model_body`` / ``Driver.sample_tokens``; the order is the release's,
 commented with its line numbers) with the forward, the rejection sampler and the drafter replaced by
-:mod:`zb_patch.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed **block table**,
+:mod:`zb_patch.check.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed **block table**,
 the **CPU seq_lens** (what Ascend FIA / paged attention reads), **positions**, **slot mapping** and **input ids**
 from the runner's buffers exactly where ``_build_attention_metadata`` / ``_preprocess`` take them, so any wrong value
 changes every later token of the request. Acceptance is seeded per (request, position): none / all / partial.
@@ -46,9 +46,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from zb_patch.selftest import fakemodel
-from zb_patch.selftest.compat import EngineShape
-from zb_patch.selftest.workload import RequestSpec, make_workload
+from zb_patch.check.selftest import fakemodel
+from zb_patch.check.selftest.compat import EngineShape
+from zb_patch.check.selftest.workload import RequestSpec, make_workload
 
 ARCH = "ZbRunner018ForCausalLM"
 EAGLE_ARCH = "EagleZbRunner018ForCausalLM"

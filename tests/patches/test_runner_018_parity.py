@@ -57,7 +57,7 @@ def sess(H):
 
 
 def _shape(k):
-    from zb_patch.selftest.compat import EngineShape
+    from zb_patch.check.selftest.compat import EngineShape
 
     return EngineShape(num_spec_tokens=k)
 
