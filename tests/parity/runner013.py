@@ -16,7 +16,7 @@ backup index from the common metadata's ``seq_lens_cpu``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import runner_harness as H
 
@@ -38,9 +38,13 @@ class RecordingBuilder:
         cm = common_attn_metadata
         n = cm.num_reqs
         self.calls += 1
-        self.last = dict(num_reqs=n, seq_lens_cpu=[int(x) for x in cm.seq_lens_cpu[:n]],
-                         num_computed_cpu=[int(x) for x in cm.num_computed_tokens_cpu[:n]],
-                         seq_lens_gpu=[int(x) for x in cm.seq_lens[:n]], metadata=cm)
+        self.last = dict(
+            num_reqs=n,
+            seq_lens_cpu=[int(x) for x in cm.seq_lens_cpu[:n]],
+            num_computed_cpu=[int(x) for x in cm.num_computed_tokens_cpu[:n]],
+            seq_lens_gpu=[int(x) for x in cm.seq_lens[:n]],
+            metadata=cm,
+        )
         return ("zb-runner013-attn", self.calls)
 
 
@@ -69,7 +73,7 @@ class Driver(H.Driver):
         self.builder = RecordingBuilder()
         runner.attn_groups = [[_AttnGroup(self.builder)]]
 
-    def prepare_step(self, runner: Any, so: Any) -> Optional[H.StepInputs]:
+    def prepare_step(self, runner: Any, so: Any) -> H.StepInputs | None:
         with self.in_phase("update_states"):
             runner._update_states(so)
         if not so.total_num_scheduled_tokens:
@@ -85,14 +89,19 @@ class Driver(H.Driver):
         cm = meta["metadata"]
         # the forward: what the release handed the model and the attention builder
         return H.StepInputs(
-            spec_meta=spec_meta, query_start_loc=cm.query_start_loc[: n + 1].numpy().copy(),
+            spec_meta=spec_meta,
+            query_start_loc=cm.query_start_loc[: n + 1].numpy().copy(),
             # input_ids_t is None where the release hands the model embeddings (multimodal, prompt embeds)
-            input_ids=runner.input_ids.gpu[:total].numpy().copy() if input_ids_t is None
+            input_ids=runner.input_ids.gpu[:total].numpy().copy()
+            if input_ids_t is None
             else input_ids_t[:total].numpy().copy(),
             positions=positions_t[:total].numpy().copy(),
-            slots=cm.slot_mapping[:total].numpy().copy(), block_table=cm.block_table_tensor[:n].numpy(),
-            seq_lens_cpu=meta["seq_lens_cpu"][:n], seq_lens_gpu=meta["seq_lens_gpu"],
-            num_computed_cpu=meta["num_computed_cpu"])
+            slots=cm.slot_mapping[:total].numpy().copy(),
+            block_table=cm.block_table_tensor[:n].numpy(),
+            seq_lens_cpu=meta["seq_lens_cpu"][:n],
+            seq_lens_gpu=meta["seq_lens_gpu"],
+            num_computed_cpu=meta["num_computed_cpu"],
+        )
 
     def spec_common_metadata(self, runner: Any) -> Any:
         return runner.spec_decode_common_attn_metadata

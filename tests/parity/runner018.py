@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import runner_harness as H
@@ -23,7 +23,7 @@ FAMILY = "0.18"
 class Driver(H.Driver):
     inputs_queued = ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", "_prepare_inputs")
 
-    def prepare_step(self, runner: Any, so: Any) -> Optional[H.StepInputs]:
+    def prepare_step(self, runner: Any, so: Any) -> H.StepInputs | None:
         if runner.use_async_scheduling and runner.num_spec_tokens and runner._draft_token_ids is None:
             so = copy.deepcopy(so)
         with runner.synchronize_input_prep():
@@ -42,12 +42,16 @@ class Driver(H.Driver):
         # _preprocess (input_ids.gpu / positions.gpu), _model_forward
         bt = runner.input_batch.block_table[0]
         return H.StepInputs(
-            spec_meta=spec_meta, query_start_loc=runner.query_start_loc.gpu[: n + 1].numpy().copy(),
+            spec_meta=spec_meta,
+            query_start_loc=runner.query_start_loc.gpu[: n + 1].numpy().copy(),
             input_ids=runner.input_ids.gpu[:total].numpy().copy(),
             positions=runner.positions.gpu[:total].numpy().copy(),
-            slots=bt.slot_mapping.gpu[:total].numpy().copy(), block_table=bt.block_table.gpu[:n].numpy(),
-            seq_lens_cpu=seq_lens_cpu, seq_lens_gpu=[int(x) for x in runner.seq_lens.gpu[:n]],
-            num_computed_cpu=[int(x) for x in runner.input_batch.num_computed_tokens_cpu[:n]])
+            slots=bt.slot_mapping.gpu[:total].numpy().copy(),
+            block_table=bt.block_table.gpu[:n].numpy(),
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_gpu=[int(x) for x in runner.seq_lens.gpu[:n]],
+            num_computed_cpu=[int(x) for x in runner.input_batch.num_computed_tokens_cpu[:n]],
+        )
 
     def spec_common_metadata(self, runner: Any) -> Any:
         return self._spec_common

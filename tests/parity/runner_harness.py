@@ -15,7 +15,7 @@ device-side scatter of last step's sampled and draft tokens, spec-decode metadat
 Not real (there is no model, no attention math, no NPU): the bodies of ``execute_model`` and ``sample_tokens`` are
 mirrored step by step (the release's :meth:`Driver.prepare_step`, then :meth:`Driver.execute_model_body` /
 :meth:`Driver.sample_tokens`, in the release's order) with the forward, the rejection sampler and the drafter
-replaced by :mod:`zb_patch.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed
+replaced by :mod:`zb_patch.check.selftest.fakemodel`: a hash chain over a simulated KV cache that reads the committed
 **block table**, the **CPU seq_lens** (what Ascend FIA / paged attention reads), **positions**, **slot mapping** and
 **input ids** where the release hands them to attention and the model, so any wrong value changes every later
 token of the request. Acceptance is seeded per (request, position): none / all / partial. Also compared: what is
@@ -48,14 +48,15 @@ import os
 import tempfile
 import time
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
-from zb_patch.selftest import compat, fakemodel
-from zb_patch.selftest.compat import EngineShape
-from zb_patch.selftest.workload import RequestSpec, make_workload
+from zb_patch.check.selftest import compat, fakemodel
+from zb_patch.check.selftest.compat import EngineShape
+from zb_patch.check.selftest.workload import RequestSpec, make_workload
 
 ARCH = "ZbRunnerParityForCausalLM"
 EAGLE_ARCH = "EagleZbRunnerParityForCausalLM"
@@ -76,11 +77,24 @@ class Session:
 
 def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None:
     os.makedirs(path, exist_ok=True)
-    cfg = {"architectures": [arch], "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 64,
-           "intermediate_size": 128, "num_hidden_layers": layers, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float32",
-           "rms_norm_eps": 1e-6, "hidden_act": "silu", "rope_theta": 10000.0, "tie_word_embeddings": False,
-           "bos_token_id": 1, "eos_token_id": 2}
+    cfg = {
+        "architectures": [arch],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "float32",
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
 
@@ -122,15 +136,20 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
         def embed_input_ids(self, input_ids: Any) -> Any:
             raise NotImplementedError
 
-        def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
-                    inputs_embeds: Any = None) -> Any:
+        def forward(
+            self, input_ids: Any, positions: Any, intermediate_tensors: Any = None, inputs_embeds: Any = None
+        ) -> Any:
             raise NotImplementedError
 
         def compute_logits(self, hidden_states: Any) -> Any:
             raise NotImplementedError
 
-    saved = (platforms._current_platform, plugins.plugins_loaded, getattr(kv_utils, "NONE_HASH", None),
-             torch.Tensor.pin_memory)
+    saved = (
+        platforms._current_platform,
+        plugins.plugins_loaded,
+        getattr(kv_utils, "NONE_HASH", None),
+        torch.Tensor.pin_memory,
+    )
     registered = []
     tmp = tempfile.TemporaryDirectory(prefix="zb-runner-parity-")
     try:
@@ -156,8 +175,9 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
         tmp.cleanup()
 
 
-def build_config(sess: Session, shape: EngineShape, *, async_scheduling: bool = True, method: str = "eagle",
-                 **spec_extra: Any) -> Any:
+def build_config(
+    sess: Session, shape: EngineShape, *, async_scheduling: bool = True, method: str = "eagle", **spec_extra: Any
+) -> Any:
     key = (shape, async_scheduling, method, tuple(sorted(spec_extra.items())))
     if key in sess.configs:
         return sess.configs[key]
@@ -166,11 +186,22 @@ def build_config(sess: Session, shape: EngineShape, *, async_scheduling: bool = 
     spec: dict[str, Any] = {"method": method, "num_speculative_tokens": shape.num_spec_tokens, **spec_extra}
     if method in ("eagle", "eagle3"):
         spec["model"] = sess.draft_dir
-    args = EngineArgs(model=sess.model_dir, skip_tokenizer_init=True, load_format="dummy", dtype="float32",
-                      enforce_eager=True, max_model_len=shape.max_model_len, block_size=shape.block_size,
-                      max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                      async_scheduling=async_scheduling, enable_prefix_caching=shape.enable_prefix_caching,
-                      enable_chunked_prefill=True, seed=0, speculative_config=spec)
+    args = EngineArgs(
+        model=sess.model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=shape.max_model_len,
+        block_size=shape.block_size,
+        max_num_seqs=shape.max_num_seqs,
+        max_num_batched_tokens=shape.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=shape.enable_prefix_caching,
+        enable_chunked_prefill=True,
+        seed=0,
+        speculative_config=spec,
+    )
     vc = args.create_engine_config()
     # vLLM 0.13 leaves the capture sizes unset with enforce_eager (the Ascend platform's config hook, not run
     # here, would fill them); the EAGLE proposer sorts them at construction
@@ -186,17 +217,24 @@ def kv_cache_config(vllm_config: Any, shape: EngineShape) -> Any:
 
     spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
     vllm_config.cache_config.num_gpu_blocks = shape.num_blocks
-    return KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
+    return KVCacheConfig(
+        num_blocks=shape.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+    )
 
 
 def make_scheduler(vllm_config: Any, kvc: Any, shape: EngineShape) -> Any:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    return AsyncScheduler(vllm_config=vllm_config, kv_cache_config=kvc,
-                          structured_output_manager=StructuredOutputManager(vllm_config),
-                          block_size=shape.block_size, log_stats=True)
+    return AsyncScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kvc,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=shape.block_size,
+        log_stats=True,
+    )
 
 
 def make_runner(vllm_config: Any, kvc: Any, *, reorder: bool = True) -> Any:
@@ -229,7 +267,7 @@ class LazyCountEvent:
     only after a wait, as on a device that has not reached the copy yet. Waits are counted by the driver's phase;
     ``blocking`` = the copy was still pending."""
 
-    def __init__(self, host_buffer: Any, driver: "Driver") -> None:
+    def __init__(self, host_buffer: Any, driver: Driver) -> None:
         self.host, self.driver = host_buffer, driver
         self.pending: Any = None
 
@@ -255,7 +293,7 @@ class InputPrepEvent:
     """Wraps ``runner.prepare_inputs_event`` (vLLM's input-preparation event) and counts the host's waits on it:
     the release's own (``synchronize_input_prep``) and any a patch adds."""
 
-    def __init__(self, event: Any, driver: "Driver") -> None:
+    def __init__(self, event: Any, driver: Driver) -> None:
         self.event, self.driver = event, driver
 
     def record(self, stream: Any = None) -> None:
@@ -298,12 +336,25 @@ class RowRecord:
     drafted: int
     accepted: int
     next_token: int
-    req_num_computed: int   # req_state.num_computed_tokens after execute_model returned (deferred correction)
-    num_computed_cpu_drafter: int   # num_computed_tokens_cpu when the drafter runs (its metadata reads it)
+    req_num_computed: int  # req_state.num_computed_tokens after execute_model returned (deferred correction)
+    num_computed_cpu_drafter: int  # num_computed_tokens_cpu when the drafter runs (its metadata reads it)
 
-    FIELDS = ("positions", "slots", "input_ids", "seq_len_cpu", "seq_len_gpu", "num_computed_cpu", "max_seq_len",
-              "discarded", "sampled", "drafted", "accepted", "next_token", "req_num_computed",
-              "num_computed_cpu_drafter")
+    FIELDS = (
+        "positions",
+        "slots",
+        "input_ids",
+        "seq_len_cpu",
+        "seq_len_gpu",
+        "num_computed_cpu",
+        "max_seq_len",
+        "discarded",
+        "sampled",
+        "drafted",
+        "accepted",
+        "next_token",
+        "req_num_computed",
+        "num_computed_cpu_drafter",
+    )
 
 
 @dataclass
@@ -311,14 +362,14 @@ class StepInputs:
     """What the release handed attention and the model for one step (host copies, taken where it hands them)."""
 
     spec_meta: Any
-    query_start_loc: np.ndarray     # [n + 1]
-    input_ids: np.ndarray           # [total]
-    positions: np.ndarray           # [total]
-    slots: np.ndarray               # [total]
-    block_table: np.ndarray         # [n, max_blocks]
-    seq_lens_cpu: list              # [n]: what Ascend attention reads
-    seq_lens_gpu: list              # [n]
-    num_computed_cpu: list          # [n]
+    query_start_loc: np.ndarray  # [n + 1]
+    input_ids: np.ndarray  # [total]
+    positions: np.ndarray  # [total]
+    slots: np.ndarray  # [total]
+    block_table: np.ndarray  # [n, max_blocks]
+    seq_lens_cpu: list  # [n]: what Ascend attention reads
+    seq_lens_gpu: list  # [n]
+    num_computed_cpu: list  # [n]
 
 
 @dataclass
@@ -345,7 +396,7 @@ class PendingOutput:
         return self.output
 
 
-UNFILLED = "unfilled-draft"   # stands for a draft input id the release cannot fill (Driver.draft_ids_unfilled)
+UNFILLED = "unfilled-draft"  # stands for a draft input id the release cannot fill (Driver.draft_ids_unfilled)
 
 
 class Driver:
@@ -357,8 +408,8 @@ class Driver:
     # (module, class, method) of the release method after which the step's inputs are queued
     inputs_queued: tuple[str, str, str]
 
-    unfilled_drafts = 0      # draft input ids the release cannot fill (not compared; see runner013.Driver)
-    negative_input_ids = 0   # token ids < 0 handed to the model (a -1 would index the embedding out of range)
+    unfilled_drafts = 0  # draft input ids the release cannot fill (not compared; see runner013.Driver)
+    negative_input_ids = 0  # token ids < 0 handed to the model (a -1 would index the embedding out of range)
 
     def __init__(self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None) -> None:
         self.runner, self.shape, self.k = runner, shape, shape.num_spec_tokens
@@ -400,7 +451,7 @@ class Driver:
             self.phase = saved
 
     # -- release hooks -----------------------------------------------------------------------------
-    def prepare_step(self, runner: Any, so: Any) -> Optional[StepInputs]:
+    def prepare_step(self, runner: Any, so: Any) -> StepInputs | None:
         """The release's ``execute_model`` up to the forward (``_update_states``, input preparation, attention
         metadata); None where it returns early (nothing scheduled)."""
         raise NotImplementedError
@@ -433,13 +484,25 @@ class Driver:
         qsl, input_ids, positions, slots = inputs.query_start_loc, inputs.input_ids, inputs.positions, inputs.slots
         seq_lens_cpu = inputs.seq_lens_cpu
         if min(seq_lens_cpu + inputs.num_computed_cpu, default=0) <= POISON // 2:  # no real count is that low
-            raise PoisonedCounts(f"step {self.step}: CPU seq_lens / num_computed_tokens handed to attention derive "
-                                 f"from the poisoned count buffer ({seq_lens_cpu}, {inputs.num_computed_cpu})")
-        self.padded_seq_lens[self.step] = tuple(runner.seq_lens.gpu[n: runner.max_num_reqs].tolist())
+            raise PoisonedCounts(
+                f"step {self.step}: CPU seq_lens / num_computed_tokens handed to attention derive "
+                f"from the poisoned count buffer ({seq_lens_cpu}, {inputs.num_computed_cpu})"
+            )
+        self.padded_seq_lens[self.step] = tuple(runner.seq_lens.gpu[n : runner.max_num_reqs].tolist())
         self.negative_input_ids += int((input_ids < 0).sum())
         with self.in_phase("forward"):
-            target, hidden = fakemodel.forward(self.kv, input_ids, positions, slots, qsl, seq_lens_cpu,
-                                               inputs.block_table, n, self.shape.block_size, self.shape.vocab_size)
+            target, hidden = fakemodel.forward(
+                self.kv,
+                input_ids,
+                positions,
+                slots,
+                qsl,
+                seq_lens_cpu,
+                inputs.block_table,
+                n,
+                self.shape.block_size,
+                self.shape.vocab_size,
+            )
         req_ids = list(runner.input_batch.req_ids)
         spec = so.scheduled_spec_decode_tokens
         num_drafts = [len(spec.get(r, ())) for r in req_ids]
@@ -451,13 +514,21 @@ class Driver:
             ids = input_ids[s:e].tolist()
             if num_drafts[r] and self.draft_ids_unfilled(rid, num_drafts[r]):
                 self.unfilled_drafts += num_drafts[r]
-                ids[len(ids) - num_drafts[r]:] = [UNFILLED] * num_drafts[r]
-            rows[rid] = dict(positions=tuple(positions[s:e].tolist()), slots=tuple(slots[s:e].tolist()),
-                             input_ids=tuple(ids), seq_len_cpu=seq_lens_cpu[r], seq_len_gpu=inputs.seq_lens_gpu[r],
-                             num_computed_cpu=inputs.num_computed_cpu[r], max_seq_len=max_seq_len,
-                             discarded=r in discarded, drafted=num_drafts[r])
-        self.state = StepState(so, n, req_ids, qsl, input_ids, num_drafts, seq_lens_cpu, target, hidden,
-                               inputs.spec_meta, total, rows)
+                ids[len(ids) - num_drafts[r] :] = [UNFILLED] * num_drafts[r]
+            rows[rid] = dict(
+                positions=tuple(positions[s:e].tolist()),
+                slots=tuple(slots[s:e].tolist()),
+                input_ids=tuple(ids),
+                seq_len_cpu=seq_lens_cpu[r],
+                seq_len_gpu=inputs.seq_lens_gpu[r],
+                num_computed_cpu=inputs.num_computed_cpu[r],
+                max_seq_len=max_seq_len,
+                discarded=r in discarded,
+                drafted=num_drafts[r],
+            )
+        self.state = StepState(
+            so, n, req_ids, qsl, input_ids, num_drafts, seq_lens_cpu, target, hidden, inputs.spec_meta, total, rows
+        )
         if inputs.spec_meta is not None:
             self.spec_steps += 1
             self.spec_step_ids.add(self.step)
@@ -483,20 +554,37 @@ class Driver:
         sampled, accepted = fakemodel.rejection_sample(st.target, st.input_ids, st.qsl, st.num_drafts, n, self.k)
         if st.spec_meta is None:
             sampled = sampled[:, :1]
-        sampler_output = SamplerOutput(sampled_token_ids=torch.tensor(sampled, dtype=torch.int32),
-                                       logprobs_tensors=None)
+        sampler_output = SamplerOutput(
+            sampled_token_ids=torch.tensor(sampled, dtype=torch.int32), logprobs_tensors=None
+        )
         hidden_t = torch.zeros((st.total, 1))
         (_, _, _, req_ids_copy, req_id_to_index_copy, invalid) = runner._bookkeeping_sync(
-            st.so, sampler_output, None, hidden_t, st.total, st.spec_meta)
+            st.so, sampler_output, None, hidden_t, st.total, st.spec_meta
+        )
         num_computed_drafter = runner.input_batch.num_computed_tokens_cpu[:n].tolist()
         next_ids, valid = runner.drafter.prepare_next_token_ids_padded(
-            self.spec_common_metadata(runner), sampler_output.sampled_token_ids, runner.requests, runner.input_batch,
-            runner.discard_request_indices.gpu, runner.num_discarded_requests)
+            self.spec_common_metadata(runner),
+            sampler_output.sampled_token_ids,
+            runner.requests,
+            runner.input_batch,
+            runner.discard_request_indices.gpu,
+            runner.num_discarded_requests,
+        )
         runner._copy_valid_sampled_token_count(next_ids, valid)
         nxt, valid_np = next_ids.numpy().astype(np.int64), valid.numpy().astype(np.int64)
-        drafts = fakemodel.propose(st.hidden, nxt, valid_np, st.qsl, st.num_drafts, st.seq_lens_cpu,
-                                   [fakemodel.req_key(r) for r in st.req_ids], n, self.k, self.shape.vocab_size,
-                                   self.pattern)
+        drafts = fakemodel.propose(
+            st.hidden,
+            nxt,
+            valid_np,
+            st.qsl,
+            st.num_drafts,
+            st.seq_lens_cpu,
+            [fakemodel.req_key(r) for r in st.req_ids],
+            n,
+            self.k,
+            self.shape.vocab_size,
+            self.pattern,
+        )
         runner._draft_token_ids = torch.tensor(drafts[:, : self.k], dtype=torch.int64)
         invalid_set = set(int(i) for i in invalid)
         out_tokens = []
@@ -505,12 +593,16 @@ class Driver:
             toks = [] if r in invalid_set else [int(t) for t in sampled[r, : int(accepted[r]) + 1]]
             out_tokens.append(toks)
             row = st.rows[rid]
-            recs[rid] = RowRecord(sampled=tuple(toks), accepted=int(accepted[r]) if toks else 0,
-                                  next_token=int(nxt[r]), num_computed_cpu_drafter=int(num_computed_drafter[r]), **row)
+            recs[rid] = RowRecord(
+                sampled=tuple(toks),
+                accepted=int(accepted[r]) if toks else 0,
+                next_token=int(nxt[r]),
+                num_computed_cpu_drafter=int(num_computed_drafter[r]),
+                **row,
+            )
         self.records[self.step] = recs
         self.phase = "other"
         return PendingOutput(compat.model_runner_output(req_ids_copy, req_id_to_index_copy, out_tokens))
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -536,9 +628,16 @@ class Run:
 
     def add(self, specs: list[RequestSpec]) -> None:
         for s in specs:
-            self.scheduler.add_request(compat.make_request(
-                s.req_id, list(s.prompt), max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids),
-                arrival_time=float(s.arrival), block_size=self.shape.block_size))
+            self.scheduler.add_request(
+                compat.make_request(
+                    s.req_id,
+                    list(s.prompt),
+                    max_tokens=s.max_tokens,
+                    stop_token_ids=list(s.stop_token_ids),
+                    arrival_time=float(s.arrival),
+                    block_size=self.shape.block_size,
+                )
+            )
             self.streams[s.req_id] = []
             self.requests += 1
 
@@ -669,7 +768,7 @@ class RunResult:
     max_waits_per_step: int
     unfilled_drafts: int
     negative_input_ids: int
-    input_prep_waits: int   # host waits on prepare_inputs_event (the release's own plus any a patch adds)
+    input_prep_waits: int  # host waits on prepare_inputs_event (the release's own plus any a patch adds)
     seconds: float
     padded_seq_lens: dict
     streams: dict
@@ -679,16 +778,45 @@ class RunResult:
     runner: Any = None
 
     def summary(self) -> dict:
-        keys = ("mode", "steps", "spec_steps", "requests", "finished", "aborted", "preemptions", "tokens",
-                "drafted", "accepted", "waits", "blocking_waits", "before_prep_per_spec_step",
-                "min_before_prep_per_spec_step", "max_before_prep_per_step", "max_waits_per_step",
-                "unfilled_drafts", "negative_input_ids", "input_prep_waits", "seconds", "zb")
+        keys = (
+            "mode",
+            "steps",
+            "spec_steps",
+            "requests",
+            "finished",
+            "aborted",
+            "preemptions",
+            "tokens",
+            "drafted",
+            "accepted",
+            "waits",
+            "blocking_waits",
+            "before_prep_per_spec_step",
+            "min_before_prep_per_spec_step",
+            "max_before_prep_per_step",
+            "max_waits_per_step",
+            "unfilled_drafts",
+            "negative_input_ids",
+            "input_prep_waits",
+            "seconds",
+            "zb",
+        )
         return {k: getattr(self, k) for k in keys}
 
 
-def run_mode(sess: Session, shape: EngineShape, specs: list[RequestSpec], iterations: int, *, release: Any,
-             seed: int, patched: bool, reorder: bool = True, method: str = "eagle",
-             runner_hook: Any = None) -> RunResult:
+def run_mode(
+    sess: Session,
+    shape: EngineShape,
+    specs: list[RequestSpec],
+    iterations: int,
+    *,
+    release: Any,
+    seed: int,
+    patched: bool,
+    reorder: bool = True,
+    method: str = "eagle",
+    runner_hook: Any = None,
+) -> RunResult:
     """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``)."""
     from zb_patch import registry as R
 
@@ -703,8 +831,9 @@ def run_mode(sess: Session, shape: EngineShape, specs: list[RequestSpec], iterat
             report = adapter.patch_set.apply()
             if report.verdict != R.APPLIED:
                 raise RuntimeError(f"adapter did not apply: {report.reason}")
-            execute_patch = next(p for p in adapter.patch_set.patches
-                                 if p.target.endswith("NPUModelRunner.execute_model"))
+            execute_patch = next(
+                p for p in adapter.patch_set.patches if p.target.endswith("NPUModelRunner.execute_model")
+            )
         try:
             runner = make_runner(vc, kvc, reorder=reorder)
             if runner_hook is not None:
@@ -723,32 +852,56 @@ def run_mode(sess: Session, shape: EngineShape, specs: list[RequestSpec], iterat
         raise AssertionError(f"runner still holds requests: {sorted(runner.requests)[:5]}")
     before = [driver.step_waits[s].get("update_states", 0) for s in driver.spec_step_ids]
     zb_state = runner.__dict__.get(release.ZERO_BUBBLE.state_attr)
-    zb = {} if zb_state is None else {"active": zb_state.active, "reason": zb_state.reason,
-                                      "steps": zb_state.steps, "corrected_steps": zb_state.corrected_steps,
-                                      "host_waits": zb_state.host_waits, "fallback_uploads": zb_state.fallback_uploads}
+    zb = (
+        {}
+        if zb_state is None
+        else {
+            "active": zb_state.active,
+            "reason": zb_state.reason,
+            "steps": zb_state.steps,
+            "corrected_steps": zb_state.corrected_steps,
+            "host_waits": zb_state.host_waits,
+            "fallback_uploads": zb_state.fallback_uploads,
+        }
+    )
     all_before = [driver.step_waits[s].get("update_states", 0) for s in range(1, run.step + 1)]
     return RunResult(
-        mode="patched" if patched else "unpatched", steps=run.step, spec_steps=driver.spec_steps,
-        requests=run.requests, finished=len(run.finish), aborted=len(run.aborted), preemptions=run.preemptions,
-        tokens=sum(len(s) for s in run.streams.values()), drafted=run.drafted, accepted=run.accepted,
-        waits=dict(driver.waits), blocking_waits=dict(driver.blocking_waits),
+        mode="patched" if patched else "unpatched",
+        steps=run.step,
+        spec_steps=driver.spec_steps,
+        requests=run.requests,
+        finished=len(run.finish),
+        aborted=len(run.aborted),
+        preemptions=run.preemptions,
+        tokens=sum(len(s) for s in run.streams.values()),
+        drafted=run.drafted,
+        accepted=run.accepted,
+        waits=dict(driver.waits),
+        blocking_waits=dict(driver.blocking_waits),
         before_prep_per_spec_step=(sum(before) / len(before)) if before else 0.0,
         min_before_prep_per_spec_step=min(before) if before else 0,
         max_before_prep_per_step=max(all_before) if all_before else 0,
         max_waits_per_step=max((sum(w.values()) for w in driver.step_waits.values()), default=0),
-        unfilled_drafts=driver.unfilled_drafts, negative_input_ids=driver.negative_input_ids,
-        input_prep_waits=driver.input_prep_waits, padded_seq_lens=driver.padded_seq_lens,
-        seconds=round(time.time() - t0, 2), streams=run.streams, finish=run.finish, records=driver.records, zb=zb,
-        runner=runner)
+        unfilled_drafts=driver.unfilled_drafts,
+        negative_input_ids=driver.negative_input_ids,
+        input_prep_waits=driver.input_prep_waits,
+        padded_seq_lens=driver.padded_seq_lens,
+        seconds=round(time.time() - t0, 2),
+        streams=run.streams,
+        finish=run.finish,
+        records=driver.records,
+        zb=zb,
+        runner=runner,
+    )
 
 
-def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str], Optional[str]]:
+def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str], str | None]:
     """Per-step comparison of everything the forward, the padded attention metadata and the drafter saw and
     produced (per request, plus the padded device seq_lens rows), then the token streams. Returns the number of
     divergences, up to ``limit`` examples, and what diverged first (a RowRecord field, ``"padded_seq_lens"``, ...)."""
     diffs = 0
     examples: list[str] = []
-    first: Optional[str] = None
+    first: str | None = None
 
     def note(what: str, msg: str) -> None:
         nonlocal diffs, first
@@ -782,18 +935,47 @@ def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[
     return diffs, examples, first
 
 
-def parity(sess: Session, shape: EngineShape, iterations: int, *, seed: int, release: Any, reorder: bool = True,
-           triton: bool = False, method: str = "eagle", runner_hook: Any = None) -> dict:
+def parity(
+    sess: Session,
+    shape: EngineShape,
+    iterations: int,
+    *,
+    seed: int,
+    release: Any,
+    reorder: bool = True,
+    triton: bool = False,
+    method: str = "eagle",
+    runner_hook: Any = None,
+) -> dict:
     """The same seeded workload unpatched, then patched with ``release.ADAPTER``; ``runner_hook`` runs on the patched
     run's runner only."""
     specs = make_workload(seed, shape, iterations)
     ctx = contextlib.nullcontext() if triton else reference_kernels()
     with ctx:
-        ref = run_mode(sess, shape, specs, iterations, release=release, seed=seed, patched=False, reorder=reorder,
-                       method=method)
-        got = run_mode(sess, shape, specs, iterations, release=release, seed=seed, patched=True, reorder=reorder,
-                       method=method, runner_hook=runner_hook)
+        ref = run_mode(
+            sess, shape, specs, iterations, release=release, seed=seed, patched=False, reorder=reorder, method=method
+        )
+        got = run_mode(
+            sess,
+            shape,
+            specs,
+            iterations,
+            release=release,
+            seed=seed,
+            patched=True,
+            reorder=reorder,
+            method=method,
+            runner_hook=runner_hook,
+        )
     diffs, examples, first = compare(ref, got)
-    return {"k": shape.num_spec_tokens, "iterations": iterations, "divergences": diffs, "examples": examples,
-            "first_divergence": first, "waits_for_input_prep": release.ZERO_BUBBLE.waits_for_input_prep,
-            "unpatched": ref.summary(), "patched": got.summary(), "runners": (ref.runner, got.runner)}
+    return {
+        "k": shape.num_spec_tokens,
+        "iterations": iterations,
+        "divergences": diffs,
+        "examples": examples,
+        "first_divergence": first,
+        "waits_for_input_prep": release.ZERO_BUBBLE.waits_for_input_prep,
+        "unpatched": ref.summary(),
+        "patched": got.summary(),
+        "runners": (ref.runner, got.runner),
+    }

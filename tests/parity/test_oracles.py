@@ -34,7 +34,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed here", allow_module_level=True)
 
 from zb_patch import zero_bubble as zb  # noqa: E402
-from zb_patch.selftest import fakemodel  # noqa: E402
+from zb_patch.check.selftest import fakemodel  # noqa: E402
 
 CASES = 300
 

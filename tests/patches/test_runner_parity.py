@@ -45,8 +45,10 @@ npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be o
 RELEASES = {"0.13": ("runner013", True), "0.18": ("runner018", False)}
 FAMILY = npu_standin.detect_family()
 if FAMILY not in RELEASES:
-    pytest.skip(f"the NPU-runner zero-bubble adapters target vllm-ascend {' / '.join(RELEASES)}; this env has "
-                f"{FAMILY}", allow_module_level=True)
+    pytest.skip(
+        f"the NPU-runner zero-bubble adapters target vllm-ascend {' / '.join(RELEASES)}; this env has {FAMILY}",
+        allow_module_level=True,
+    )
 HARNESS, CLAMPS_INPUT_IDS = RELEASES[FAMILY]
 
 import numpy as np  # noqa: E402
@@ -57,7 +59,7 @@ from zb_patch.versions import npu_runner  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
 
-PARITY_ITERATIONS = 2900   # engine iterations per k = 1..4: ~10,500 engine steps (schedule() calls) in total
+PARITY_ITERATIONS = 2900  # engine iterations per k = 1..4: ~10,500 engine steps (schedule() calls) in total
 MIN_TOTAL_STEPS = 10_000
 
 
@@ -85,7 +87,7 @@ def sess(H):
 
 
 def _shape(k):
-    from zb_patch.selftest.compat import EngineShape
+    from zb_patch.check.selftest.compat import EngineShape
 
     return EngineShape(num_spec_tokens=k)
 
@@ -120,20 +122,24 @@ def test_parity_10k_steps(H, release, sess, capsys):
         assert res["divergences"] == 0, res["examples"]
         _check_waits(res)
         u, p = res["unpatched"], res["patched"]
-        assert 0 < u["accepted"] < u["drafted"]          # partial acceptance overall
-        assert u["preemptions"] > 0 and u["aborted"] > 0   # batch changes of every kind happened
-        assert p["negative_input_ids"] == (0 if CLAMPS_INPUT_IDS else u["negative_input_ids"]), \
-            (u["negative_input_ids"], p["negative_input_ids"])
+        assert 0 < u["accepted"] < u["drafted"]  # partial acceptance overall
+        assert u["preemptions"] > 0 and u["aborted"] > 0  # batch changes of every kind happened
+        assert p["negative_input_ids"] == (0 if CLAMPS_INPUT_IDS else u["negative_input_ids"]), (
+            u["negative_input_ids"],
+            p["negative_input_ids"],
+        )
         total += u["steps"]
-        lines.append(f"k={k}: {u['steps']} steps ({u['spec_steps']} spec), {u['requests']} requests, "
-                     f"{u['preemptions']} preemptions, {u['aborted']} aborts, drafted {u['drafted']} / accepted "
-                     f"{u['accepted']}; accepted-count waits before input prep per spec step: unpatched "
-                     f"{u['before_prep_per_spec_step']:.2f}, patched {p['max_before_prep_per_step']} (max per step); "
-                     f"patched waits after input prep: {p['waits'].get('prepare_inputs:after', 0)} on "
-                     f"{p['zb']['corrected_steps']} corrected steps; input-prep event waits unpatched / patched "
-                     f"{u['input_prep_waits']} / {p['input_prep_waits']}; unfilled draft ids (not compared) "
-                     f"{u['unfilled_drafts']} / {p['unfilled_drafts']}; negative input ids unpatched / patched "
-                     f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s")
+        lines.append(
+            f"k={k}: {u['steps']} steps ({u['spec_steps']} spec), {u['requests']} requests, "
+            f"{u['preemptions']} preemptions, {u['aborted']} aborts, drafted {u['drafted']} / accepted "
+            f"{u['accepted']}; accepted-count waits before input prep per spec step: unpatched "
+            f"{u['before_prep_per_spec_step']:.2f}, patched {p['max_before_prep_per_step']} (max per step); "
+            f"patched waits after input prep: {p['waits'].get('prepare_inputs:after', 0)} on "
+            f"{p['zb']['corrected_steps']} corrected steps; input-prep event waits unpatched / patched "
+            f"{u['input_prep_waits']} / {p['input_prep_waits']}; unfilled draft ids (not compared) "
+            f"{u['unfilled_drafts']} / {p['unfilled_drafts']}; negative input ids unpatched / patched "
+            f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s"
+        )
     assert total >= MIN_TOTAL_STEPS
     with capsys.disabled():
         print(f"\nrunner-level parity ({release.ADAPTER.id}), {total} steps, 0 divergences:\n  " + "\n  ".join(lines))
@@ -221,12 +227,14 @@ def _plant(monkeypatch, ZB, name):
 
         monkeypatch.setattr(ZB, "device_correction", device_correction)
     elif name == "no-host-seq-lens-correction":  # Ascend attention gets optimistic CPU seq_lens (#8461 / #10506)
+
         def exact_host_counts(runner, st):
             if st.queue and st.valid_host is None:
                 st.valid_host = runner._get_valid_sampled_token_count()
 
         monkeypatch.setattr(ZB, "exact_host_counts", exact_host_counts)
     elif name == "no-deferred-correction":
+
         def apply_deferred(runner):
             st = ZB.active(runner)
             if st is not None:
@@ -236,21 +244,28 @@ def _plant(monkeypatch, ZB, name):
     elif name == "no-slot-mapping":
         monkeypatch.setattr(npu_runner, "computes_slot_mapping", lambda table: False)
     elif name == "counts-by-current-row":  # previous-step values read at the current row (vLLM #38556 fix 2)
+
         def by_row(req_ids, prev_map, n, out):
             out[:n] = np.arange(n)
             return out[:n]
 
         monkeypatch.setattr(zero_bubble, "compute_prev_positions", by_row)
     elif name == "read-counts-without-wait":  # host correction reads the count buffer without the event
+
         def exact_host_counts(runner, st):
             if not st.queue:
                 return
             n_prev = st.num_prev
             st.valid_host = runner.valid_sampled_token_count_cpu[:n_prev].tolist()
             for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
-                zero_bubble.correct_seq_lens_cpu(host, st.buffers.prev_positions.np, st.buffers.prev_drafts.np,
-                                                 np.asarray(st.valid_host), runner.input_batch.num_reqs,
-                                                 num_prev=n_prev)
+                zero_bubble.correct_seq_lens_cpu(
+                    host,
+                    st.buffers.prev_positions.np,
+                    st.buffers.prev_drafts.np,
+                    np.asarray(st.valid_host),
+                    runner.input_batch.num_reqs,
+                    num_prev=n_prev,
+                )
 
         monkeypatch.setattr(ZB, "exact_host_counts", exact_host_counts)
     elif name == "stale-padded-seq-lens":  # device seq_lens past num_reqs keep the previous step's values
@@ -339,11 +354,14 @@ def test_async_scheduling_off_is_left_alone(H, ZB, sess, caplog):
     assert not [r for r in caplog.records if "zero-bubble" in r.getMessage()]
 
 
-@pytest.mark.parametrize("attr,value,needle", [
-    ("pcp_size", 2, "context parallelism"),
-    ("uses_mrope", True, "M-RoPE"),
-    ("is_pooling_model", True, "pooling"),
-])
+@pytest.mark.parametrize(
+    "attr,value,needle",
+    [
+        ("pcp_size", 2, "context parallelism"),
+        ("uses_mrope", True, "M-RoPE"),
+        ("is_pooling_model", True, "pooling"),
+    ],
+)
 def test_unsupported_reasons(H, ZB, sess, attr, value, needle):
     shape = _shape(2)
     vc = H.build_config(sess, shape)

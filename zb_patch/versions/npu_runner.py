@@ -27,8 +27,9 @@ functions that use them: only once a patch is applied. On the per-step path noth
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
 
@@ -37,15 +38,15 @@ SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
 class Buffers:
     """Device buffers and pinned staging buffers of one runner (allocated once, at activation)."""
 
-    num_computed: Any           # device int32 [max_num_reqs]: this step's exact counts (next step: previous rows)
-    prev_positions: Any         # CpuGpuBuffer int64 [max_num_reqs]: each row's index in the previous batch
-    prev_drafts: Any            # CpuGpuBuffer int32 [max_num_reqs]: drafts of step N at step N's rows
-    cpu_counts: Any             # CpuGpuBuffer int32 [max_num_reqs]: private snapshot of num_computed_tokens_cpu
-    num_scheduled: Any          # CpuGpuBuffer int32 [max_num_reqs]
-    req_indices: Any            # CpuGpuBuffer int64 [max_num_tokens]
-    query_pos: Any              # CpuGpuBuffer int64 [max_num_tokens]
-    token_counts: Optional[Callable[..., None]] = None   # the fused count launcher (count_base "previous")
-    slot_mappers: dict = field(default_factory=dict)     # id(block table) -> (table, launcher)
+    num_computed: Any  # device int32 [max_num_reqs]: this step's exact counts (next step: previous rows)
+    prev_positions: Any  # CpuGpuBuffer int64 [max_num_reqs]: each row's index in the previous batch
+    prev_drafts: Any  # CpuGpuBuffer int32 [max_num_reqs]: drafts of step N at step N's rows
+    cpu_counts: Any  # CpuGpuBuffer int32 [max_num_reqs]: private snapshot of num_computed_tokens_cpu
+    num_scheduled: Any  # CpuGpuBuffer int32 [max_num_reqs]
+    req_indices: Any  # CpuGpuBuffer int64 [max_num_tokens]
+    query_pos: Any  # CpuGpuBuffer int64 [max_num_tokens]
+    token_counts: Callable[..., None] | None = None  # the fused count launcher (count_base "previous")
+    slot_mappers: dict = field(default_factory=dict)  # id(block table) -> (table, launcher)
 
 
 @dataclass
@@ -54,13 +55,13 @@ class State:
 
     active: bool
     reason: str = ""
-    buffers: Optional[Buffers] = None
+    buffers: Buffers = None  # type: ignore[assignment]  # set at activation; None only on inactive states
     # this step: (req_id, drafts assumed accepted, previous row) per request the release looked up
     queue: list = field(default_factory=list)
     num_prev: int = 0
-    valid_gpu: Any = None               # device valid counts of the last proposing step (consumed once)
-    valid_host: Optional[list] = None   # step N's counts once the host waited for them (this step)
-    in_prepare: bool = False            # inside a release's _prepare_inputs window, correction not yet made
+    valid_gpu: Any = None  # device valid counts of the last proposing step (consumed once)
+    valid_host: list | None = None  # step N's counts once the host waited for them (this step)
+    in_prepare: bool = False  # inside a release's _prepare_inputs window, correction not yet made
     backup_flip: int = 0
     # diagnostics (tests, doctor-style reports)
     steps: int = 0
@@ -88,7 +89,7 @@ def computes_slot_mapping(block_table: Any) -> bool:
     """Whether the release's numpy ``BlockTable.compute_slot_mapping`` writes this table's slot mapping (non-CP
     branch: only when the kernel block size is the first of ``kernel_sizes``)."""
     sizes = getattr(block_table, "kernel_sizes", None)
-    return bool(sizes) and block_table.block_size == sizes[0]
+    return sizes is not None and len(sizes) > 0 and block_table.block_size == sizes[0]
 
 
 def slot_mapper(buffers: Buffers, block_table: Any) -> Callable:
@@ -99,10 +100,13 @@ def slot_mapper(buffers: Buffers, block_table: Any) -> Callable:
         from .. import kernels
 
         mapper = kernels.slot_mapper(
-            block_table.block_table.gpu, block_table.slot_mapping.gpu, block_size=block_table.block_size,
+            block_table.block_table.gpu,
+            block_table.slot_mapping.gpu,
+            block_size=block_table.block_size,
             max_num_tokens=block_table.max_num_batched_tokens,
             block_table_stride=block_table.block_table.gpu.stride(0),
-            physical_block_size=block_table.physical_block_size)
+            physical_block_size=block_table.physical_block_size,
+        )
         entry = buffers.slot_mappers[key] = (block_table, mapper)
     return entry[1]
 
@@ -128,10 +132,10 @@ class ZeroBubble:
         tag = release.replace(".", "")
         self.release = release
         self.other_runners = other_runners  # the release's other runner classes, for the unsupported message
-        self.state_attr = f"_zb_patch_{tag}"                  # per-runner state, in the runner's __dict__
+        self.state_attr = f"_zb_patch_{tag}"  # per-runner state, in the runner's __dict__
         self.backup_pair_attr = f"_zb_patch_{tag}_backup_pair"  # in the drafter's __dict__
         self.logger = logging.getLogger(f"vllm.zb_patch.ascend_{release.replace('.', '_')}")
-        self.warned: set[str] = set()   # reasons already logged in this process
+        self.warned: set[str] = set()  # reasons already logged in this process
 
     # -- activation and per-runner state -------------------------------------------------------------------
 
@@ -139,8 +143,11 @@ class ZeroBubble:
         """``(wanted, reason)``: ``reason == ""`` means zero-bubble can run on this runner. ``wanted`` is False when
         async scheduling + spec decode is simply off (nothing to do, no warning)."""
         spec = getattr(runner, "speculative_config", None)
-        if not getattr(runner, "use_async_scheduling", False) or spec is None \
-                or not getattr(spec, "num_speculative_tokens", 0):
+        if (
+            not getattr(runner, "use_async_scheduling", False)
+            or spec is None
+            or not getattr(spec, "num_speculative_tokens", 0)
+        ):
             return False, "async scheduling with speculative decoding is off"
         method = getattr(spec, "method", None)
         if method not in SUPPORTED_METHODS:
@@ -150,8 +157,10 @@ class ZeroBubble:
         from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
         if type(runner) is not NPUModelRunner:
-            return True, (f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
-                          f"NPUModelRunner is verified; {self.other_runners} runners keep the classic path)")
+            return True, (
+                f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
+                f"NPUModelRunner is verified; {self.other_runners} runners keep the classic path)"
+            )
         if getattr(runner, "valid_sampled_token_count_event", None) is None:
             return True, "the runner has no valid_sampled_token_count_event"
         if runner.parallel_config.pipeline_parallel_size > 1:
@@ -160,8 +169,10 @@ class ZeroBubble:
             return True, "prefill / decode context parallelism > 1"
         if getattr(runner, "uses_mrope", False) or getattr(runner, "uses_xdrope_dim", 0) > 0:
             return True, "M-RoPE / XD-RoPE positions (computed on the host from the token counts)"
-        if getattr(runner, "need_accepted_tokens", False) or \
-                getattr(runner.cache_config, "mamba_cache_mode", None) == "align":
+        if (
+            getattr(runner, "need_accepted_tokens", False)
+            or getattr(runner.cache_config, "mamba_cache_mode", None) == "align"
+        ):
             return True, "hybrid model (Mamba / GDN accepted-token state)"
         if getattr(runner, "is_pooling_model", False):
             return True, "pooling model"
@@ -175,18 +186,25 @@ class ZeroBubble:
             st = State(active=wanted and not reason, reason=reason)
             if st.active:
                 st.buffers = self._allocate(runner)
-                self.logger.info("zb-patch: zero-bubble async scheduling + spec decode active on this NPUModelRunner "
-                                 "(method %s, k=%d)", runner.speculative_config.method,
-                                 runner.speculative_config.num_speculative_tokens)
+                self.logger.info(
+                    "zb-patch: zero-bubble async scheduling + spec decode active on this NPUModelRunner "
+                    "(method %s, k=%d)",
+                    runner.speculative_config.method,
+                    runner.speculative_config.num_speculative_tokens,
+                )
             elif wanted and reason not in self.warned:
                 self.warned.add(reason)
-                self.logger.warning("zb-patch: zero-bubble NOT active for async scheduling + speculative decoding: "
-                                    "%s. vllm-ascend %s's classic path runs (one blocking accepted-count sync per "
-                                    "step).", reason, self.release)
+                self.logger.warning(
+                    "zb-patch: zero-bubble NOT active for async scheduling + speculative decoding: "
+                    "%s. vllm-ascend %s's classic path runs (one blocking accepted-count sync per "
+                    "step).",
+                    reason,
+                    self.release,
+                )
             runner.__dict__[self.state_attr] = st
         return st
 
-    def active(self, runner: Any) -> Optional[State]:
+    def active(self, runner: Any) -> State | None:
         """The runner's state when zero-bubble is active on it, else None."""
         st = runner.__dict__.get(self.state_attr)
         return st if st is not None and st.active else None
@@ -212,10 +230,16 @@ class ZeroBubble:
             from .. import kernels
 
             b.token_counts = kernels.token_counts_launcher(
-                num_computed_tokens=b.num_computed, seq_lens=runner.seq_lens.gpu,
-                num_scheduled_tokens=b.num_scheduled.gpu, prev_positions=b.prev_positions.gpu,
-                prev_num_draft_tokens=b.prev_drafts.gpu, num_accepted_tokens=None,
-                req_indices=b.req_indices.gpu, query_pos=b.query_pos.gpu, positions=runner.positions.gpu)
+                num_computed_tokens=b.num_computed,
+                seq_lens=runner.seq_lens.gpu,
+                num_scheduled_tokens=b.num_scheduled.gpu,
+                prev_positions=b.prev_positions.gpu,
+                prev_num_draft_tokens=b.prev_drafts.gpu,
+                num_accepted_tokens=None,
+                req_indices=b.req_indices.gpu,
+                query_pos=b.query_pos.gpu,
+                positions=runner.positions.gpu,
+            )
         return b
 
     # -- _update_states: optimistic counts instead of the blocking sync -----------------------------------
@@ -315,13 +339,28 @@ class ZeroBubble:
         b.query_pos.copy_to_gpu(total)
         if self.count_base == "cpu":
             zero_bubble.correct_counts(
-                b.num_computed, None, b.prev_positions.gpu[:n], valid_gpu, b.prev_drafts.gpu, b.cpu_counts.gpu[:n],
-                b.num_scheduled.gpu[:n], runner.seq_lens.gpu, num_reqs=n, req_indices=b.req_indices.gpu,
-                query_pos=b.query_pos.gpu, positions=runner.positions.gpu, num_tokens=total, num_positions=total,
-                num_prev_reqs=st.num_prev, base="cpu")
+                b.num_computed,
+                None,
+                b.prev_positions.gpu[:n],
+                valid_gpu,
+                b.prev_drafts.gpu,
+                b.cpu_counts.gpu[:n],
+                b.num_scheduled.gpu[:n],
+                runner.seq_lens.gpu,
+                num_reqs=n,
+                req_indices=b.req_indices.gpu,
+                query_pos=b.query_pos.gpu,
+                positions=runner.positions.gpu,
+                num_tokens=total,
+                num_positions=total,
+                num_prev_reqs=st.num_prev,
+                base="cpu",
+            )
         else:
-            b.token_counts(n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total,
-                           num_prev_reqs=st.num_prev)
+            assert b.token_counts is not None  # built by _allocate for count_base "previous"
+            b.token_counts(
+                n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=st.num_prev
+            )
         query_start_loc = runner.query_start_loc.gpu[: n + 1]
         positions = runner.positions.gpu[:total]
         for table in batch.block_table.block_tables:
@@ -345,8 +384,9 @@ class ZeroBubble:
         n = runner.input_batch.num_reqs
         valid = np.asarray(st.valid_host, dtype=np.int64)
         for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
-            zero_bubble.correct_seq_lens_cpu(host, b.prev_positions.np, b.prev_drafts.np, valid, n,
-                                             num_prev=st.num_prev)
+            zero_bubble.correct_seq_lens_cpu(
+                host, b.prev_positions.np, b.prev_drafts.np, valid, n, num_prev=st.num_prev
+            )
 
     # -- execute_model: per-request correction after the forward launch -----------------------------------
 
@@ -391,7 +431,7 @@ class ZeroBubble:
         def prepare_next_token_ids_padded(drafter, *args, **kwargs):
             runner = getattr(drafter, "runner", None)
             st = self.active(runner) if runner is not None else None
-            if st is not None:
+            if runner is not None and st is not None:
                 # without the classic per-step wait the next step could rewrite the pinned buffer while this
                 # step's host-to-device copy of it is still queued
                 pair = drafter.__dict__.get(self.backup_pair_attr)

@@ -2,7 +2,7 @@
 
 Pure functions on numpy arrays / torch tensors — no runner objects, no vLLM imports, no release
 knowledge (the adapters in :mod:`zb_patch.versions` call these from patched runner methods; the
-self-test harness in :mod:`zb_patch.selftest` proves them against vLLM's real scheduler).
+self-test harness in :mod:`zb_patch.check.selftest` proves them against vLLM's real scheduler).
 Each function names the upstream code it mirrors.
 
 One decode step N+1 under zero-bubble (vLLM 0.19 #32951 / vllm-ascend 0.23 data flow)::

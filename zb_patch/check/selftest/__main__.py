@@ -1,4 +1,4 @@
-"""``python -m zb_patch.selftest``: the self-test with developer options.
+"""``python -m zb_patch.check.selftest``: the self-test with developer options.
 
 Same as ``zb-patch selftest`` plus: ``--ks`` (num_speculative_tokens values), ``--modes``,
 ``--no-plain``, ``--triton`` (run the device ops through the Triton kernels; on CPU that needs
@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zb_patch.cli import run_command
+
 from . import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zb_patch.selftest", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m zb_patch.check.selftest", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (what, upstream) in PLANTS.items():
             print(f"{name}: {what} [{upstream}]")
         return 0
-    return run_cli(args)
+    return run_command(run_cli, args)
 
 
 if __name__ == "__main__":

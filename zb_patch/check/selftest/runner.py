@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import zero_bubble as zb
+from zb_patch import zero_bubble as zb
 from . import compat, fakemodel
 from .simdevice import Event, SimDevice, fresh_h2d
 

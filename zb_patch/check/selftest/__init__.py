@@ -9,7 +9,7 @@ tokens, drafted / accepted counts and backup tokens; every request the same toke
 difference is a divergence and the exit status is 1.  docs/selftest.md describes it in full.
 
 Entry points: :func:`run_cli` (``zb-patch selftest``), :func:`run_selftest` (library / tests), and
-``python -m zb_patch.selftest`` (adds developer options: modes, k values, planted bugs).
+``python -m zb_patch.check.selftest`` (adds developer options: modes, k values, planted bugs).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..detect import package
+from zb_patch.detect import package
 
 SCHEMA = "zb-patch-selftest/1"
 DEFAULT_KS = (1, 2, 3, 4)
@@ -289,8 +289,8 @@ def format_report(rep: Report) -> str:
 
 
 def run_cli(args: Any) -> int:
-    """``zb-patch selftest --steps N --seed S [--json] [--quiet]``. 0 = no divergence, 1 = divergence,
-    2 = the harness could not run here."""
+    """``zb-patch selftest --steps N --seed S [--json] [--quiet]``: the report goes to ``args.out`` (stdout;
+    the CLI's --json keeps it clean). 0 = no divergence, 1 = divergence, 2 = the harness could not run here."""
     steps = int(getattr(args, "steps", 2000))
     seed = int(getattr(args, "seed", 0))
     as_json = bool(getattr(args, "json", False))
@@ -304,7 +304,7 @@ def run_cli(args: Any) -> int:
     if steps < 1:
         sys.stderr.write("zb-patch selftest: --steps must be >= 1\n")
         return 2
-    out = sys.stdout
+    out = args.out
     try:
         rep = run_selftest(steps=steps, seed=seed, ks=ks, modes=tuple(modes) if modes else None, plants=plants,
                            plain=plain, correction=correction, triton=triton,

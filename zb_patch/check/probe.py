@@ -11,7 +11,7 @@ itself, without guessing:
   multiprocess executor and the V1 EngineCore in its own process, async scheduling requested;
 * the **front end** reports in-process (:func:`process_report`);
 * every **worker** reports through vLLM's own ``collective_rpc``: the engine is started with
-  ``worker_extension_cls="zb_patch.probe.ProbeWorkerExtension"``, whose one method returns
+  ``worker_extension_cls="zb_patch.check.probe.ProbeWorkerExtension"``, whose one method returns
   :func:`process_report` from inside the worker;
 * the **EngineCore** cannot run arbitrary code on request, so it reports through the one line zb-patch
   logs in every process (``zb-patch: pid=<pid> role=<role> ...``), read from the engine's output. vLLM's
@@ -197,36 +197,17 @@ def _engine_kwargs(spec: dict, model_dir: str, is_cpu: bool) -> tuple[dict, list
     return {k: v for k, v in wanted.items() if k in fields}, dropped
 
 
-def _install_test_shims(spec: dict) -> list[str]:
-    """Test-only (never used by `zb-patch doctor --probe`): undo two settings vLLM's CPU platform forces,
-    so the e2e tests can cover vLLM's generic paths on a CPU build. ``CpuPlatform.check_and_update_config``
-    sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` and ``async_scheduling=False``; the wrapper restores the
-    requested start method / async scheduling after it ran. Lives in the front end only; a forked
-    EngineCore inherits it."""
-    done: list[str] = []
-    method = spec.get("force_start_method")
-    force_async = spec.get("force_async_scheduling")
-    if not method and not force_async:
-        return done
-    from vllm.platforms import current_platform
+def _run_frontend_hook(spec: dict) -> list[str]:
+    """Call the ``frontend_hook`` of :func:`run_probe` (``"module:function"``) in the front end before the
+    engine is built; it returns what it changed, shown in the report. The e2e tests use it to undo what
+    vLLM's CPU build forces; `zb-patch doctor --probe` never sets one."""
+    hook = spec.get("frontend_hook")
+    if not hook:
+        return []
+    import importlib
 
-    cls = type(current_platform)
-    original = cls.check_and_update_config.__func__
-
-    def check_and_update_config(klass, vllm_config):
-        original(klass, vllm_config)
-        if method:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = method
-        if force_async:
-            vllm_config.scheduler_config.async_scheduling = True
-
-    cls.check_and_update_config = classmethod(check_and_update_config)
-    if method:
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = method
-        done.append(f"{cls.__name__}.check_and_update_config keeps VLLM_WORKER_MULTIPROC_METHOD={method}")
-    if force_async:
-        done.append(f"{cls.__name__}.check_and_update_config keeps async_scheduling=True")
-    return done
+    module, _, func = hook.partition(":")
+    return list(getattr(importlib.import_module(module), func)())
 
 
 def _engine_processes(llm) -> list[dict]:
@@ -277,7 +258,7 @@ def _engine_main(spec_path: str, result_path: str) -> int:
         result["vllm_import_s"] = round(time.monotonic() - t0, 1)
         result["vllm_version"] = getattr(vllm, "__version__", None)
         result["platform"] = type(current_platform).__name__
-        result["shims"] = _install_test_shims(spec)
+        result["frontend_hook"] = _run_frontend_hook(spec)
         model_dir = write_tiny_model(spec["model_dir"])
         kwargs, dropped = _engine_kwargs(spec, model_dir, current_platform.is_cpu())
         result["engine_kwargs"] = kwargs
@@ -401,7 +382,7 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
     logs = parse_log(log_lines)
     by_pid = logs["by_pid"]
     zb_env = {k: v for k, v in env.items() if k.startswith("ZB_PATCH")}
-    from .plugin import Settings
+    from zb_patch.plugin import Settings
 
     settings = Settings(env)
     mode = "invalid" if settings.errors else ("on" if settings.enabled else "off")
@@ -506,7 +487,7 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
                     problems.append(f"{who}: ZB_PATCH is off but zb-patch holds state "
                                     f"(activations {rep.get('activation_pids')}, hooks {rep.get('hooked_modules')})")
                 extra = [m for m in rep.get("zb_patch_modules", [])
-                         if m not in ("zb_patch", "zb_patch.plugin", __name__)]
+                         if m not in ("zb_patch", "zb_patch.plugin", "zb_patch.check", __name__)]
                 if extra:
                     problems.append(f"{who}: ZB_PATCH is off but zb-patch imported {', '.join(extra)}")
     if logs["other"] and mode == "off":
@@ -533,7 +514,7 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
         "vllm": result.get("vllm_version"),
         "platform": result.get("platform"),
         "engine": {k: result.get(k) for k in ("ok", "engine_init_s", "vllm_import_s", "generate_s", "reports_s", "elapsed_s", "engine_config",
-                                             "engine_kwargs", "engine_kwargs_unsupported", "shims",
+                                             "engine_kwargs", "engine_kwargs_unsupported", "frontend_hook",
                                              "generated_token_ids", "error")},
         "processes": rows,
         "helper_processes": helpers,
@@ -552,12 +533,12 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
 
 
 def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None, echo=None,
-              force_start_method: Optional[str] = None, force_async_scheduling: bool = False,
-              reregister: bool = True, keep_log: bool = True) -> dict:
+              frontend_hook: Optional[str] = None, reregister: bool = True, keep_log: bool = True) -> dict:
     """Start the engine in a child process with ``env`` (default: this environment) and return the report.
 
-    ``force_start_method`` / ``force_async_scheduling`` are for tests on vLLM's CPU build only (see
-    :func:`_install_test_shims`). ``echo``: callable receiving each output line as it arrives.
+    ``frontend_hook``: ``"module:function"`` importable with ``env``, called in the front end before the
+    engine is built (see :func:`_run_frontend_hook`). ``echo``: callable receiving each output line as it
+    arrives.
     """
     env = dict(os.environ if env is None else env)
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")   # the EngineCore in its own process
@@ -570,8 +551,8 @@ def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None
         env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(tp)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zb-patch-probe-") as tmp:
-        spec = {"tp": tp, "model_dir": os.path.join(tmp, "model"), "force_start_method": force_start_method,
-                "force_async_scheduling": force_async_scheduling, "reregister": reregister}
+        spec = {"tp": tp, "model_dir": os.path.join(tmp, "model"), "frontend_hook": frontend_hook,
+                "reregister": reregister}
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w", encoding="utf-8") as fh:
             json.dump(spec, fh)
@@ -668,8 +649,8 @@ def render_text(r: dict) -> str:
     else:
         head += "; the engine did NOT start"
     w(head)
-    if eng.get("shims"):
-        w("test shims: " + "; ".join(eng["shims"]))
+    if eng.get("frontend_hook"):
+        w("front-end hook: " + "; ".join(eng["frontend_hook"]))
     w("")
     w(f"  {'process':<34} {'pid':>7}  {'start':<6} {'report via':<15} {'zb-patch lines':>14}  state")
     for p in r["processes"]:
@@ -715,17 +696,19 @@ def render_text(r: dict) -> str:
 
 
 def run_cli(args) -> int:
+    """``zb-patch doctor --probe``: the report goes to ``args.out`` (stdout; the CLI's --json keeps it clean)."""
     verbose = bool(getattr(args, "verbose", False))
     echo = (lambda line: sys.stderr.write(line)) if verbose else None
     if not getattr(args, "json", False):
         sys.stderr.write("zb-patch: starting a tiny vLLM engine (this takes about a minute on CPU)...\n")
     report = run_probe(tp=int(getattr(args, "probe_tp", 1) or 1), timeout=float(getattr(args, "timeout", 300.0)),
                        echo=echo, keep_log=verbose)
+    out = args.out
     if getattr(args, "json", False):
-        json.dump(report, sys.stdout, indent=2, sort_keys=True, default=str)
-        sys.stdout.write("\n")
+        json.dump(report, out, indent=2, sort_keys=True, default=str)
+        out.write("\n")
     else:
-        sys.stdout.write(render_text(report))
+        out.write(render_text(report))
         if report["exit_code"] == EXIT_ENGINE and not verbose and report["engine"].get("error"):
-            sys.stdout.write(report["engine"]["error"].get("traceback", "")[-3000:] + "\n")
+            out.write(report["engine"]["error"].get("traceback", "")[-3000:] + "\n")
     return report["exit_code"]
