@@ -12,6 +12,10 @@ Public API (all leaves: no vLLM, no release knowledge)
 * :func:`correct_optimistic_seq_lens_cpu` — the CPU twin of vllm-ascend's exact-seq_lens
   correction (numpy; :mod:`zb_patch.kernels.seq_lens_cpu`).
 
+Bad inputs raise one ``ValueError`` naming the argument, its value and what is allowed, on both
+paths alike (:mod:`zb_patch.kernels._checks`: buffers once when a launcher is built, per call only
+attribute and integer tests).
+
 Dispatch: Triton for tensors on an accelerator (CUDA, NPU, ...); the reference twins in
 :mod:`zb_patch.kernels.reference` for CPU tensors, unless ``TRITON_INTERPRET=1`` (then Triton's
 interpreter runs the kernels on CPU tensors — that is how CI tests them).  Triton is imported only

@@ -50,6 +50,8 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None, hi_why: str
     try:
         number = operator.index(value)
     except TypeError:
+        number = None
+    if number is None:
         reject(name, value, "must be an integer")
     if number < lo or (hi is not None and number > hi):
         bound = f"{lo} <= {name}" + (f" <= {hi}" if hi is not None else "")
