@@ -196,6 +196,45 @@ def supported_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def patches_markdown(adapter_id: str) -> str:
+    """The patch / guard / advisory reference of one adapter, as docs/releases/<adapter>.md embeds it: generated
+    from the specs (the one place a patch's why / how / upstream / remove-when is written)."""
+    from . import versions as V
+
+    a = V.by_id(adapter_id)
+    out = [f"<!-- generated: zb-patch patches --markdown --adapter {a.id} (edit the specs, not this block) -->", ""]
+    for p in a.patch_set.patches:
+        group = f" (group `{p.group}`)" if p.group else ""
+        out.append(f"#### `{p.id}`{group}")
+        out.append("")
+        out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
+        out.append("- **replaces** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.fingerprints.items()))
+        if p.native_fingerprints:
+            out.append("- **native in** " + ", ".join(f"`{fp}` ({label})"
+                                                      for label, fp in p.native_fingerprints.items()))
+        out.append(f"- **why** {p.why}")
+        if p.how:
+            out.append(f"- **how** {p.how}")
+        out.append(f"- **upstream** {', '.join(p.upstream)}")
+        out.append(f"- **remove when** {p.remove_when}")
+        out.append("")
+    if a.patch_set.guards:
+        out += [f"#### Guards ({len(a.patch_set.guards)}): verified by fingerprint, never replaced", "",
+                "| target | fingerprints | why relied upon |", "|---|---|---|"]
+        for g in a.patch_set.guards:
+            fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
+            out.append(f"| `{g.target}` | {fps} | {g.why} |")
+        out.append("")
+    if a.patch_set.advisories:
+        out += [f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)", "",
+                "| id | target | affected | message | upstream |", "|---|---|---|---|---|"]
+        for adv in a.patch_set.advisories:
+            fps = ", ".join(f"`{fp}` ({label})" for label, fp in adv.affected.items())
+            out.append(f"| `{adv.id}` | `{adv.target}` | {fps} | {adv.message} | {', '.join(adv.upstream)} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def cmd_supported(args) -> int:
     from . import versions as V
 
@@ -211,6 +250,9 @@ def cmd_patches(args) -> int:
     from . import versions as V
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
+    if args.markdown:
+        sys.stdout.write("\n".join(patches_markdown(a.id) for a in adapters))
+        return 0
     for a in adapters:
         print(f"== {a.id}: {a.title}")
         print(f"   range: {a.range_text}")
@@ -391,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("patches", help="list every adapter's patches and guards: target, why, how, upstream, "
                                         "remove-when, fingerprints")
     lp.add_argument("--adapter", help="only this adapter id")
+    lp.add_argument("--markdown", action="store_true",
+                    help="the reference block docs/releases/<adapter>.md embeds (generated from the specs)")
     lp.set_defaults(func=cmd_patches)
 
     f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
