@@ -1,4 +1,4 @@
-"""The `slot-mapping-kernel` patch (adapter ascend-0.19-0.23) gives the same slot mapping as the release's own
+"""The `slot-mapping-kernel` patch (adapter ascend-0.19-0.25) gives the same slot mapping as the release's own
 `BlockTable.compute_slot_mapping` on real BlockTable / MultiGroupBlockTable objects, for random batches,
 hybrid block sizes and context-parallel settings; and unpatch restores the exact original.
 
@@ -10,7 +10,7 @@ Releases before #10442 (0.19.1rc1 .. 0.21.0rc1 wheels) run vLLM's generic kernel
 interleave size does not divide the kernel block size (hybrid blocks, e.g. physical 128 / kernel 16 with
 interleave 128) that kernel's "virtual block" is wrong (vllm-ascend #10442); there the patch must give #10442's
 answer (zb_patch.kernels.reference, vllm-ascend's virtual-physical-block formula), and the release must be
-seen to differ from it (docs/releases/ascend-0.19-0.23.md section 5 item 2)."""
+seen to differ from it (docs/releases/ascend-0.19-0.25.md section 5 item 2)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from zb_patch import registry as R  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
 from zb_patch.versions import by_id  # noqa: E402
 
-ADAPTER = by_id("ascend-0.19-0.23")
+ADAPTER = by_id("ascend-0.19-0.25")
 TARGET = "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping"
 MAX_TOKENS = 640
 MAX_REQS = 8

@@ -119,6 +119,16 @@ def device_count() -> int:
 import enum as _enum
 
 
+class ImageReadMode(_enum.Enum):
+    """torchvision.io.ImageReadMode: a plain enum upstream too (transformers 5.14 imports it at import time)."""
+
+    UNCHANGED = 0
+    GRAY = 1
+    GRAY_ALPHA = 2
+    RGB = 3
+    RGB_ALPHA = 4
+
+
 class InterpolationMode(_enum.Enum):
     NEAREST = "nearest"
     NEAREST_EXACT = "nearest-exact"
