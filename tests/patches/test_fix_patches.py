@@ -23,7 +23,7 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() != "0.23":
-    pytest.skip(f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.23.x; this env has "
+    pytest.skip(f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has "
                 f"{npu_standin.detect_family()}", allow_module_level=True)
 
 import torch  # noqa: E402
@@ -45,7 +45,8 @@ APPLIED_ON = {
 }
 ADVISORY_ON = {
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
-    "stale-accepted-counts": {"0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1"},
+    # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
+    "stale-accepted-counts": {"0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.24.0rc1", "0.25.1rc1"},
 }
 
 

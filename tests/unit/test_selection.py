@@ -219,3 +219,23 @@ def test_a_recorded_release_number_is_not_enough(tmp_path):
     """0.26.0rc1 is a recorded native release, but installed code that is none of the recorded forms is refused."""
     sel = V.select(vers("0.26.0", "0.26.0rc1"), tree=_tree(tmp_path, ops__triton__compute_slot_mapping=None))
     assert sel.verdict == V.REFUSED and "0.26.0rc1 is past every adapter" in sel.reason
+
+
+def test_unknown_newer_release_logs_one_line_and_applies_nothing(recorded, caplog):
+    """A release past every adapter whose code matches nothing known: one ERROR line from the plugin saying what
+    was checked and that nothing was applied; never a silent "native"."""
+    import logging
+
+    from zb_patch import plugin
+
+    drifted = _BLOCK_TABLE.replace("(num_reqs + 1,)", "(4,)")
+    versions = vers("0.31.0", "0.31.0rc1")
+    sel = V.select(versions, tree=_tree(recorded / "newer", worker__block_table=drifted))
+    with caplog.at_level(logging.DEBUG, logger="vllm.zb_patch"):
+        act = plugin._activate(plugin.Settings({"ZB_PATCH": "1"}), "worker", selection=sel, versions=versions)
+    lines = [r for r in caplog.records if r.name.startswith("vllm.zb_patch")]
+    assert act.state == "refused" and act.adapter_id is None
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR, [r.getMessage() for r in lines]
+    msg = lines[0].getMessage()
+    assert "REFUSED" in msg and "nothing applied" in msg and "0.31.0rc1" in msg
+    assert "BlockTable.compute_slot_mapping" in msg and "no recorded native form" in msg
