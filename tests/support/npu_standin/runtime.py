@@ -108,6 +108,12 @@ def is_available() -> bool:
     return False
 
 
+def is_current_stream_capturing() -> bool:
+    """torch.npu.is_current_stream_capturing: whether an ACL graph is being captured on the current stream. The
+    stand-in never captures graphs (streams are CPU no-ops), so always False."""
+    return False
+
+
 def device_count() -> int:
     return 0
 

@@ -95,6 +95,9 @@ module("torch_npu.npu", ALL,
                         "model_runner_v1._torch_cuda_wrapper maps torch.cuda.default_stream to it "
                         "(runner construction)"),
        synchronize=E(ref("runtime:synchronize"), {F13, F18, F23}, "_torch_cuda_wrapper (runner construction)"),
+       is_current_stream_capturing=E(ref("runtime:is_current_stream_capturing"), {F23},
+                                     "0.25.1rc1 _torch_cuda_wrapper maps torch.cuda.is_current_stream_capturing to "
+                                     "it (runner construction); worker/v2/aclgraph_utils.py calls it"),
        mem_get_info=E(unavailable, {F13, F18, F23},
                       "_torch_cuda_wrapper maps torch.cuda.mem_get_info to it (mapped, never called on "
                       "the tested paths; needs device memory)"),
