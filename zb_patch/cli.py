@@ -260,7 +260,6 @@ def cmd_selftest(args) -> int:
 
 def cmd_fingerprints(args) -> int:
     from . import versions as V
-
     from .versions import native
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())

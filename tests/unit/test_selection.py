@@ -173,7 +173,8 @@ def recorded(tmp_path, monkeypatch):
     from zb_patch.versions import native
 
     base = _tree(tmp_path / "recorded")
-    forms = tuple(native.NativeForm(f.concern, f.target, {"vllm-ascend 9.9.9rc1": V.fingerprint_in_tree(base, f.target)})
+    forms = tuple(native.NativeForm(f.concern, f.target,
+                                    {"vllm-ascend 9.9.9rc1": V.fingerprint_in_tree(base, f.target)})
                   for f in native.FORMS)
     assert all(f.fingerprints["vllm-ascend 9.9.9rc1"] for f in forms)
     monkeypatch.setattr(native, "FORMS", forms)

@@ -17,13 +17,15 @@ Version checks live here and in :mod:`zb_patch.detect` only. A release's quirks 
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
+import functools
 import os
 import re
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..detect import Versions
-from ..registry import PatchSet, fingerprint_source, split_target
+from ..registry import PatchSet, find_node, fingerprint_node, split_target
 from . import native
 
 Release = tuple[int, ...]
@@ -118,7 +120,7 @@ def select(v: Versions, tree: Optional[str] = None) -> Selection:
         return Selection(REFUSED, f"vllm-ascend version {v.vllm_ascend.raw!r} cannot be parsed: {v.vllm_ascend.error}")
     va = v.vllm_ascend
     if va.release_at_least(*NATIVE_FROM):
-        return _native_by_code(va.raw, tree if tree is not None else native.installed_root())
+        return _native_by_code(str(va.raw), tree if tree is not None else native.installed_root())
     if not va.release_at_least(*OLDEST_SUPPORTED):
         return Selection(REFUSED, f"vllm-ascend {va.raw} is older than {_fmt(OLDEST_SUPPORTED)}: it cannot run async "
                                   f"scheduling together with speculative decoding, so there is nothing to backport")
@@ -145,10 +147,10 @@ def _native_by_code(raw: str, root: Optional[str]) -> Selection:
     checks = native.check_tree(root)
     unknown = [c for c in checks if c.matched is None]
     if not unknown:
-        labels = sorted({c.matched for c in checks})
+        labels = sorted({c.matched for c in checks if c.matched})
         return Selection(NATIVE, f"vllm-ascend {raw} ships the Ascend-shaped slot-mapping kernel and zero-bubble "
-                                 f"async scheduling + spec decode: {len(checks)} targets checked, each a recorded native "
-                                 f"form ({'; '.join(labels)}); nothing to carry", checks=checks)
+                                 f"async scheduling + spec decode: {len(checks)} targets checked, each a recorded "
+                                 f"native form ({'; '.join(labels)}); nothing to carry", checks=checks)
     return Selection(REFUSED, f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and not a recorded "
                               f"native form (recorded: {', '.join(native.RELEASES)}): checked "
                               f"{'; '.join(c.text for c in checks)}; {len(unknown)} of {len(checks)} unknown, so "
@@ -179,7 +181,10 @@ def label_names(label: str, release: str) -> bool:
 
 
 def _release(release: str) -> Release:
-    return tuple(int(x) for x in re.match(r"\d+(?:\.\d+)*", release).group(0).split(".")[:3])
+    m = re.match(r"\d+(?:\.\d+)*", release)
+    if m is None:
+        raise ValueError(f"not a release number: {release!r}")
+    return tuple(int(x) for x in m.group(0).split(".")[:3])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +207,8 @@ def release_verdict(release: str) -> ReleaseVerdict:
     for a in adapters():
         if _fmt_pad(a.vllm_ascend[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm_ascend[1]):
             if release not in a.releases:
-                return ReleaseVerdict(REFUSED, why=f"in {a.id}'s range, targets not its recorded forms: nothing applied")
+                return ReleaseVerdict(REFUSED,
+                                      why=f"in {a.id}'s range, targets not its recorded forms: nothing applied")
             needed = tuple(p.id for p in a.patch_set.patches
                            if any(label_names(lb, release) for lb in p.fingerprints))
             return ReleaseVerdict(SELECTED, a.id, needed)
@@ -227,22 +233,24 @@ def tree_verdict(root: str, release: str) -> ReleaseVerdict:
         return ReleaseVerdict(REFUSED, why="not a recorded native form: nothing applied")
     in_range = [a for a in adapters() if _fmt_pad(a.vllm_ascend[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm_ascend[1])]
     for a in in_range or adapters():
-        applied = []
+        applied: list[str] = []
         ok = True
-        items = [(g.target, g.fingerprints, {}) for g in a.patch_set.guards]
+        # (target, forms a patch replaces / a guard accepts, forms that already carry the fix, patch id)
+        items: list[tuple[str, Mapping[str, str], Mapping[str, str], Optional[str]]] = [
+            (g.target, g.fingerprints, {}, None) for g in a.patch_set.guards]
         items += [(p.target, p.fingerprints, p.native_fingerprints, p.id) for p in a.patch_set.patches]
-        for target, needs, has, *pid in items:
+        for target, needs, has, pid in items:
             if not target.startswith("vllm_ascend."):
                 # a vLLM function: not in this artifact; its recorded labels stand (the va envs check it live)
                 if pid and any(label_names(lb, release) for lb in needs):
-                    applied.append(pid[0])
+                    applied.append(pid)
                 continue
             fp = fingerprint_in_tree(root, target)
             if fp is None or fp not in (*needs.values(), *has.values()):
                 ok = False
                 break
             if pid and fp in needs.values():
-                applied.append(pid[0])
+                applied.append(pid)
         if ok:
             return ReleaseVerdict(SELECTED, a.id, tuple(applied))
         if in_range:
@@ -308,16 +316,23 @@ def fingerprint_in_tree(root: str, target: str, *, follow_reexports: bool = True
     path = module_file(root, module)
     if path is None:
         return None
-    with open(path, encoding="utf-8-sig") as fh:
-        source = fh.read()
-    fp = fingerprint_source(source, parts)
+    tree = _parsed(path, os.stat(path).st_mtime_ns)
+    node = find_node(tree, parts)
+    fp = None if node is None else fingerprint_node(copy.deepcopy(node))  # it strips docstrings in place
     if fp is not None or not follow_reexports or _depth >= 4:
         return fp
-    origin = _reexport_origin(ast.parse(source), module, path.endswith("__init__.py"), parts[0])
+    origin = _reexport_origin(tree, module, path.endswith("__init__.py"), parts[0])
     if origin is None:
         return None
     src_module, src_name = origin
     return fingerprint_in_tree(root, f"{src_module}:{'.'.join((src_name, *parts[1:]))}", _depth=_depth + 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, mtime_ns: int) -> ast.Module:
+    """One parse per file version: a runner module is ~4,000 lines and several targets live in it."""
+    with open(path, encoding="utf-8-sig") as fh:
+        return ast.parse(fh.read())
 
 
 def _reexport_origin(tree: ast.Module, module: str, is_package: bool, name: str) -> Optional[tuple[str, str]]:

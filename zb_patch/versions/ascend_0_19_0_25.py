@@ -83,8 +83,9 @@ SLOT_MAPPING_KERNEL = Patch(
         "size and hybrid blocks, where the release's generic kernel is wrong and the patch gives #10442's "
         "answer (docs/releases/ascend-0.19-0.25.md).",
     upstream=("vllm-ascend#13048", "vllm-ascend#10442", "vllm#32951"),
-    remove_when="vllm-ascend >= 0.26.0rc1 (ships #13048's Ascend kernel, vllm_ascend/ops/triton/compute_slot_mapping.py; "
-                "native there by the installed compute_slot_mapping): the adapter range ends there.",
+    remove_when="vllm-ascend >= 0.26.0rc1 (ships #13048's Ascend kernel, "
+                "vllm_ascend/ops/triton/compute_slot_mapping.py; native there by the installed compute_slot_mapping): "
+                "the adapter range ends there.",
     roles=("worker",),
 )
 

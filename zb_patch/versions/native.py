@@ -86,13 +86,14 @@ class Check:
 def check_tree(root: str) -> tuple[Check, ...]:
     """Every native form checked against the vllm-ascend sources under ``root`` (the directory that holds
     ``vllm_ascend/``)."""
-    from . import fingerprint_in_tree
+    from . import _parsed, fingerprint_in_tree
 
     out = []
     for form in FORMS:
         fp = fingerprint_in_tree(root, form.target)
         label = next((lb for lb, v in form.fingerprints.items() if v == fp), None) if fp else None
         out.append(Check(form.concern, form.target, fp, label))
+    _parsed.cache_clear()  # selection runs in every server process: keep none of the parsed modules
     return tuple(out)
 
 
