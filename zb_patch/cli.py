@@ -199,8 +199,11 @@ def cmd_supported(args) -> int:
     if args.markdown:
         sys.stdout.write(supported_markdown())
     else:
-        for r in V.supported_table():
-            print(f"{r['vllm_ascend']:<22} {r['vllm']:<22} {r['verdict']:<8} {r['adapter']:<18} {r['patches']}")
+        rows = V.supported_table()
+        w = {k: max(len(r[k]) for r in rows) for k in ("vllm_ascend", "vllm", "verdict", "adapter")}
+        for r in rows:
+            print(f"{r['vllm_ascend']:<{w['vllm_ascend']}}  {r['vllm']:<{w['vllm']}}  {r['verdict']:<{w['verdict']}}  "
+                  f"{r['adapter']:<{w['adapter']}}  {r['patches']}")
     return 0
 
 
