@@ -241,8 +241,11 @@ def cmd_supported(args) -> int:
     if args.markdown:
         sys.stdout.write(supported_markdown())
     else:
-        for r in V.supported_table():
-            print(f"{r['vllm_ascend']:<22} {r['vllm']:<22} {r['verdict']:<8} {r['adapter']:<18} {r['patches']}")
+        rows = V.supported_table()
+        w = {k: max(len(r[k]) for r in rows) for k in ("vllm_ascend", "vllm", "verdict", "adapter")}
+        for r in rows:
+            print(f"{r['vllm_ascend']:<{w['vllm_ascend']}}  {r['vllm']:<{w['vllm']}}  {r['verdict']:<{w['verdict']}}  "
+                  f"{r['adapter']:<{w['adapter']}}  {r['patches']}")
     return 0
 
 
@@ -305,11 +308,13 @@ def cmd_selftest(args) -> int:
 
 def cmd_fingerprints(args) -> int:
     from . import versions as V
+    from .versions import native
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
     root = args.root
-    bad = 0
+    recorded_for = []            # adapters (and "native") whose every target in this tree is recorded
     for a in adapters:
+        bad = 0
         print(f"# {a.id}  (source tree: {root})")
         specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
         specs += [("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in
@@ -332,7 +337,18 @@ def cmd_fingerprints(args) -> int:
                 status = "NEW"
                 bad += 1
             print(f"{kind:<6} {fp or '-':<17} {status:<40} {target}")
-    return 0 if not bad or not args.check else 3
+        if not bad:
+            recorded_for.append(a.id)
+    if not args.adapter:
+        print(f"# native forms (vllm-ascend >= {V._fmt(V.NATIVE_FROM)}: nothing to carry only if all are recorded)")
+        checks = native.check_tree(root)
+        for c in checks:
+            status = f"recorded ({c.matched})" if c.matched else ("absent" if c.fingerprint is None else "NEW")
+            print(f"native {c.fingerprint or '-':<17} {status:<40} {c.target}")
+        if all(c.matched for c in checks):
+            recorded_for.append("native")
+    print(f"# every target recorded for: {', '.join(recorded_for) or 'nothing (NEW or absent targets above)'}")
+    return 0 if recorded_for or not args.check else 3
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -444,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--root", required=True, help="directory that contains the vllm / vllm_ascend packages")
     f.add_argument("--adapter", help="only this adapter id")
     f.add_argument("--only", nargs="*", help="only targets in modules with these prefixes (e.g. vllm_ascend)")
-    f.add_argument("--check", action="store_true", help="exit 3 if any fingerprint is not recorded")
+    f.add_argument("--check", action="store_true",
+                   help="exit 3 unless every target of one adapter (or every native form) is recorded in the tree")
     f.set_defaults(func=cmd_fingerprints)
     return parser
 

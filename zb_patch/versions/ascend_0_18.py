@@ -25,7 +25,7 @@ def _glue():
 
 
 _REMOVE_WHEN = ("vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
-                "ascend-0.19-0.23; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it")
+                "ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it")
 _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 
 # Upstream functions the patches rely on without replacing them (a change in any of them could break an
