@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 UV=${UV:-uv}
 envs=("$@")
-[ ${#envs[@]} -gt 0 ] || envs=(va011 va013 va018 va023)
+[ ${#envs[@]} -gt 0 ] || envs=(va011 va013 va018 va023 va025)
 for env in "${envs[@]}"; do
   "$UV" pip compile "$env.in" -o "$env.txt" \
     --overrides "$env-overrides.txt" --excludes excludes.txt \

@@ -196,14 +196,56 @@ def supported_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def patches_markdown(adapter_id: str) -> str:
+    """The patch / guard / advisory reference of one adapter, as docs/releases/<adapter>.md embeds it: generated
+    from the specs (the one place a patch's why / how / upstream / remove-when is written)."""
+    from . import versions as V
+
+    a = V.by_id(adapter_id)
+    out = [f"<!-- generated: zb-patch patches --markdown --adapter {a.id} (edit the specs, not this block) -->", ""]
+    for p in a.patch_set.patches:
+        group = f" (group `{p.group}`)" if p.group else ""
+        out.append(f"#### `{p.id}`{group}")
+        out.append("")
+        out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
+        out.append("- **replaces** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.fingerprints.items()))
+        if p.native_fingerprints:
+            out.append("- **native in** " + ", ".join(f"`{fp}` ({label})"
+                                                      for label, fp in p.native_fingerprints.items()))
+        out.append(f"- **why** {p.why}")
+        if p.how:
+            out.append(f"- **how** {p.how}")
+        out.append(f"- **upstream** {', '.join(p.upstream)}")
+        out.append(f"- **remove when** {p.remove_when}")
+        out.append("")
+    if a.patch_set.guards:
+        out += [f"#### Guards ({len(a.patch_set.guards)}): verified by fingerprint, never replaced", "",
+                "| target | fingerprints | why relied upon |", "|---|---|---|"]
+        for g in a.patch_set.guards:
+            fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
+            out.append(f"| `{g.target}` | {fps} | {g.why} |")
+        out.append("")
+    if a.patch_set.advisories:
+        out += [f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)", "",
+                "| id | target | affected | message | upstream |", "|---|---|---|---|---|"]
+        for adv in a.patch_set.advisories:
+            fps = ", ".join(f"`{fp}` ({label})" for label, fp in adv.affected.items())
+            out.append(f"| `{adv.id}` | `{adv.target}` | {fps} | {adv.message} | {', '.join(adv.upstream)} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def cmd_supported(args) -> int:
     from . import versions as V
 
     if args.markdown:
         sys.stdout.write(supported_markdown())
     else:
-        for r in V.supported_table():
-            print(f"{r['vllm_ascend']:<22} {r['vllm']:<22} {r['verdict']:<8} {r['adapter']:<18} {r['patches']}")
+        rows = V.supported_table()
+        w = {k: max(len(r[k]) for r in rows) for k in ("vllm_ascend", "vllm", "verdict", "adapter")}
+        for r in rows:
+            print(f"{r['vllm_ascend']:<{w['vllm_ascend']}}  {r['vllm']:<{w['vllm']}}  {r['verdict']:<{w['verdict']}}  "
+                  f"{r['adapter']:<{w['adapter']}}  {r['patches']}")
     return 0
 
 
@@ -211,6 +253,9 @@ def cmd_patches(args) -> int:
     from . import versions as V
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
+    if args.markdown:
+        sys.stdout.write("\n".join(patches_markdown(a.id) for a in adapters))
+        return 0
     for a in adapters:
         print(f"== {a.id}: {a.title}")
         print(f"   range: {a.range_text}")
@@ -263,11 +308,13 @@ def cmd_selftest(args) -> int:
 
 def cmd_fingerprints(args) -> int:
     from . import versions as V
+    from .versions import native
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
     root = args.root
-    bad = 0
+    recorded_for = []            # adapters (and "native") whose every target in this tree is recorded
     for a in adapters:
+        bad = 0
         print(f"# {a.id}  (source tree: {root})")
         specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
         specs += [("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in
@@ -290,7 +337,18 @@ def cmd_fingerprints(args) -> int:
                 status = "NEW"
                 bad += 1
             print(f"{kind:<6} {fp or '-':<17} {status:<40} {target}")
-    return 0 if not bad or not args.check else 3
+        if not bad:
+            recorded_for.append(a.id)
+    if not args.adapter:
+        print(f"# native forms (vllm-ascend >= {V._fmt(V.NATIVE_FROM)}: nothing to carry only if all are recorded)")
+        checks = native.check_tree(root)
+        for c in checks:
+            status = f"recorded ({c.matched})" if c.matched else ("absent" if c.fingerprint is None else "NEW")
+            print(f"native {c.fingerprint or '-':<17} {status:<40} {c.target}")
+        if all(c.matched for c in checks):
+            recorded_for.append("native")
+    print(f"# every target recorded for: {', '.join(recorded_for) or 'nothing (NEW or absent targets above)'}")
+    return 0 if recorded_for or not args.check else 3
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -391,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("patches", help="list every adapter's patches and guards: target, why, how, upstream, "
                                         "remove-when, fingerprints")
     lp.add_argument("--adapter", help="only this adapter id")
+    lp.add_argument("--markdown", action="store_true",
+                    help="the reference block docs/releases/<adapter>.md embeds (generated from the specs)")
     lp.set_defaults(func=cmd_patches)
 
     f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
@@ -400,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--root", required=True, help="directory that contains the vllm / vllm_ascend packages")
     f.add_argument("--adapter", help="only this adapter id")
     f.add_argument("--only", nargs="*", help="only targets in modules with these prefixes (e.g. vllm_ascend)")
-    f.add_argument("--check", action="store_true", help="exit 3 if any fingerprint is not recorded")
+    f.add_argument("--check", action="store_true",
+                   help="exit 3 unless every target of one adapter (or every native form) is recorded in the tree")
     f.set_defaults(func=cmd_fingerprints)
     return parser
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recompute the fingerprint matrix of docs/releases/ascend-0.19-0.23.md from source trees.
+"""Recompute the fingerprint matrix of docs/releases/ascend-0.19-0.25.md from source trees.
 
 Nothing is imported from the trees: every fingerprint is ``zb_patch.versions.fingerprint_in_tree`` (the
 same normalised-AST hash the adapters record and ``zb-patch fingerprints`` prints). A cell is ``null``
@@ -11,7 +11,7 @@ Usage (from a venv with zb-patch installed; see the .md for how the trees were o
     python docs/releases/fingerprint_matrix.py \\
         --tree v0.19.1rc1=/work/src/vllm_ascend-v0.19.1rc1:/work/src/vllm-0.19.1 \\
         ... \\
-        --json docs/releases/ascend-0.19-0.23-fingerprints.json --md -
+        --json docs/releases/ascend-0.19-0.25-fingerprints.json --md -
 
 ``--tree LABEL=ROOT[:ROOT...]``: each ROOT is a directory that contains ``vllm_ascend/`` and/or ``vllm/``;
 a target is looked up in the first ROOT that has its module. Put the release's pinned vLLM tree after

@@ -23,7 +23,7 @@ from zb_patch.detect import detect  # noqa: E402
 from zb_patch.registry import Patch, PatchSet  # noqa: E402
 
 # vllm-ascend family installed in this env -> the adapter that must be selected (None = refused)
-EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.23"}
+EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.25"}
 
 FAMILY = npu_standin.detect_family()
 if FAMILY is None:

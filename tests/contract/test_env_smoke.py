@@ -24,9 +24,9 @@ if FAMILY is None:
 
 ROOT = Path(__file__).resolve().parents[2]
 # installed vllm-ascend release -> (tox env, the vLLM release it is pinned with). Several envs can share a
-# stand-in family (va019 and va023 both use the "0.23" surface).
+# stand-in family (va019, va023 and va025 all use the "0.23" surface).
 ENVS = {"0.11.0": ("va011", "0.11.0"), "0.13.0": ("va013", "0.13.0"), "0.18.0": ("va018", "0.18.0"),
-        "0.19.1rc1": ("va019", "0.19.1"), "0.23.0": ("va023", "0.23.0")}
+        "0.19.1rc1": ("va019", "0.19.1"), "0.23.0": ("va023", "0.23.0"), "0.25.1rc1": ("va025", "0.25.1")}
 ASCEND_RELEASE = importlib.metadata.version("vllm-ascend")
 ENV, VLLM_RELEASE = ENVS[ASCEND_RELEASE]
 LOCK = ROOT / "requirements" / f"{ENV}.txt"
@@ -139,7 +139,7 @@ def test_vllm_plugin_loading_in_a_fresh_process():
 
 @pytest.mark.parametrize("version, family", [
     ("0.11.0", "0.11"), ("0.13.0rc2", "0.13"), ("0.18.0", "0.18"), ("0.18.1", "0.18"),
-    # 0.19-0.22 need the transformers-5 surface (docs/releases/ascend-0.19-0.23.md section 7.3)
+    # 0.19-0.22 need the transformers-5 surface (docs/releases/ascend-0.19-0.25.md section 7.3)
     ("0.19.1rc1", "0.23"), ("0.20.2rc1", "0.23"), ("0.22.1rc1", "0.23"),
     ("0.23.0.post1", "0.23"), ("0.27.1+empty", "0.23"),
 ])

@@ -19,7 +19,7 @@ if FAMILY is None:
     pytest.skip("vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)",
                 allow_module_level=True)
 
-EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.23"}[FAMILY]
+EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.25"}[FAMILY]
 
 PRELUDE = '''
 import json, os, sys
@@ -87,7 +87,7 @@ print("STATE2", st["state"], st["adapter"])
     armed = [line for line in lines if " armed " in line]
     applied = [line for line in lines if f"adapter={EXPECTED}" in line and "known issue" not in line]
     assert len(armed) == 1 and len(applied) == 1, lines
-    # advisories of the installed release (adapter ascend-0.19-0.23): one WARNING each, never repeated
+    # advisories of the installed release (adapter ascend-0.19-0.25): one WARNING each, never repeated
     advisories = [line.split("known issue ")[1].split()[0] for line in lines if "known issue" in line]
     assert len(advisories) == len(set(advisories)) and all("WARNING" in line for line in lines
                                                            if "known issue" in line), lines

@@ -1,4 +1,4 @@
-"""The later-fix patches of adapter ascend-0.19-0.23 on the REAL classes of this env's release (vllm-ascend
+"""The later-fix patches of adapter ascend-0.19-0.25 on the REAL classes of this env's release (vllm-ascend
 0.19.1rc1 in va019: the patches apply; 0.23.0 in va023: every fix is native). Each test checks the behaviour of
 the installed code after `PatchSet.apply` (patched or native alike), and, where the patch applies, that the
 release's own code shows the bug the patch fixes (so the test is sensitive to it).
@@ -23,7 +23,7 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() != "0.23":
-    pytest.skip(f"adapter ascend-0.19-0.23 covers vllm-ascend 0.19.1rc1-0.23.x; this env has "
+    pytest.skip(f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has "
                 f"{npu_standin.detect_family()}", allow_module_level=True)
 
 import torch  # noqa: E402
@@ -31,12 +31,12 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from zb_patch import registry as R  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
-from zb_patch.versions import ascend_0_19_0_23 as A  # noqa: E402
+from zb_patch.versions import ascend_0_19_0_25 as A  # noqa: E402
 
 RELEASE = importlib.metadata.version("vllm-ascend")
 
 # where each fix patch is applied (installed code lacks the fix); native on every other release of the adapter
-# (docs/releases/ascend-0.19-0.23.md section 2, from the code of each release)
+# (docs/releases/ascend-0.19-0.25.md section 2, from the code of each release)
 APPLIED_ON = {
     "valid-count-copy-order": {"0.19.1rc1"},
     "valid-count-int64": {"0.19.1rc1", "0.20.2rc1"},
@@ -45,7 +45,8 @@ APPLIED_ON = {
 }
 ADVISORY_ON = {
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
-    "stale-accepted-counts": {"0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1"},
+    # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
+    "stale-accepted-counts": {"0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.24.0rc1", "0.25.1rc1"},
 }
 
 

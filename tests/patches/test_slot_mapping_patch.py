@@ -1,4 +1,4 @@
-"""The `slot-mapping-kernel` patch (adapter ascend-0.19-0.23) gives the same slot mapping as the release's own
+"""The `slot-mapping-kernel` patch (adapter ascend-0.19-0.25) gives the same slot mapping as the release's own
 `BlockTable.compute_slot_mapping` on real BlockTable / MultiGroupBlockTable objects, for random batches,
 hybrid block sizes and context-parallel settings; and unpatch restores the exact original.
 
@@ -10,7 +10,7 @@ Releases before #10442 (0.19.1rc1 .. 0.21.0rc1 wheels) run vLLM's generic kernel
 interleave size does not divide the kernel block size (hybrid blocks, e.g. physical 128 / kernel 16 with
 interleave 128) that kernel's "virtual block" is wrong (vllm-ascend #10442); there the patch must give #10442's
 answer (zb_patch.kernels.reference, vllm-ascend's virtual-physical-block formula), and the release must be
-seen to differ from it (docs/releases/ascend-0.19-0.23.md section 5 item 2)."""
+seen to differ from it (docs/releases/ascend-0.19-0.25.md section 5 item 2)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() != "0.23":
-    pytest.skip(f"the slot-mapping patch targets vllm-ascend 0.19.1rc1-0.23.x; this env has "
+    pytest.skip(f"the slot-mapping patch targets vllm-ascend 0.19.1rc1-0.25.1rc1; this env has "
                 f"{npu_standin.detect_family()}", allow_module_level=True)
 
 import torch  # noqa: E402
@@ -29,7 +29,7 @@ from zb_patch import registry as R  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
 from zb_patch.versions import by_id  # noqa: E402
 
-ADAPTER = by_id("ascend-0.19-0.23")
+ADAPTER = by_id("ascend-0.19-0.25")
 TARGET = "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping"
 MAX_TOKENS = 640
 MAX_REQS = 8
@@ -41,7 +41,8 @@ def _table(physical, kernel, cp=None, max_blocks=24):
     bt = BlockTable(physical, MAX_REQS, max_blocks, MAX_TOKENS, False, torch.device("cpu"),
                     kernel_sizes=[kernel], cp_kv_cache_interleave_size=(cp or {}).get("interleave", 1))
     if cp:  # a rank of a CP group: the method reads these attributes at call time
-        bt.pcp_world_size, bt.pcp_rank = cp["pcp"], cp["pcp_rank"]
+        if _has_pcp():
+            bt.pcp_world_size, bt.pcp_rank = cp["pcp"], cp["pcp_rank"]
         bt.dcp_world_size, bt.dcp_rank = cp["dcp"], cp["dcp_rank"]
     return bt
 
@@ -92,9 +93,17 @@ def _patched():
 
 
 def _has_10442():
+    """#10442's torch CP routine (renamed _compute_dcp_slot_mapping when 0.25.1rc1 dropped PCP)."""
     from vllm_ascend.worker.block_table import BlockTable
 
-    return "_compute_pcp_dcp_slot_mapping" in BlockTable.__dict__
+    return bool({"_compute_pcp_dcp_slot_mapping", "_compute_dcp_slot_mapping"} & set(BlockTable.__dict__))
+
+
+def _has_pcp():
+    """Whether the release's block table has prefill context parallelism (0.25.1rc1 keeps DCP only)."""
+    from vllm_ascend.worker.block_table import BlockTable
+
+    return "_compute_pcp_dcp_slot_mapping" in BlockTable.__dict__ or not _has_10442()
 
 
 def _answer_10442(bt, num_reqs, qsl, positions, cp):
@@ -131,6 +140,8 @@ CONFIGS = [
 
 @pytest.mark.parametrize("physical,kernel,cp", CONFIGS)
 def test_patched_equals_release_on_random_batches(patch_set, physical, kernel, cp):
+    if cp and cp["pcp"] > 1 and not _has_pcp():
+        pytest.skip("this release's block table has no PCP (DCP only): a PCP rank does not exist here")
     rng = random.Random(physical * 1000 + kernel + (0 if not cp else cp["dcp"] * 10 + cp["pcp"]))
     world = 1 if not cp else cp["pcp"] * cp["dcp"]
     original = R.resolve(TARGET).raw

@@ -1,13 +1,15 @@
-"""Every vllm-ascend fingerprint recorded in the adapter table is reproducible from the PyPI artifacts of the
-releases the adapter lists (wheel, or sdist when there is none): downloads them (cached under
-.cache/sources), reads only the Python sources, imports nothing. vLLM-side targets are checked live by the
-va0xx envs (their wheels are 250-470 MB each)."""
+"""Every recorded vllm-ascend verdict and fingerprint is reproducible from the PyPI artifacts: each published
+release from 0.13.0 to the newest recorded one, its cp311 x86_64 wheel and its sdist (no build: only the Python
+sources are read, nothing is imported). Downloads go to .cache/sources once (extracted ``vllm_ascend/**.py`` only;
+later runs read the cache). vLLM-side targets are checked live by the va0xx envs (their wheels are 250-470 MB)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import os
 import re
+import shutil
 import tarfile
 import urllib.request
 import zipfile
@@ -15,9 +17,11 @@ import zipfile
 import pytest
 
 from zb_patch import versions as V
+from zb_patch.versions import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.path.join(ROOT, ".cache", "sources")
+FIRST = (0, 13, 0)
 
 
 def _index() -> list[tuple[str, str]]:
@@ -33,42 +37,86 @@ def _index() -> list[tuple[str, str]]:
 _INDEX = None
 
 
-def _artifact(version: str) -> tuple[str, str]:
+def _is_first_or_later(release: str) -> bool:
+    return V._release(release) > FIRST or release == "0.13.0"
+
+
+RELEASES = [r for r in V.PUBLISHED if _is_first_or_later(r)]
+# 0.27.1rc1 and later, and 0.23.0.post1, are published as sdists only
+SDIST_ONLY = {"0.23.0.post1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1", "0.30.0rc2"}
+ARTIFACTS = [(rel, kind) for rel in RELEASES for kind in (("sdist",) if rel in SDIST_ONLY else ("wheel", "sdist"))]
+
+
+def _artifact(version: str, kind: str) -> tuple[str, str]:
     files = _index()
-    wheel = f"vllm_ascend-{version}-cp311-cp311-manylinux"
-    wheels = [(u, n) for n, u in files if n.startswith(wheel) and n.endswith("x86_64.whl")]
-    sdists = [(u, n) for n, u in files if n == f"vllm_ascend-{version}.tar.gz"]
-    pick = (wheels or sdists or [None])[0]
-    if pick is None:
-        raise AssertionError(f"PyPI has no cp311 x86_64 wheel nor sdist for vllm-ascend {version}")
-    return pick
+    if kind == "wheel":
+        picks = [(u, n) for n, u in files
+                 if n.startswith(f"vllm_ascend-{version}-cp311-cp311-manylinux") and n.endswith("x86_64.whl")]
+    else:
+        picks = [(u, n) for n, u in files if n == f"vllm_ascend-{version}.tar.gz"]
+    if not picks:
+        raise AssertionError(f"PyPI has no {kind} for vllm-ascend {version}")
+    return picks[0]
 
 
-def _sources(version: str) -> str:
-    """Directory holding vllm_ascend/**.py of that release."""
-    dest = os.path.join(CACHE, f"vllm_ascend-{version}")
+def _sources(version: str, kind: str) -> str:
+    """Directory holding vllm_ascend/**.py of that artifact (downloaded and extracted once)."""
+    dest = os.path.join(CACHE, f"vllm_ascend-{version}-{kind}")
     if os.path.isdir(os.path.join(dest, "vllm_ascend")):
         return dest
-    url, name = _artifact(version)
+    url, name = _artifact(version, kind)
     with urllib.request.urlopen(url, timeout=300) as r:
         data = r.read()
-    os.makedirs(dest, exist_ok=True)
+    tmp = dest + ".part"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     if name.endswith(".whl"):
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             for member in z.namelist():
                 if member.startswith("vllm_ascend/") and member.endswith(".py"):
-                    z.extract(member, dest)
+                    z.extract(member, tmp)
     else:
         with tarfile.open(fileobj=io.BytesIO(data)) as t:
             for member in t.getmembers():
                 parts = member.name.split("/", 1)
                 if len(parts) == 2 and parts[1].startswith("vllm_ascend/") and parts[1].endswith(".py"):
                     member.name = parts[1]
-                    t.extract(member, dest)
+                    t.extract(member, tmp)
+    os.replace(tmp, dest)   # a killed download never leaves a half tree that looks cached
     return dest
 
 
-CASES = [(a, rel) for a in V.adapters() for rel in a.releases]
+@pytest.fixture(scope="session", autouse=True)
+def _prefetch():
+    """Fetch the missing artifacts in parallel once (network-bound; the 2-core CI box idles meanwhile)."""
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda a: _sources(*a), ARTIFACTS))
+
+
+def test_every_published_release_from_0_13_is_covered():
+    assert RELEASES[0] == "0.13.0" and RELEASES[-1] == native.RELEASES[-1]
+    assert all(r in V.PUBLISHED for a in V.adapters() for r in a.releases)
+    assert set(native.RELEASES) <= set(RELEASES)
+
+
+@pytest.mark.parametrize("release,kind", ARTIFACTS, ids=[f"{r}-{k}" for r, k in ARTIFACTS])
+def test_recorded_verdict_recomputed_from_artifact(release, kind):
+    """The verdict README / `zb-patch supported` state for the release is what its own files give."""
+    assert V.tree_verdict(_sources(release, kind), release) == V.release_verdict(release)
+
+
+NATIVE_CASES = [(r, k) for r, k in ARTIFACTS if r in native.RELEASES]
+
+
+@pytest.mark.parametrize("release,kind", NATIVE_CASES, ids=[f"{r}-{k}" for r, k in NATIVE_CASES])
+def test_native_forms_are_recorded_under_their_release(release, kind):
+    checks = native.check_tree(_sources(release, kind))
+    for c in checks:
+        assert c.matched is not None, f"{c.target} in vllm-ascend {release}: {c.fingerprint} not recorded"
+        assert V.label_names(c.matched, release), f"{c.target}: {c.fingerprint} recorded under {c.matched!r}"
+
+
+CASES = [(a, rel, kind) for a in V.adapters() for rel in a.releases for r, kind in ARTIFACTS if r == rel]
 
 
 def test_every_adapter_names_its_releases():
@@ -76,20 +124,12 @@ def test_every_adapter_names_its_releases():
         assert a.releases, a.id
 
 
-_VERSION = re.compile(r"\d+\.\d+\.\d+(?:rc\d+)?(?:\.post\d+)?")
-
-
-def _named(release: str, label: str) -> bool:
-    """The label names this exact release ("0.23.0" is not named by "0.23.0rc1" nor by "0.23.0.post1")."""
-    return release in _VERSION.findall(label)
-
-
-@pytest.mark.parametrize("adapter,release", CASES, ids=[f"{a.id}@{r}" for a, r in CASES])
-def test_recorded_fingerprints_match_pypi_sources(adapter, release):
+@pytest.mark.parametrize("adapter,release,kind", CASES, ids=[f"{a.id}@{r}-{k}" for a, r, k in CASES])
+def test_recorded_fingerprints_match_pypi_sources(adapter, release, kind):
     """Every guard and patch target has, in every listed release, a recorded fingerprint (for a patch: of the
     form it replaces or, in native_fingerprints, of the form that already carries the fix) whose label names
     that release."""
-    root = _sources(release)
+    root = _sources(release, kind)
     items = [(g.target, g.fingerprints) for g in adapter.patch_set.guards] + \
             [(p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches]
     checked = 0
@@ -106,18 +146,18 @@ def test_recorded_fingerprints_match_pypi_sources(adapter, release):
     assert checked, f"{adapter.id} has no vllm_ascend target"
 
 
-ADVISORY_CASES = [(a, adv, rel) for a in V.adapters() for adv in a.patch_set.advisories for rel in a.releases]
+ADVISORY_CASES = [(a, adv, rel, kind) for a, rel, kind in CASES for adv in a.patch_set.advisories]
 
 
-@pytest.mark.parametrize("adapter,advisory,release", ADVISORY_CASES,
-                         ids=[f"{a.id}:{adv.id}@{r}" for a, adv, r in ADVISORY_CASES])
-def test_advisories_name_exactly_the_affected_releases(adapter, advisory, release):
+@pytest.mark.parametrize("adapter,advisory,release,kind", ADVISORY_CASES,
+                         ids=[f"{a.id}:{adv.id}@{r}-{k}" for a, adv, r, k in ADVISORY_CASES])
+def test_advisories_name_exactly_the_affected_releases(adapter, advisory, release, kind):
     """An advisory warns on a listed release iff one of its affected labels names that release: the target's
     fingerprint there is the recorded one, and a release no label names has none of the affected forms."""
-    root = _sources(release)
+    root = _sources(release, kind)
     fp = V.fingerprint_in_tree(root, advisory.target)
     assert fp is not None, f"{advisory.target} not found in vllm-ascend {release}"
-    named = {label: v for label, v in advisory.affected.items() if _named(release, label)}
+    named = {label: v for label, v in advisory.affected.items() if V.label_names(label, release)}
     if named:
         assert fp in named.values(), f"{advisory.id}: {release} is named affected by {list(named)}, but has {fp}"
     else:

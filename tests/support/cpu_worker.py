@@ -9,7 +9,23 @@ Idempotent; the platform switch is global to the process (run such tests in thei
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Any
+
+
+def _rebind_pin_memory(value: bool) -> None:
+    """vLLM 0.25+ computes ``vllm.utils.torch_utils.PIN_MEMORY`` once, at its first import (here: under the Ascend
+    platform, True; CPU torch has no pinned allocator), and its modules bind it by name and as ``CpuGpuBuffer``'s
+    default. After the switch to the CPU platform every binding gets the CPU platform's answer (older vLLMs ask the
+    platform at call time and have no PIN_MEMORY: nothing to do)."""
+    for name, module in list(sys.modules.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and isinstance(getattr(module, "PIN_MEMORY", None), bool):
+            module.PIN_MEMORY = value
+    from vllm.v1.utils import CpuGpuBuffer
+
+    defaults = CpuGpuBuffer.__init__.__kwdefaults__
+    if defaults and "pin_memory" in defaults:
+        defaults["pin_memory"] = value
 
 
 def setup_cpu_worker() -> dict[str, Any]:
@@ -31,6 +47,7 @@ def setup_cpu_worker() -> dict[str, Any]:
             ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                             distributed_init_method=f"tcp://127.0.0.1:{port}")
             ps.initialize_model_parallel(1, 1, backend="gloo")
+        _rebind_pin_memory(platforms.current_platform.is_pin_memory_available())
     from npu_standin.ascend_imports import import_worker_modules
 
     return import_worker_modules()

@@ -12,6 +12,10 @@ Public API (all leaves: no vLLM, no release knowledge)
 * :func:`correct_optimistic_seq_lens_cpu` — the CPU twin of vllm-ascend's exact-seq_lens
   correction (numpy; :mod:`zb_patch.kernels.seq_lens_cpu`).
 
+Bad inputs raise one ``ValueError`` naming the argument, its value and what is allowed, on both
+paths alike (:mod:`zb_patch.kernels._checks`: buffers once when a launcher is built, per call only
+attribute and integer tests).
+
 Dispatch: Triton for tensors on an accelerator (CUDA, NPU, ...); the reference twins in
 :mod:`zb_patch.kernels.reference` for CPU tensors, unless ``TRITON_INTERPRET=1`` (then Triton's
 interpreter runs the kernels on CPU tensors — that is how CI tests them).  Triton is imported only
@@ -24,7 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ._launch import interpret_mode, validate_slot_mapping_config
+from ._checks import (SlotMappingLimits, TokenCountsLimits, check_slot_mapping_call, check_slot_mapping_config,
+                      check_token_counts_buffers, check_token_counts_call)
+from ._launch import interpret_mode
 from .reference import PAD_SLOT_ID, slot_mapping_reference, token_counts_reference
 from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
 
@@ -52,10 +58,12 @@ def uses_triton(device: torch.device | str) -> bool:
 class _ReferenceSlotMapper:
     """CPU-tensor stand-in for :class:`~zb_patch.kernels.slot_mapping.SlotMappingLauncher`."""
 
-    def __init__(self, block_table: torch.Tensor, slot_mapping: torch.Tensor, **cfg: Any) -> None:
-        self.block_table, self.slot_mapping, self.cfg = block_table, slot_mapping, cfg
+    def __init__(self, block_table: torch.Tensor, slot_mapping: torch.Tensor, limits: SlotMappingLimits,
+                 **cfg: Any) -> None:
+        self.block_table, self.slot_mapping, self.limits, self.cfg = block_table, slot_mapping, limits, cfg
 
     def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+        num_reqs, _ = check_slot_mapping_call(self.limits, num_reqs, query_start_loc, positions)
         slot_mapping_reference(query_start_loc, positions, self.block_table, self.slot_mapping,
                                num_reqs=num_reqs, **self.cfg)
 
@@ -80,25 +88,21 @@ def slot_mapper(
 
     Build it once per block table (see :mod:`zb_patch.kernels.slot_mapping` for the expected call).
     ``launch_shape`` (``tile``, ``max_programs``, ``windowed``) is for tests and benchmarks.
+    Bad arguments raise ``ValueError`` naming the argument (:mod:`zb_patch.kernels._checks`): the
+    buffers' layout here, the per-step arguments at each call, identically on both paths.
     """
-    if uses_triton(block_table.device):
+    config = dict(block_size=block_size, max_num_tokens=max_num_tokens, block_table_stride=block_table_stride,
+                  physical_block_size=physical_block_size, pcp_world_size=pcp_world_size, pcp_rank=pcp_rank,
+                  dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
+                  cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id)
+    limits = check_slot_mapping_config(block_table, slot_mapping, **config)
+    if uses_triton(limits.device):
         from .slot_mapping import SlotMappingLauncher
 
-        return SlotMappingLauncher(
-            block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
-            block_table_stride=block_table_stride, physical_block_size=physical_block_size,
-            pcp_world_size=pcp_world_size, pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
-            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id, **launch_shape,
-        )
-    world = pcp_world_size * dcp_world_size
-    rank = pcp_rank * dcp_world_size + dcp_rank
-    validate_slot_mapping_config(
-        block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
-        block_table_stride=block_table_stride, physical_block_size=physical_block_size,
-        cp_world_size=world, cp_rank=rank, cp_kv_cache_interleave_size=cp_kv_cache_interleave_size)
+        return SlotMappingLauncher(block_table, slot_mapping, **config, **launch_shape)
     return _ReferenceSlotMapper(
-        block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
-        physical_block_size=physical_block_size, cp_world_size=world, cp_rank=rank,
+        block_table, slot_mapping, limits, block_size=block_size, max_num_tokens=max_num_tokens,
+        physical_block_size=physical_block_size, cp_world_size=limits.cp_world_size, cp_rank=limits.cp_rank,
         cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id,
     )
 
@@ -122,21 +126,26 @@ def compute_slot_mapping(
     ``config``: the keyword arguments of :func:`slot_mapper`.  ``num_reqs`` defaults to
     ``len(query_start_loc) - 1``.
     """
-    if num_reqs is None:
-        num_reqs = query_start_loc.shape[0] - 1
-    key = (block_table.data_ptr(), tuple(block_table.shape), block_table.device, slot_mapping.data_ptr(),
-           slot_mapping.dtype, slot_mapping.numel(), block_size, max_num_tokens,
-           tuple(sorted(config.items())), interpret_mode())
+    if num_reqs is None:  # a query_start_loc that is no 1-D tensor is reported by the mapper
+        ok = isinstance(query_start_loc, torch.Tensor) and query_start_loc.ndim == 1
+        num_reqs = max(query_start_loc.shape[0] - 1, 0) if ok else 0
+    key = None
+    if isinstance(block_table, torch.Tensor) and isinstance(slot_mapping, torch.Tensor):
+        # the layout (strides) is part of the key: a mapper vouches only for the buffers it was built with
+        key = (block_table.data_ptr(), tuple(block_table.shape), block_table.stride(), block_table.device,
+               slot_mapping.data_ptr(), slot_mapping.dtype, tuple(slot_mapping.shape), slot_mapping.stride(),
+               block_size, max_num_tokens, tuple(sorted(config.items())), uses_triton(block_table.device))
     mapper = _MAPPERS.get(key)
     if mapper is None:
+        mapper = slot_mapper(block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
+                             **config)
         if len(_MAPPERS) >= 64:
             _MAPPERS.clear()
-        mapper = _MAPPERS[key] = slot_mapper(block_table, slot_mapping, block_size=block_size,
-                                             max_num_tokens=max_num_tokens, **config)
+        _MAPPERS[key] = mapper
     mapper(num_reqs, query_start_loc, positions)
 
 
-_triton_update_token_counts: Callable[..., None] | None = None
+_triton_update_token_counts: Callable[..., None] | None = None  # imported on the first Triton launch
 
 
 def update_token_counts(
@@ -160,40 +169,49 @@ def update_token_counts(
 ) -> None:
     """Async spec-decode token-count correction + positions + seq_lens (one launch on device).
 
-    Semantics and the expected call: :mod:`zb_patch.kernels.token_counts`.
+    Semantics and the expected call: :mod:`zb_patch.kernels.token_counts`.  Every tensor and count
+    is checked on each call (``ValueError`` naming the argument); hot paths bind their buffers once
+    with :func:`token_counts_launcher` instead.
     """
-    if uses_triton(num_computed_tokens.device):
+    limits = check_token_counts_buffers(
+        num_computed_tokens=num_computed_tokens, seq_lens=seq_lens, num_scheduled_tokens=num_scheduled_tokens,
+        prev_positions=prev_positions, prev_num_draft_tokens=prev_num_draft_tokens,
+        num_accepted_tokens=num_accepted_tokens, req_indices=req_indices, query_pos=query_pos, positions=positions,
+        num_reqs=num_reqs)
+    num_reqs, num_tokens, num_positions = check_token_counts_call(
+        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
+        num_prev_reqs)
+    args = (num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count, prev_num_draft_tokens,
+            cpu_num_computed_tokens, num_scheduled_tokens, seq_lens)
+    counts = dict(num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
+                  num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+    if uses_triton(limits.device):
         global _triton_update_token_counts
         if _triton_update_token_counts is None:
-            from .token_counts import update_token_counts as _triton_update_token_counts
-        _triton_update_token_counts(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
-                       prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
-                       num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-                       num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs,
-                       **launch_shape)
-        return
-    token_counts_reference(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
-                           prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
-                           num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-                           num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+            from .token_counts import launch_token_counts as _triton_update_token_counts
+        _triton_update_token_counts(*args, **counts, **launch_shape)
+    else:
+        token_counts_reference(*args, **counts)
 
 
 class _ReferenceTokenCounts:
     """CPU-tensor stand-in for :class:`~zb_patch.kernels.token_counts.TokenCountsLauncher`."""
 
-    def __init__(self, **buffers: Any) -> None:
-        self.buffers = buffers
+    def __init__(self, limits: TokenCountsLimits, **buffers: Any) -> None:
+        self.limits, self.buffers = limits, buffers
 
     def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
                  valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
                  num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
+        num_reqs, num_tokens, num_positions = check_token_counts_call(
+            self.limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
+            num_prev_reqs)
         b = self.buffers
         token_counts_reference(
             b["num_computed_tokens"], b["num_accepted_tokens"], b["prev_positions"], valid_sampled_token_count,
             b["prev_num_draft_tokens"], cpu_num_computed_tokens, b["num_scheduled_tokens"], b["seq_lens"],
             num_reqs=num_reqs, req_indices=b["req_indices"], query_pos=b["query_pos"], positions=b["positions"],
-            num_tokens=num_tokens if b["positions"] is not None else 0, num_positions=num_positions,
-            num_prev_reqs=num_prev_reqs)
+            num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
 
 
 def token_counts_launcher(
@@ -213,19 +231,19 @@ def token_counts_launcher(
     valid_sampled_token_count=None, *, num_tokens=0, num_positions=None, num_prev_reqs=None)``.
 
     Triton on device tensors, the torch reference on CPU tensors; see
-    :class:`zb_patch.kernels.token_counts.TokenCountsLauncher` for the expected call.
+    :class:`zb_patch.kernels.token_counts.TokenCountsLauncher` for the expected call.  The buffers
+    are checked here, once; a call checks only its own arguments (``ValueError`` naming the argument).
     """
     buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
                    num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
                    prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
                    req_indices=req_indices, query_pos=query_pos, positions=positions)
-    if uses_triton(num_computed_tokens.device):
+    limits = check_token_counts_buffers(**buffers)
+    if uses_triton(limits.device):
         from .token_counts import TokenCountsLauncher
 
         return TokenCountsLauncher(**buffers, **launch_shape)
-    if (req_indices is None) != (positions is None) or (query_pos is None) != (positions is None):
-        raise ValueError("positions, req_indices and query_pos go together")
-    return _ReferenceTokenCounts(**buffers)
+    return _ReferenceTokenCounts(limits, **buffers)
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing Triton only when asked for

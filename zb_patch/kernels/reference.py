@@ -22,6 +22,7 @@ import math
 import torch
 
 PAD_SLOT_ID = -1
+INT32_MAX = 2**31 - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -55,8 +56,8 @@ def slot_mapping_reference(
     * the owned token's local offset is mapped through the block table, whose rows hold *kernel*
       (attention) block ids of ``block_size`` tokens; one physical block is
       ``physical_block_size // block_size`` consecutive kernel blocks (hybrid block sizes);
-    * negative positions and block indices past the row (``>= block_table.shape[1]``) give the pad
-      id instead of reading out of bounds;
+    * positions outside ``[0, 2**31)`` and block indices past the row (``>= block_table.shape[1]``)
+      give the pad id instead of reading out of bounds;
     * ``[num_tokens, max_num_tokens)`` is filled with the pad id (CUDA/ACL graph padding).
     """
     device = slot_mapping.device
@@ -75,7 +76,9 @@ def slot_mapping_reference(
     pos = positions.to(device=device, dtype=torch.int64)
     # req(t) = number of r in [1, num_reqs] with qsl[r] <= t  (qsl is non-decreasing)
     req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
-    valid = (req < num_reqs) & (t >= qsl[0]) & (pos >= 0) if num_reqs > 0 else torch.zeros_like(t, dtype=torch.bool)
+    # positions past int32 pad, as in the kernel (its index math is int32; see its module docstring)
+    in_range = (pos >= 0) & (pos <= INT32_MAX)
+    valid = (req < num_reqs) & (t >= qsl[0]) & in_range if num_reqs > 0 else torch.zeros_like(t, dtype=torch.bool)
 
     virtual_block = physical_block_size * world
     vblock = torch.div(pos, virtual_block, rounding_mode="floor")
@@ -168,6 +171,7 @@ def token_counts_reference(
     ``_prepare_inputs`` does with separate torch ops::
 
         positions[t] = num_computed_tokens[req_indices[t]] + query_pos[t]     t < num_tokens
+                       (0 where req_indices[t] is outside [0, num_reqs))
         positions[num_tokens:num_positions] = 0
         seq_lens[r] = num_computed_tokens[r] + num_scheduled_tokens[r]        r < num_reqs
         seq_lens[num_reqs:] = 0
@@ -207,7 +211,10 @@ def token_counts_reference(
             num_positions = num_tokens
         if num_tokens > 0:
             req = req_indices[:num_tokens].to(torch.int64)
-            positions[:num_tokens] = num_computed_tokens[req].to(positions.dtype) + query_pos[:num_tokens].to(positions.dtype)
+            known = (req >= 0) & (req < n)  # a token of no request gets position 0, like a padded one
+            computed = num_computed_tokens[torch.where(known, req, 0)] if n > 0 else torch.zeros_like(req)
+            pos = computed.to(positions.dtype) + query_pos[:num_tokens].to(positions.dtype)
+            positions[:num_tokens] = torch.where(known, pos, torch.zeros_like(pos))
         if num_positions > num_tokens:
             positions[num_tokens:num_positions] = 0
 

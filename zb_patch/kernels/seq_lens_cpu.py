@@ -13,7 +13,7 @@ the rejected tokens are subtracted on the CPU — the same numbers the device co
 Participation is the device kernel's: ``0 <= prev < num_prev`` and ``prev_num_draft_tokens[prev] > 0``.
 ``num_prev`` defaults to ``len(valid_sampled_token_count)`` (vllm-ascend passes its whole
 ``max_num_reqs`` host buffer, so this is its exact behaviour); pass the previous batch size to also
-ignore stale rows past it (the hardening of the device side).  numpy only: no torch, no Triton.
+ignore stale rows past it (the hardening of the device side).  numpy (and torch's CPU tensors), no Triton.
 """
 
 from __future__ import annotations
@@ -21,15 +21,19 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
+
+from ._checks import check_int, reject
 
 
-def _as_numpy(a: Any) -> np.ndarray:
+def _as_numpy(name: str, a: Any) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
-    numpy = getattr(a, "numpy", None)  # CPU torch tensor: zero-copy view
-    if numpy is None:
-        return np.asarray(a)
-    return numpy()
+    if isinstance(a, torch.Tensor):
+        if a.device.type != "cpu":
+            reject(name, a, "must be a CPU tensor or a numpy array (this is the host-side correction)")
+        return a.numpy()  # zero-copy view
+    return np.asarray(a)
 
 
 def correct_optimistic_seq_lens_cpu(
@@ -42,16 +46,31 @@ def correct_optimistic_seq_lens_cpu(
 ) -> None:
     """Subtract the previous step's rejected drafts from ``optimistic_seq_lens[:num_reqs]`` in place.
 
-    Arguments are numpy arrays or CPU torch tensors (viewed, not copied); same order as vllm-ascend's
-    function, plus the optional ``num_prev`` bound.
+    ``optimistic_seq_lens`` is a 1-D integer numpy array or CPU torch tensor (corrected in place,
+    so never a list); the other arrays may also be sequences.  Same order as vllm-ascend's function,
+    plus the optional ``num_prev`` bound.  Bad arguments raise ``ValueError`` naming the argument.
     """
-    if num_reqs <= 0:
+    if not isinstance(optimistic_seq_lens, (np.ndarray, torch.Tensor)):
+        reject("optimistic_seq_lens", optimistic_seq_lens,
+               "must be a numpy array or a CPU torch tensor (it is corrected in place)")
+    seq = _as_numpy("optimistic_seq_lens", optimistic_seq_lens)
+    arrays = {"optimistic_seq_lens": seq,
+              "prev_positions": _as_numpy("prev_positions", prev_positions),
+              "prev_num_draft_tokens": _as_numpy("prev_num_draft_tokens", prev_num_draft_tokens),
+              "valid_sampled_token_count": _as_numpy("valid_sampled_token_count", valid_sampled_token_count)}
+    for name, array in arrays.items():
+        if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
+            reject(name, array, "must be a 1-D integer array")
+    num_reqs = check_int("num_reqs", num_reqs, 0, min(len(seq), len(arrays["prev_positions"])),
+                         "the lengths of optimistic_seq_lens and prev_positions")
+    if num_prev is not None:
+        num_prev = check_int("num_prev", num_prev, 0)
+    if num_reqs == 0:
         return
-    seq = _as_numpy(optimistic_seq_lens)
-    prev = _as_numpy(prev_positions)[:num_reqs]
-    drafts_all = _as_numpy(prev_num_draft_tokens)
-    valid_all = _as_numpy(valid_sampled_token_count)
-    bound = len(valid_all) if num_prev is None else min(int(num_prev), len(valid_all))
+    prev = arrays["prev_positions"][:num_reqs]
+    drafts_all = arrays["prev_num_draft_tokens"]
+    valid_all = arrays["valid_sampled_token_count"]
+    bound = len(valid_all) if num_prev is None else min(num_prev, len(valid_all))
     bound = min(bound, len(drafts_all))
     if bound <= 0:
         return

@@ -25,8 +25,21 @@ generic kernel whenever ``I`` divides ``B``.  (vLLM's generic kernel uses a virt
 interleave 128 — the case #10442 worked around.)  ``physical_block_size`` is therefore only
 validated, not used in the arithmetic.
 
-Hardening over upstream: tokens outside every request, negative positions and block indices past
-the row's end map to PAD_SLOT_ID instead of reading outside the block table.
+Hardening over upstream: tokens outside every request, positions outside ``[0, 2**31)`` and block
+indices past the row's end map to PAD_SLOT_ID instead of reading outside the block table.
+
+Contract on inputs (both paths; :mod:`zb_patch.kernels._checks`, ``ValueError`` naming the argument):
+
+* built once: ``block_table`` a 2-D int32 tensor with unit column stride and fewer than 2**31
+  elements; ``slot_mapping`` a 1-D contiguous int32 / int64 tensor on the same device with
+  ``>= max_num_tokens`` elements; block size, CP ranks and interleave as vLLM accepts them;
+* per call: ``0 <= num_reqs <= block_table.shape[0]``; ``query_start_loc`` and ``positions``
+  1-D, contiguous, int32 / int64, on the block table's device; ``len(query_start_loc) >
+  num_reqs``; ``len(positions) <= len(slot_mapping)``.
+* positions are int64 data but the index math is int32 (Ascend's vector units emulate int64): a
+  position ``p`` with ``p < 0`` or ``p >= 2**31`` gets PAD_SLOT_ID — on the reference too, which
+  could compute it, so that the paths agree; no sequence vLLM schedules comes near 2**31 tokens.
+  ``query_start_loc`` must be non-decreasing (data: not checked; tokens it assigns to no request pad).
 
 Expected call (patch of vllm-ascend 0.19.1rc1-0.23.x ``BlockTable.compute_slot_mapping``)
 -----------------------------------------------------------------------------------------
@@ -98,8 +111,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import (FastLauncher, interpret_mode, multiprocessor_count, next_power_of_2,
-                      validate_slot_mapping_config)
+from ._checks import INDEX_DTYPES, check_slot_mapping_call, check_slot_mapping_config
+from ._launch import FastLauncher, interpret_mode, multiprocessor_count, next_power_of_2
 
 PAD_SLOT_ID = -1
 _INT32_MAX = tl.constexpr(2**31 - 1)
@@ -156,7 +169,10 @@ def _slot_mapping_kernel(
             in_batch = offs < num_tokens
             # all independent loads first: positions, query_start_loc[1..num_reqs] (one contiguous
             # load, cached after the first tile) and the decode guess below
-            pos = tl.load(positions_ptr + offs, mask=in_batch, other=0).to(tl.int32)
+            pos_in = tl.load(positions_ptr + offs, mask=in_batch, other=0)
+            # int32 index math: a position outside [0, 2**31) pads (as in the reference); tested before
+            # the cast so that a huge int64 position cannot wrap into range
+            pos = tl.where((pos_in >= 0) & (pos_in <= _INT32_MAX), pos_in, -1).to(tl.int32)
             starts = tl.load(query_start_loc_ptr + 1 + req_lanes, mask=req_lanes < num_reqs, other=_INT32_MAX)
             first_start = tl.load(query_start_loc_ptr)
             t_last = tl.minimum(t0 + TILE, num_tokens) - 1
@@ -261,12 +277,13 @@ class SlotMappingLauncher:
         direct_launch: bool | None = None,
         num_warps: int | None = None,
     ) -> None:
-        world = pcp_world_size * dcp_world_size
-        rank = pcp_rank * dcp_world_size + dcp_rank
-        stride = validate_slot_mapping_config(
+        limits = check_slot_mapping_config(
             block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
             block_table_stride=block_table_stride, physical_block_size=physical_block_size,
-            cp_world_size=world, cp_rank=rank, cp_kv_cache_interleave_size=cp_kv_cache_interleave_size)
+            pcp_world_size=pcp_world_size, pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id)
+        self._limits = limits
+        world, rank, stride = limits.cp_world_size, limits.cp_rank, limits.row_stride
 
         self.block_table = block_table
         self.slot_mapping = slot_mapping
@@ -326,30 +343,37 @@ class SlotMappingLauncher:
         # allocated once); only query_start_loc / positions change from step to step
         self._bt_ptr = block_table.data_ptr()
         self._slot_ptr = slot_mapping.data_ptr()
+        self._capacity = limits.capacity
+        self._device_id = block_table.get_device()
         self._fast: Any = None
         self._fast_dtypes: tuple = ()
 
     def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
-        """Write ``slot_mapping`` for the batch; same arguments as ``BlockTable.compute_slot_mapping``."""
+        """Write ``slot_mapping`` for the batch; same arguments as ``BlockTable.compute_slot_mapping``.
+
+        The arguments are checked with attribute and integer tests only (this runs every step);
+        :func:`~zb_patch.kernels._checks.check_slot_mapping_call` explains a failure.
+        """
+        try:  # cheapest forms: numel() == shape[0] once ndim == 1, get_device() (an int) for the device
+            qsl_dtype, pos_dtype = query_start_loc.dtype, positions.dtype
+            num_tokens = positions.numel()
+            ok = (type(num_reqs) is int and 0 <= num_reqs <= self.max_num_reqs and num_tokens <= self._capacity
+                  and query_start_loc.ndim == 1 and positions.ndim == 1 and query_start_loc.numel() > num_reqs
+                  and qsl_dtype in INDEX_DTYPES and pos_dtype in INDEX_DTYPES
+                  and query_start_loc.is_contiguous() and positions.is_contiguous()
+                  and query_start_loc.get_device() == self._device_id and positions.get_device() == self._device_id)
+        except AttributeError:  # not tensors
+            ok = False
+        if not ok:  # raises, or normalises an integer type (numpy ints)
+            num_reqs, num_tokens = check_slot_mapping_call(self._limits, num_reqs, query_start_loc, positions)
+            qsl_dtype, pos_dtype = query_start_loc.dtype, positions.dtype
         fast = self._fast
-        if fast is not None and query_start_loc.dtype is self._fast_dtypes[0] and positions.dtype is self._fast_dtypes[1]:
+        if fast is not None and qsl_dtype is self._fast_dtypes[0] and pos_dtype is self._fast_dtypes[1]:
             qsl_ptr = query_start_loc.data_ptr()
             pos_ptr = positions.data_ptr()
-            num_tokens = positions.shape[0]
-            if (not (qsl_ptr | pos_ptr) & 15 and num_tokens <= self.max_num_tokens
-                    and num_reqs <= self.max_num_reqs
-                    and fast(self.num_programs, qsl_ptr, pos_ptr, self._bt_ptr, self._slot_ptr, num_reqs, num_tokens)):
+            if not (qsl_ptr | pos_ptr) & 15 and fast(self.num_programs, qsl_ptr, pos_ptr, self._bt_ptr,
+                                                     self._slot_ptr, num_reqs, num_tokens):
                 return
-        self._call_slow(num_reqs, query_start_loc, positions)
-
-    def _call_slow(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
-        num_tokens = positions.shape[0]
-        if num_reqs > self.max_num_reqs:
-            raise ValueError(f"num_reqs {num_reqs} exceeds the block table's {self.max_num_reqs} rows")
-        if query_start_loc.shape[0] < num_reqs + 1:
-            raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries for {num_reqs} requests")
-        if max(num_tokens, self.max_num_tokens) > self.slot_mapping.numel():
-            raise ValueError(f"{num_tokens} tokens do not fit slot_mapping ({self.slot_mapping.numel()})")
         compiled = self._launcher.launch_slow(
             self.num_programs,
             (query_start_loc, positions, self.block_table, self.slot_mapping, num_reqs, num_tokens),
@@ -357,7 +381,7 @@ class SlotMappingLauncher:
         if (self._fast is None and self._launcher.direct_supported
                 and not (query_start_loc.data_ptr() | positions.data_ptr()) & 15):
             self._fast = self._launcher.direct_launcher(compiled, self._device_index)
-            self._fast_dtypes = (query_start_loc.dtype, positions.dtype)
+            self._fast_dtypes = (qsl_dtype, pos_dtype)
 
     @property
     def direct_launches(self) -> int:

@@ -30,6 +30,17 @@ Fused in the same launch, as vLLM's ``_prepare_inputs`` does next with separate 
 
 Without ``prev_positions`` (or with ``valid_sampled_token_count=None``) it is the non-async branch:
 ``num_computed_tokens[:num_reqs] = cpu_num_computed_tokens`` and the same positions / seq_lens.
+A token whose ``req_indices`` entry is outside ``[0, num_reqs)`` gets position 0, like a padded
+token, instead of a read outside ``num_computed_tokens``.
+
+Contract on inputs (both paths; :mod:`zb_patch.kernels._checks`, ``ValueError`` naming the argument):
+every tensor 1-D, contiguous, on ``num_computed_tokens``' device; ``num_computed_tokens`` and
+``seq_lens`` int32, the others int32 / int64; ``positions``, ``req_indices`` and ``query_pos`` all
+or none.  Per call ``0 <= num_reqs <= rows`` (the shortest of ``num_computed_tokens``, ``seq_lens``,
+``num_scheduled_tokens``, ``prev_positions``, ``num_accepted_tokens``), ``len(cpu_num_computed_tokens)
+>= num_reqs``, ``0 <= num_tokens <= len(req_indices), len(query_pos)``, ``num_tokens <=
+num_positions <= len(positions)``, ``num_prev_reqs >= 0``.  ``valid_sampled_token_count`` and
+``prev_num_draft_tokens`` may have any length: they bound the gather themselves.
 
 Expected call (the patched ``_prepare_inputs``; names as in vLLM 0.19 / vllm-ascend 0.23).  Bind the
 runner's persistent buffers once (views like ``buf[:num_reqs]`` share their base pointer), then per
@@ -73,6 +84,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import INDEX_DTYPES, check_token_counts_buffers, check_token_counts_call
 from ._launch import FastLauncher, interpret_mode
 
 # Tile widths per device type (rows per request tile, tokens per position tile).
@@ -141,10 +153,13 @@ def _token_counts_kernel(
         for t0 in range(0, num_positions, TOK_TILE):
             t = t0 + toks
             in_batch = t < num_tokens
-            req = tl.load(req_indices_ptr + t, mask=in_batch, other=0).to(tl.int32)
+            req_in = tl.load(req_indices_ptr + t, mask=in_batch, other=0)
+            # a request index outside the batch gives position 0 (tested before the int32 cast)
+            known = in_batch & (req_in >= 0) & (req_in < num_reqs)
+            req = tl.where(known, req_in, 0).to(tl.int32)
             qpos = tl.load(query_pos_ptr + t, mask=in_batch, other=0)
-            computed = tl.load(num_computed_ptr + req, mask=in_batch, other=0)
-            pos = tl.where(in_batch, computed.to(pos_ty) + qpos.to(pos_ty), 0)
+            computed = tl.load(num_computed_ptr + req, mask=known, other=0)
+            pos = tl.where(known, computed.to(pos_ty) + qpos.to(pos_ty), 0)
             tl.store(positions_ptr + t, pos.to(pos_ty), mask=t < num_positions)
 
 
@@ -212,12 +227,13 @@ class TokenCountsLauncher:
                  req_indices: torch.Tensor | None = None, query_pos: torch.Tensor | None = None,
                  positions: torch.Tensor | None = None, tiles: tuple[int, int] | None = None,
                  direct_launch: bool | None = None) -> None:
-        if (req_indices is None) != (positions is None) or (query_pos is None) != (positions is None):
-            raise ValueError("positions, req_indices and query_pos go together")
         self.buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
                             num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
                             prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
                             req_indices=req_indices, query_pos=query_pos, positions=positions)
+        limits = self._limits = check_token_counts_buffers(**self.buffers)
+        self._rows, self._tokens, self._positions = limits.rows, limits.tokens, limits.positions
+        self._device_id = num_computed_tokens.get_device()
         self.device_type = num_computed_tokens.device.type
         self._device_index = num_computed_tokens.device.index
         self._tiles = tiles or _default_tiles(self.device_type)
@@ -248,25 +264,44 @@ class TokenCountsLauncher:
     def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
                  valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
                  num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
-        correct = valid_sampled_token_count is not None and self.can_correct
+        cpu, valid, num_positions_arg = cpu_num_computed_tokens, valid_sampled_token_count, num_positions
+        if not self.has_positions:  # ignored without a positions buffer
+            num_tokens = num_positions = 0
+        elif num_positions is None:
+            num_positions = num_tokens
+        # the per-step checks as one expression of attribute / integer tests (this runs every step);
+        # check_token_counts_call explains a failure
+        try:  # cheapest forms: numel() == shape[0] once ndim == 1, get_device() (an int) for the device
+            cpu_dtype = cpu.dtype
+            ok = (type(num_reqs) is int and 0 <= num_reqs <= self._rows
+                  and type(num_tokens) is int and type(num_positions) is int
+                  and 0 <= num_tokens <= num_positions and num_tokens <= self._tokens
+                  and num_positions <= self._positions
+                  and (num_prev_reqs is None or (type(num_prev_reqs) is int and num_prev_reqs >= 0))
+                  and cpu.ndim == 1 and cpu.numel() >= num_reqs and cpu_dtype in INDEX_DTYPES
+                  and cpu.is_contiguous() and cpu.get_device() == self._device_id
+                  and (valid is None or (valid.ndim == 1 and valid.dtype in INDEX_DTYPES and valid.is_contiguous()
+                                         and valid.get_device() == self._device_id)))
+        except AttributeError:  # not tensors
+            ok = False
+        if not ok:  # raises, or normalises integer types (numpy ints)
+            num_reqs, num_tokens, num_positions = check_token_counts_call(
+                self._limits, num_reqs, cpu, valid, num_tokens, num_positions_arg, num_prev_reqs)
+            cpu_dtype = cpu.dtype
+        correct = valid is not None and self.can_correct
         if correct:
-            num_prev = valid_sampled_token_count.numel()
+            num_prev = valid.numel()
             if num_prev_reqs is not None and num_prev_reqs < num_prev:
                 num_prev = num_prev_reqs
             if self._bound_prev < num_prev:
                 num_prev = self._bound_prev
-            valid = valid_sampled_token_count
         else:
             num_prev = 0
             valid = self._static[0]
-        if not self.has_positions:
-            num_tokens = num_positions = 0
-        elif num_positions is None:
-            num_positions = num_tokens
         s = self._static
-        fast = self._fast.get((correct, cpu_num_computed_tokens.dtype, valid.dtype))
+        fast = self._fast.get((correct, cpu_dtype, valid.dtype))
         if fast is not None:
-            cpu_ptr = cpu_num_computed_tokens.data_ptr()
+            cpu_ptr = cpu.data_ptr()
             valid_ptr = valid.data_ptr()
             p = self._static_ptrs
             if not (cpu_ptr | valid_ptr) & 15 and fast(
@@ -275,12 +310,10 @@ class TokenCountsLauncher:
                 self.direct_launches += 1
                 return
         launcher = self._launcher(correct)
-        compiled = launcher.launch_slow(1, (s[0], s[1], s[2], valid, s[3], cpu_num_computed_tokens, s[4], s[5], s[6],
-                                            s[7], s[8], num_reqs, num_prev, self._seq_lens_len, num_tokens,
-                                            num_positions))
-        key = (correct, cpu_num_computed_tokens.dtype, valid.dtype)
-        if (key not in self._fast and launcher.direct_supported
-                and not (cpu_num_computed_tokens.data_ptr() | valid.data_ptr()) & 15):
+        compiled = launcher.launch_slow(1, (s[0], s[1], s[2], valid, s[3], cpu, s[4], s[5], s[6], s[7], s[8],
+                                            num_reqs, num_prev, self._seq_lens_len, num_tokens, num_positions))
+        key = (correct, cpu_dtype, valid.dtype)
+        if key not in self._fast and launcher.direct_supported and not (cpu.data_ptr() | valid.data_ptr()) & 15:
             self._fast[key] = launcher.direct_launcher(compiled, self._device_index)
 
 
@@ -308,9 +341,45 @@ def update_token_counts(
 
     ``num_prev_reqs`` bounds the previous positions that participate (defaults to
     ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests);
-    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).  Hot paths bind their
-    buffers once in a :class:`TokenCountsLauncher` instead.
+    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).  Every argument is
+    checked on each call; hot paths bind their buffers once in a :class:`TokenCountsLauncher` instead.
     """
+    limits = check_token_counts_buffers(
+        num_computed_tokens=num_computed_tokens, seq_lens=seq_lens, num_scheduled_tokens=num_scheduled_tokens,
+        prev_positions=prev_positions, prev_num_draft_tokens=prev_num_draft_tokens,
+        num_accepted_tokens=num_accepted_tokens, req_indices=req_indices, query_pos=query_pos, positions=positions,
+        num_reqs=num_reqs)
+    num_reqs, num_tokens, num_positions = check_token_counts_call(
+        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
+        num_prev_reqs)
+    launch_token_counts(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
+                        prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
+                        num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
+                        num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs,
+                        tiles=tiles, direct_launch=direct_launch)
+
+
+def launch_token_counts(
+    num_computed_tokens: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    prev_positions: torch.Tensor | None,
+    valid_sampled_token_count: torch.Tensor | None,
+    prev_num_draft_tokens: torch.Tensor | None,
+    cpu_num_computed_tokens: torch.Tensor,
+    num_scheduled_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    num_reqs: int,
+    req_indices: torch.Tensor | None,
+    query_pos: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    num_tokens: int,
+    num_positions: int,
+    num_prev_reqs: int | None,
+    tiles: tuple[int, int] | None = None,
+    direct_launch: bool | None = None,
+) -> None:
+    """:func:`update_token_counts` without the checks, for callers that made them (the dispatcher)."""
     correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
     has_positions = positions is not None
     num_prev = 0
@@ -318,12 +387,8 @@ def update_token_counts(
         num_prev = valid_sampled_token_count.numel() if num_prev_reqs is None else num_prev_reqs
         num_prev = min(num_prev, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(),
                        num_computed_tokens.numel())
-    if num_positions is None:
-        num_positions = num_tokens
     if not has_positions:
         num_tokens = num_positions = 0
-    elif num_tokens > 0 and (req_indices is None or query_pos is None):
-        raise ValueError("positions need req_indices and query_pos")
     dummy = num_computed_tokens
     has_accepted = correct and num_accepted_tokens is not None
     launcher = _LAUNCHERS.get(num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles,
@@ -337,8 +402,8 @@ def update_token_counts(
         cpu_num_computed_tokens,
         num_scheduled_tokens,
         seq_lens,
-        req_indices if has_positions and req_indices is not None else dummy,
-        query_pos if has_positions and query_pos is not None else dummy,
+        req_indices if has_positions else dummy,
+        query_pos if has_positions else dummy,
         positions if has_positions else dummy,
         num_reqs, num_prev, seq_lens.numel(), num_tokens, num_positions,
     ))

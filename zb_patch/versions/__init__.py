@@ -7,7 +7,9 @@ functions the patches rely on). Every target carries the fingerprints it was bui
 * a family in range whose targets all match -> applied;
 * a family in range with any drifted target -> refused, nothing applied, one ERROR line;
 * an unknown build (dev / nightly / unlisted pairing) -> every adapter is tried by fingerprint, and the
-  first whose targets all match is accepted ("accepted by fingerprint"); none -> refused.
+  first whose targets all match is accepted ("accepted by fingerprint"); none -> refused;
+* a release past the newest adapter's range -> "native" only when its installed code is a recorded native form
+  (:mod:`.native`, checked from the source files); anything else -> refused, naming every check.
 
 Version checks live here and in :mod:`zb_patch.detect` only. A release's quirks live in its adapter module.
 """
@@ -15,12 +17,16 @@ Version checks live here and in :mod:`zb_patch.detect` only. A release's quirks 
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
+import functools
 import os
-from typing import Optional
+import re
+from typing import Mapping, Optional
 
 from ..detect import Versions
-from ..registry import PatchSet, fingerprint_source, split_target
+from ..registry import PatchSet, find_node, fingerprint_node, split_target
+from . import native
 
 Release = tuple[int, ...]
 
@@ -62,7 +68,7 @@ def _rng(r: tuple[Release, Release]) -> str:
 # Verdicts of selection
 SELECTED = "selected"       # one adapter by version range (fingerprints still decide at apply time)
 PROBE = "probe"             # unknown build: adapters tried by fingerprint
-NATIVE = "native"           # the release already has everything zb-patch carries
+NATIVE = "native"           # the installed code is a recorded native form: nothing to carry
 REFUSED = "refused"         # nothing to do / unsupported, with a reason
 
 
@@ -71,6 +77,7 @@ class Selection:
     verdict: str
     reason: str
     candidates: tuple[Adapter, ...] = ()
+    checks: tuple[native.Check, ...] = ()   # the native-form checks behind a NATIVE / past-the-adapters verdict
 
     @property
     def adapter(self) -> Optional[Adapter]:
@@ -78,18 +85,19 @@ class Selection:
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict, "reason": self.reason,
-                "candidates": [a.id for a in self.candidates]}
+                "candidates": [a.id for a in self.candidates], "checks": [c.as_dict() for c in self.checks]}
 
 
-# The native boundary and the oldest family that can run async scheduling + spec decode at all.
-NATIVE_FROM: Release = (0, 24)
+# Where the adapters end (the installed code decides from there on: native.py) and the oldest family that can run
+# async scheduling + spec decode at all.
+NATIVE_FROM: Release = (0, 26)
 OLDEST_SUPPORTED: Release = (0, 13)
 
 
 def adapters() -> tuple[Adapter, ...]:
-    from . import ascend_0_13, ascend_0_18, ascend_0_19_0_23
+    from . import ascend_0_13, ascend_0_18, ascend_0_19_0_25
 
-    return (ascend_0_13.ADAPTER, ascend_0_18.ADAPTER, ascend_0_19_0_23.ADAPTER)
+    return (ascend_0_13.ADAPTER, ascend_0_18.ADAPTER, ascend_0_19_0_25.ADAPTER)
 
 
 def by_id(adapter_id: str) -> Adapter:
@@ -99,7 +107,9 @@ def by_id(adapter_id: str) -> Adapter:
     raise KeyError(f"unknown adapter {adapter_id!r} (known: {', '.join(a.id for a in adapters())})")
 
 
-def select(v: Versions) -> Selection:
+def select(v: Versions, tree: Optional[str] = None) -> Selection:
+    """The verdict for the installed versions. ``tree``: directory holding ``vllm_ascend/`` for the native check
+    (default: where the installed package lives; tests pass a tree)."""
     if not v.vllm.installed:
         return Selection(REFUSED, "vLLM is not installed")
     if v.vllm.error:
@@ -110,8 +120,7 @@ def select(v: Versions) -> Selection:
         return Selection(REFUSED, f"vllm-ascend version {v.vllm_ascend.raw!r} cannot be parsed: {v.vllm_ascend.error}")
     va = v.vllm_ascend
     if va.release_at_least(*NATIVE_FROM):
-        return Selection(NATIVE, f"vllm-ascend {va.raw} (>= {_fmt(NATIVE_FROM)}) already ships zero-bubble "
-                                 f"async scheduling + spec decode and the fixes zb-patch carries")
+        return _native_by_code(str(va.raw), tree if tree is not None else native.installed_root())
     if not va.release_at_least(*OLDEST_SUPPORTED):
         return Selection(REFUSED, f"vllm-ascend {va.raw} is older than {_fmt(OLDEST_SUPPORTED)}: it cannot run async "
                                   f"scheduling together with speculative decoding, so there is nothing to backport")
@@ -129,16 +138,157 @@ def select(v: Versions) -> Selection:
                      tuple(family + others))
 
 
+def _native_by_code(raw: str, root: Optional[str]) -> Selection:
+    """NATIVE when every native form (native.py) is recorded in the installed sources, else REFUSED naming what
+    was checked: a release newer than everything recorded is never native by its number."""
+    if root is None:
+        return Selection(REFUSED, f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and its sources "
+                                  f"cannot be found, so its slot-mapping and zero-bubble code cannot be checked")
+    checks = native.check_tree(root)
+    unknown = [c for c in checks if c.matched is None]
+    if not unknown:
+        labels = sorted({c.matched for c in checks if c.matched})
+        return Selection(NATIVE, f"vllm-ascend {raw} ships the Ascend-shaped slot-mapping kernel and zero-bubble "
+                                 f"async scheduling + spec decode: {len(checks)} targets checked, each a recorded "
+                                 f"native form ({'; '.join(labels)}); nothing to carry", checks=checks)
+    return Selection(REFUSED, f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and not a recorded "
+                              f"native form (recorded: {', '.join(native.RELEASES)}): checked "
+                              f"{'; '.join(c.text for c in checks)}; {len(unknown)} of {len(checks)} unknown, so "
+                              f"zb-patch cannot tell whether it needs the slot-mapping kernel or zero-bubble fixes",
+                     checks=checks)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Every published vllm-ascend release and its verdict (README table, `zb-patch supported`). The verdicts come from
+# the recorded data (adapter releases and fingerprint labels, native.RELEASES); tests/sources recomputes each from
+# the release's PyPI artifacts with tree_verdict().
+# ----------------------------------------------------------------------------------------------------
+
+PUBLISHED: tuple[str, ...] = (
+    "0.9.1", "0.9.2rc1", "0.10.0rc1", "0.10.1rc1", "0.10.2rc1", "0.11.0rc0", "0.11.0rc1", "0.11.0rc2", "0.11.0rc3",
+    "0.11.0", "0.12.0rc1", "0.13.0rc1", "0.13.0rc2", "0.13.0rc3", "0.13.0", "0.14.0rc1", "0.15.0rc1", "0.16.0rc1",
+    "0.17.0rc1", "0.18.0rc1", "0.18.0", "0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0",
+    "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1",
+    "0.30.0rc2",
+)
+
+_VERSION = re.compile(r"\d+\.\d+\.\d+(?:rc\d+)?(?:\.post\d+)?")
+
+
+def label_names(label: str, release: str) -> bool:
+    """A fingerprint label names this exact release ("0.23.0" is not named by "0.23.0rc1" nor "0.23.0.post1")."""
+    return release in _VERSION.findall(label)
+
+
+def _release(release: str) -> Release:
+    m = re.match(r"\d+(?:\.\d+)*", release)
+    if m is None:
+        raise ValueError(f"not a release number: {release!r}")
+    return tuple(int(x) for x in m.group(0).split(".")[:3])
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseVerdict:
+    verdict: str                 # NATIVE / SELECTED (an adapter applies) / REFUSED
+    adapter: Optional[str] = None
+    patches: tuple[str, ...] = ()
+    why: str = ""
+
+
+def release_verdict(release: str) -> ReleaseVerdict:
+    """What zb-patch does on a published release, from the recorded data alone."""
+    rel = _release(release)
+    if rel < OLDEST_SUPPORTED:
+        return ReleaseVerdict(REFUSED, why="async + spec decode not supported by the release")
+    if rel >= NATIVE_FROM:
+        if release in native.RELEASES:
+            return ReleaseVerdict(NATIVE, why="Ascend slot-mapping kernel + zero-bubble by installed code")
+        return ReleaseVerdict(REFUSED, why="not a recorded native form: nothing applied")
+    for a in adapters():
+        if _fmt_pad(a.vllm_ascend[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm_ascend[1]):
+            if release not in a.releases:
+                return ReleaseVerdict(REFUSED,
+                                      why=f"in {a.id}'s range, targets not its recorded forms: nothing applied")
+            needed = tuple(p.id for p in a.patch_set.patches
+                           if any(label_names(lb, release) for lb in p.fingerprints))
+            return ReleaseVerdict(SELECTED, a.id, needed)
+    return ReleaseVerdict(REFUSED, why="no adapter's targets match (tried by fingerprint): nothing applied")
+
+
+def _fmt_pad(r: Release) -> Release:
+    return tuple(r) + (0,) * (3 - len(r))
+
+
+def tree_verdict(root: str, release: str) -> ReleaseVerdict:
+    """The verdict recomputed from a release's vllm-ascend sources under ``root`` (unpacked wheel or sdist), as
+    selection + verification would decide it at run time, by fingerprint of every ``vllm_ascend`` target. vLLM's
+    own targets live in vLLM's wheels: a patch of one counts by its recorded labels (the va envs check it live)."""
+    rel = _release(release)
+    if rel < OLDEST_SUPPORTED:
+        return ReleaseVerdict(REFUSED, why="async + spec decode not supported by the release")
+    if rel >= NATIVE_FROM:
+        sel = _native_by_code(release, root)
+        if sel.verdict == NATIVE:
+            return ReleaseVerdict(NATIVE, why="Ascend slot-mapping kernel + zero-bubble by installed code")
+        return ReleaseVerdict(REFUSED, why="not a recorded native form: nothing applied")
+    in_range = [a for a in adapters() if _fmt_pad(a.vllm_ascend[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm_ascend[1])]
+    for a in in_range or adapters():
+        applied: list[str] = []
+        ok = True
+        # (target, forms a patch replaces / a guard accepts, forms that already carry the fix, patch id)
+        items: list[tuple[str, Mapping[str, str], Mapping[str, str], Optional[str]]] = [
+            (g.target, g.fingerprints, {}, None) for g in a.patch_set.guards]
+        items += [(p.target, p.fingerprints, p.native_fingerprints, p.id) for p in a.patch_set.patches]
+        for target, needs, has, pid in items:
+            if not target.startswith("vllm_ascend."):
+                # a vLLM function: not in this artifact; its recorded labels stand (the va envs check it live)
+                if pid and any(label_names(lb, release) for lb in needs):
+                    applied.append(pid)
+                continue
+            fp = fingerprint_in_tree(root, target)
+            if fp is None or fp not in (*needs.values(), *has.values()):
+                ok = False
+                break
+            if pid and fp in needs.values():
+                applied.append(pid)
+        if ok:
+            return ReleaseVerdict(SELECTED, a.id, tuple(applied))
+        if in_range:
+            return ReleaseVerdict(REFUSED, why=f"in {a.id}'s range, targets not its recorded forms: nothing applied")
+    return ReleaseVerdict(REFUSED, why="no adapter's targets match (tried by fingerprint): nothing applied")
+
+
+def _pinned_vllm(release: str) -> str:
+    """The vLLM a vllm-ascend release is built for: the same release number (its Dockerfile's VLLM_TAG)."""
+    return ".".join(map(str, _release(release)))
+
+
 def supported_table() -> list[dict]:
-    """Rows for the README / doctor: one per adapter plus the native and refused boundaries."""
-    rows = [{"vllm_ascend": f">= {_fmt(NATIVE_FROM)}", "vllm": "(as pinned)", "verdict": "native",
-             "adapter": "-", "patches": "none needed"}]
-    for a in sorted(adapters(), key=lambda a: a.vllm_ascend, reverse=True):
-        pids = [p.id for p in a.patch_set.patches]
-        rows.append({"vllm_ascend": _rng(a.vllm_ascend), "vllm": _rng(a.vllm), "verdict": "adapter",
-                     "adapter": a.id, "patches": ", ".join(pids) if pids else "(guards only so far)"})
-    rows.append({"vllm_ascend": f"< {_fmt(OLDEST_SUPPORTED)}", "vllm": "any", "verdict": "refused",
-                 "adapter": "-", "patches": "async + spec decode not supported by the release"})
+    """Rows for the README / `zb-patch supported`: one per run of published releases with the same verdict and
+    patches, then the boundaries (unrecorded newer builds, no vllm-ascend)."""
+    runs: list[tuple[list[str], ReleaseVerdict]] = []
+    for release in PUBLISHED:
+        rv = release_verdict(release)
+        if runs and runs[-1][1] == rv:
+            runs[-1][0].append(release)
+        else:
+            runs.append(([release], rv))
+    rows = []
+    for releases, rv in reversed(runs):
+        first, last = releases[0], releases[-1]
+        span = first if first == last else f"{first} - {last}"
+        vllm_first, vllm_last = _pinned_vllm(first), _pinned_vllm(last)
+        vllm = vllm_first if vllm_first == vllm_last else f"{vllm_first} - {vllm_last}"
+        if rv.verdict == SELECTED:
+            patches = ", ".join(rv.patches) if rv.patches else "none (every fix native; guards verified)"
+            rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter,
+                         "patches": patches})
+        else:
+            rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": rv.verdict, "adapter": "-",
+                         "patches": rv.why})
+    rows.insert(0, {"vllm_ascend": f"newer / unrecorded builds >= {_fmt(NATIVE_FROM)}", "vllm": "any",
+                    "verdict": "checked", "adapter": "-",
+                    "patches": "native only if every native form is recorded; else refused, naming each check"})
     rows.append({"vllm_ascend": "not installed", "vllm": "any", "verdict": "refused", "adapter": "-",
                  "patches": "zb-patch is for vLLM-Ascend deployments"})
     return rows
@@ -166,16 +316,23 @@ def fingerprint_in_tree(root: str, target: str, *, follow_reexports: bool = True
     path = module_file(root, module)
     if path is None:
         return None
-    with open(path, encoding="utf-8-sig") as fh:
-        source = fh.read()
-    fp = fingerprint_source(source, parts)
+    tree = _parsed(path, os.stat(path).st_mtime_ns)
+    node = find_node(tree, parts)
+    fp = None if node is None else fingerprint_node(copy.deepcopy(node))  # it strips docstrings in place
     if fp is not None or not follow_reexports or _depth >= 4:
         return fp
-    origin = _reexport_origin(ast.parse(source), module, path.endswith("__init__.py"), parts[0])
+    origin = _reexport_origin(tree, module, path.endswith("__init__.py"), parts[0])
     if origin is None:
         return None
     src_module, src_name = origin
     return fingerprint_in_tree(root, f"{src_module}:{'.'.join((src_name, *parts[1:]))}", _depth=_depth + 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, mtime_ns: int) -> ast.Module:
+    """One parse per file version: a runner module is ~4,000 lines and several targets live in it."""
+    with open(path, encoding="utf-8-sig") as fh:
+        return ast.parse(fh.read())
 
 
 def _reexport_origin(tree: ast.Module, module: str, is_package: bool, name: str) -> Optional[tuple[str, str]]:

@@ -30,7 +30,7 @@ ZERO_BUBBLE = ZeroBubble018("0.18", other_runners="310P / xlite")
 
 _REMOVE_WHEN = (
     "vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
-    "ascend-0.19-0.23; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it"
+    "ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it"
 )
 _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 

@@ -108,6 +108,12 @@ def is_available() -> bool:
     return False
 
 
+def is_current_stream_capturing() -> bool:
+    """torch.npu.is_current_stream_capturing: whether an ACL graph is being captured on the current stream. The
+    stand-in never captures graphs (streams are CPU no-ops), so always False."""
+    return False
+
+
 def device_count() -> int:
     return 0
 
@@ -117,6 +123,16 @@ def device_count() -> int:
 # (`operator torchvision::nms does not exist`). transformers imports a few of its names at import
 # time. InterpolationMode is a plain enum upstream; this is the same enum.
 import enum as _enum
+
+
+class ImageReadMode(_enum.Enum):
+    """torchvision.io.ImageReadMode: a plain enum upstream too (transformers 5.14 imports it at import time)."""
+
+    UNCHANGED = 0
+    GRAY = 1
+    GRAY_ALPHA = 2
+    RGB = 3
+    RGB_ALPHA = 4
 
 
 class InterpolationMode(_enum.Enum):

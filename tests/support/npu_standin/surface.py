@@ -24,7 +24,7 @@ ALL = frozenset(FAMILIES)
 # The first vllm-ascend release (major, minor) each family's surface serves. "0.23" (the transformers-5.x surface)
 # serves 0.19-0.22 too: every worker module of 0.19.1rc1 .. 0.22.1rc1 imports with it, while the "0.18"
 # surface fails there (transformers 5.5.x needs torchvision.transforms.InterpolationMode;
-# docs/releases/ascend-0.19-0.23.md section 7.3).
+# docs/releases/ascend-0.19-0.25.md section 7.3).
 FAMILY_FROM: dict[str, tuple[int, int]] = {F11: (0, 11), F13: (0, 13), F18: (0, 18), F23: (0, 19)}
 
 # Top-level names this stand-in owns. Any import under these roots that is not declared in
@@ -95,6 +95,9 @@ module("torch_npu.npu", ALL,
                         "model_runner_v1._torch_cuda_wrapper maps torch.cuda.default_stream to it "
                         "(runner construction)"),
        synchronize=E(ref("runtime:synchronize"), {F13, F18, F23}, "_torch_cuda_wrapper (runner construction)"),
+       is_current_stream_capturing=E(ref("runtime:is_current_stream_capturing"), {F23},
+                                     "0.25.1rc1 _torch_cuda_wrapper maps torch.cuda.is_current_stream_capturing to "
+                                     "it (runner construction); worker/v2/aclgraph_utils.py calls it"),
        mem_get_info=E(unavailable, {F13, F18, F23},
                       "_torch_cuda_wrapper maps torch.cuda.mem_get_info to it (mapped, never called on "
                       "the tested paths; needs device memory)"),
@@ -186,12 +189,23 @@ module("torchvision", {F13, F18, F23},
        "transformers models/qwen2_vl/image_processing_qwen2_vl.py hard-imports torchvision; vLLM's "
        "qwen2_vl / qwen3_vl models import it, and vllm_ascend patches those models at import "
        "(0.18: patch/worker/patch_qwen3_5.py -> vllm qwen3_5 -> qwen3_vl). With transformers 5.x "
-       "(0.23) a findable torchvision also counts as *available*, which pulls the rest below.")
-module("torchvision.io", {F23}, "transformers 5.x video_utils.py:49 `from torchvision import io` (import time)")
+       "(0.23) a findable torchvision also counts as *available*, which pulls the rest below.",
+       __version__=E(value("0.25.0"), {F23},
+                     "transformers 5.14 image_processing_auto.py `is_torchvision_greater_or_equal(\"0.27\")` parses it "
+                     "at import time (no dist metadata here); 0.25.0 is the torchvision vllm-ascend 0.24-0.26 pin"))
+module("torchvision.io", {F23}, "transformers 5.x video_utils.py:49 `from torchvision import io` (import time)",
+       ImageReadMode=E(ref("runtime:ImageReadMode"), {F23},
+                       "transformers 5.14 image_utils.py `from torchvision.io import ImageReadMode, decode_image` "
+                       "(import time, once torchvision is found; vllm-ascend 0.25.1rc1 pins 5.14.1); the same plain "
+                       "enum as upstream"),
+       decode_image=E(unavailable, {F23}, "transformers 5.14 image_utils.py (import time; called only on images)"))
 module("torchvision.transforms", {F13, F18, F23}, "parent of transforms.v2",
        InterpolationMode=E(ref("runtime:InterpolationMode"), {F23},
                            "transformers 5.x image_utils.py:53 (import time, once torchvision is found); "
                            "the same plain enum as upstream"))
+module("torchvision.transforms.functional", {F23},
+       "transformers 5.14 image_utils.py `from torchvision.transforms.functional import pil_to_tensor` (import time)",
+       pil_to_tensor=E(unavailable, {F23}, "transformers 5.14 image_utils.py (called only on images)"))
 module("torchvision.transforms.v2", {F13, F18, F23}, "parent of v2.functional")
 module("torchvision.transforms.v2.functional", {F13, F18, F23},
        "transformers qwen2_vl image processor `from torchvision.transforms.v2 import functional as tvF` "

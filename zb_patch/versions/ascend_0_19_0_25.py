@@ -1,15 +1,16 @@
-"""Adapter ascend-0.19-0.23: vllm-ascend 0.19.1rc1 .. 0.23.x + vLLM 0.19 .. 0.23.
+"""Adapter ascend-0.19-0.25: vllm-ascend 0.19.1rc1 .. 0.25.1rc1 + vLLM 0.19 .. 0.25.
 
 These releases already run zero-bubble async scheduling + spec decode (#7640 / #8461), but
 ``BlockTable.compute_slot_mapping`` launches vLLM's generic ``_compute_slot_mapping_kernel`` every step, which the
 vllm-ascend team measured at 173 us (4 tokens) / 1039 us (8192 tokens) on NPU against 3.0 / 21.2 us for an
-Ascend-shaped kernel that exists only on vllm-ascend main (#13048). This adapter swaps in zb-patch's kernel and
-carries the later correctness fixes a given release lacks (issue 4).
+Ascend-shaped kernel (#13048), which the releases ship only from 0.26.0rc1 on
+(``vllm_ascend/ops/triton/compute_slot_mapping.py``). This adapter swaps in zb-patch's kernel and carries the later
+correctness fixes a given release lacks.
 
-Fingerprints: every release in range (0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1;
-PyPI has wheels for all, though ``pip index`` lists only finals) was read from its wheel and git tag; how, and the
-per-release status of the later fixes, is in docs/releases/ascend-0.19-0.23.md (regenerate with
-docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --adapter ascend-0.19-0.23``).
+Fingerprints: every release in range (0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1,
+0.24.0rc1, 0.25.1rc1; PyPI has wheels for all but 0.23.0.post1) was read from its wheel and git tag; how, and the
+per-release status of the later fixes, is in docs/releases/ascend-0.19-0.25.md (regenerate with
+docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --adapter ascend-0.19-0.25``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def _make_compute_slot_mapping(original):
                 max_num_tokens=self.max_num_batched_tokens,
                 block_table_stride=block_table.stride(0),
                 physical_block_size=self.physical_block_size,
-                pcp_world_size=self.pcp_world_size,
-                pcp_rank=self.pcp_rank,
+                # 0.25.1rc1 dropped PCP from the block table (DCP only): one PCP rank
+                pcp_world_size=getattr(self, "pcp_world_size", 1),
+                pcp_rank=getattr(self, "pcp_rank", 0),
                 dcp_world_size=self.dcp_world_size,
                 dcp_rank=self.dcp_rank,
                 cp_kv_cache_interleave_size=self.cp_kv_cache_interleave_size,
@@ -62,6 +64,10 @@ SLOT_MAPPING_KERNEL = Patch(
         # #10442: torch _compute_pcp_dcp_slot_mapping for CP > 1
         "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "86170883d9c748c1",
         "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "96af10d24013ad58",
+        # the same generic kernel; passes vLLM #40996's kernel-block constexprs unless vLLM is 0.24.0
+        "vllm-ascend 0.24.0rc1": "280b3a35be21e4f0",
+        # PCP removed from the block table (DCP only); otherwise as 0.24.0rc1 (vLLM 0.25.1)
+        "vllm-ascend 0.25.1rc1": "68de23e30efebce5",
     },
     why="Every step launches vLLM's generic _compute_slot_mapping_kernel (one program per request, int64 "
         "vectors, runtime block size): 173 us for 4 tokens and 1039 us for 8192 tokens on an Atlas A2 per "
@@ -75,9 +81,11 @@ SLOT_MAPPING_KERNEL = Patch(
         "Behaviour: identical to the release's slot mapping for every configuration, except on releases "
         "before #10442 (0.19.1rc1-0.21.0rc1 wheels) with CP > 1, a kernel block smaller than the interleave "
         "size and hybrid blocks, where the release's generic kernel is wrong and the patch gives #10442's "
-        "answer (docs/releases/ascend-0.19-0.23.md).",
+        "answer (docs/releases/ascend-0.19-0.25.md).",
     upstream=("vllm-ascend#13048", "vllm-ascend#10442", "vllm#32951"),
-    remove_when="vllm-ascend >= 0.24 (ships #13048's Ascend kernel): the adapter range ends there.",
+    remove_when="vllm-ascend >= 0.26.0rc1 (ships #13048's Ascend kernel, "
+                "vllm_ascend/ops/triton/compute_slot_mapping.py; native there by the installed compute_slot_mapping): "
+                "the adapter range ends there.",
     roles=("worker",),
 )
 
@@ -85,7 +93,7 @@ SLOT_MAPPING_KERNEL = Patch(
 # Later correctness fixes, each applied only where the installed code lacks it. "native" is decided by the
 # fingerprint of the installed target (native_fingerprints), never by a version string; a target whose
 # fingerprint is in neither map refuses the whole adapter. Pre-/post-fix fingerprints per release:
-# docs/releases/ascend-0.19-0.23.md section 3.2 and docs/releases/ascend-0.19-0.23-fixes.json.
+# docs/releases/ascend-0.19-0.25.md section 3.2 and docs/releases/ascend-0.19-0.25-fixes.json.
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -116,7 +124,8 @@ VALID_COUNT_COPY_ORDER = Patch(
     make=_make_copy_valid_sampled_token_count,
     fingerprints={"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
     native_fingerprints={
-        "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "a84e0bc102b7bda1",
+        "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1":
+            "a84e0bc102b7bda1",
     },
     why="(pitfall P2) The release enters `with torch.npu.stream(copy_stream):` and only then calls "
         "`copy_stream.wait_stream(torch.npu.current_stream())`; inside the context the current stream IS the copy "
@@ -163,6 +172,8 @@ VALID_COUNT_INT64 = Patch(
     native_fingerprints={
         "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "944a8f07a008165f",
         "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "ac988ef9f9a7745c",
+        "vllm-ascend 0.24.0rc1": "881b4462eaba6fd7",
+        "vllm-ascend 0.25.1rc1": "2097e2dc7a4a8a12",
     },
     why="(pitfall P1) vLLM's GPUModelRunner.__init__ allocates valid_sampled_token_count_cpu as int32, but Ascend's "
         "prepare_next_token_ids_padded returns valid_mask.sum(dim=1), an int64 device tensor. The "
@@ -217,6 +228,8 @@ SEQ_LENS_CPU_UNPADDED = Patch(
     native_fingerprints={
         "vllm-ascend 0.20.2rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "d556ed4650dd6861",
         "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "e2c1f3dd724c203a",
+        "vllm-ascend 0.24.0rc1": "91403d073829939f",
+        "vllm-ascend 0.25.1rc1": "4ab92289b12e5508",
     },
     why="(pitfall P5b) In async + spec mode the runner passes seq_lens_cpu=None and only _seq_lens_cpu (the "
         "optimistic CPU mirror, #7640). unpadded(), which the runner calls whenever the target batch was padded, "
@@ -258,6 +271,8 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
         "vllm-ascend 0.20.2rc1": "9970ba8894628732",
         "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "3761c8b3feebc565",
         "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "a518d54daa124020",
+        "vllm-ascend 0.24.0rc1": "c582f802c7d1b50b",
+        "vllm-ascend 0.25.1rc1": "7648b9f1ff7c06ea",
     },
     why="(pitfall P5b) The drafter's metadata built by prepare_inputs_padded (the async padded-drafter path) keeps "
         "seq_lens_cpu (None in async mode) but drops _seq_lens_cpu / _num_computed_tokens_cpu, so the drafter's "
@@ -295,14 +310,16 @@ ADVISORIES = (
             "vllm-ascend 0.20.2rc1": "e41ce44ffa1ca1d6",
             "vllm-ascend 0.21.0rc1 (wheels)": "e48a9922e9c25ad9",
             "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "39dbbacd0f41023f",
-            "vllm-ascend 0.23.0rc1": "1fcb593c20e02607",
+            "vllm-ascend 0.23.0rc1, 0.24.0rc1": "1fcb593c20e02607",
+            "vllm-ascend 0.25.1rc1": "e7d04da1543e2abc",
         },
         message="hybrid (Mamba/GDN) models with MTP/EAGLE under async scheduling: _prepare_inputs remaps the previous "
                 "step's accepted-token counts from InputBatch rows (num_accepted_tokens_cpu) that add_request() and "
                 "condense() may already have reused, so a request can use another request's count as its state-copy "
                 "offset: repeated, dropped or garbled tokens under load (vllm-ascend #13863). zb-patch does not "
                 "carry the fix (#13865 keeps the counts in runner-owned buffers; its backport needs a per-vLLM-form "
-                "override of _update_states_after_model_execute). Upgrade to vllm-ascend 0.23.0 (or 0.23.0.post1), "
+                "override of _update_states_after_model_execute). #13865 is in 0.23.0 / 0.23.0.post1 and again from "
+                "0.27.1rc1 on (0.24.0rc1-0.26.0rc1 lack it): upgrade to one of those, "
                 "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
                 "affected.",
         upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
@@ -317,8 +334,9 @@ GUARDS = (
             "vllm-ascend 0.20.2rc1": "0522c803840a1ba3",
             "vllm-ascend 0.21.0rc1 (wheels)": "eadb2cdfa4acea78",
             "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "0602c50a9e7c505e",
-            "vllm-ascend 0.23.0rc1": "af34c0a04448d6da",
+            "vllm-ascend 0.23.0rc1, 0.24.0rc1": "af34c0a04448d6da",
             "vllm-ascend 0.23.0, 0.23.0.post1": "52eb7caec856b962",
+            "vllm-ascend 0.25.1rc1": "24f501dfddb41e64",
         },
         "the kernel patch reads the attributes this constructor sets (block_table, slot_mapping, block sizes, CP ranks)",
     ),
@@ -327,19 +345,22 @@ GUARDS = (
         {
             "vllm-ascend 0.19.1rc1": "7f076a90095a770e",
             "vllm-ascend 0.20.2rc1, 0.21.0rc1 (wheels)": "4d2ebb1d7af18c41",
-            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "dd72832c4b9fd8bd",
+            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1":
+                "dd72832c4b9fd8bd",
         },
         "dispatches to each group's BlockTable.compute_slot_mapping (every KV-cache group gets the patched kernel)",
     ),
 )
 
 ADAPTER = Adapter(
-    id="ascend-0.19-0.23",
-    title="vllm-ascend 0.19.1rc1-0.23.x + vLLM 0.19-0.23 (zero-bubble present; generic slot-mapping kernel)",
-    vllm_ascend=((0, 19, 0), (0, 24)),
-    vllm=((0, 19, 0), (0, 24)),
-    patch_set=PatchSet("ascend-0.19-0.23", PATCHES, GUARDS, ADVISORIES),
+    id="ascend-0.19-0.25",
+    title="vllm-ascend 0.19.1rc1-0.25.1rc1 + vLLM 0.19-0.25 (zero-bubble present; generic slot-mapping kernel)",
+    vllm_ascend=((0, 19, 0), (0, 26)),
+    vllm=((0, 19, 0), (0, 26)),
+    patch_set=PatchSet("ascend-0.19-0.25", PATCHES, GUARDS, ADVISORIES),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
-    releases=("0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0", "0.23.0.post1"),
-    notes="vllm-ascend 0.23.0 pins vLLM 0.23.0; 0.23.0.post1 (sdist only) has identical targets.",
+    releases=("0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1",
+              "0.25.1rc1"),
+    notes="each release runs on the vLLM of the same number (0.23.0.post1: 0.23.0; 0.24.0rc1: 0.24.0; 0.25.1rc1: "
+          "0.25.1); 0.23.0.post1 (sdist only) has identical targets to 0.23.0.",
 )

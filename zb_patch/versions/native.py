@@ -1,0 +1,108 @@
+"""What makes a vllm-ascend release "native": its installed code, never its version number.
+
+Past the newest adapter's range zb-patch has nothing to apply, but only when the installed release really ships
+what the adapters carry. That is decided by fingerprint (the normalised-AST hash the adapters use) of the
+release's own source files, read from disk without importing anything (selection runs in every process, before
+fork, and must stay cheap):
+
+* slot mapping: ``BlockTable.compute_slot_mapping`` is a recorded form that launches vllm-ascend's own
+  Ascend-shaped kernel, and the ``_compute_slot_mapping_kernel`` that ``block_table`` binds is a recorded form of
+  that kernel (re-exported from ``vllm_ascend.ops.triton.compute_slot_mapping``; in 0.24.0rc1 / 0.25.1rc1 the
+  same name is vLLM's generic kernel, absent from the vllm-ascend tree);
+* zero-bubble async scheduling + spec decode: the runner's optimistic CPU seq-lens bookkeeping
+  (``_prepare_inputs``, ``_correct_optimistic_seq_lens_cpu`` and the helper it calls) is a recorded form.
+
+Any target absent or of an unrecorded form -> the release is unknown: nothing is applied and the refusal names
+every check (``zb-patch doctor``, one log line). Forms were read from the PyPI artifacts of :data:`RELEASES`
+(tests/sources recomputes them; docs/releases/native.md lists them per release).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Mapping, Optional
+
+SLOT_MAPPING = "slot mapping"
+ZERO_BUBBLE = "zero-bubble"
+
+BT = "vllm_ascend.worker.block_table"
+RUNNER = "vllm_ascend.worker.model_runner_v1:NPUModelRunner"
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeForm:
+    concern: str
+    target: str
+    fingerprints: Mapping[str, str]   # release label -> fingerprint of the form that release ships
+
+
+FORMS: tuple[NativeForm, ...] = (
+    NativeForm(SLOT_MAPPING, f"{BT}:BlockTable.compute_slot_mapping", {
+        "vllm-ascend 0.26.0rc1, 0.27.1rc1": "5250ceb1fbacc2b0",
+        "vllm-ascend 0.28.0rc1": "f135df3afd3916ef",
+        "vllm-ascend 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "bbc3c06f3fe997a9",
+    }),
+    NativeForm(SLOT_MAPPING, f"{BT}:_compute_slot_mapping_kernel", {
+        "vllm-ascend 0.26.0rc1, 0.27.1rc1": "49b4d57f338f45be",
+        "vllm-ascend 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "e5131bc402724f50",
+    }),
+    NativeForm(ZERO_BUBBLE, f"{RUNNER}._prepare_inputs", {
+        "vllm-ascend 0.26.0rc1": "e7d04da1543e2abc",
+        "vllm-ascend 0.27.1rc1": "dcfe97b5eaf78b71",
+        "vllm-ascend 0.28.0rc1": "ccf7394137186f18",
+        "vllm-ascend 0.29.0rc1": "911158504153eb11",
+        "vllm-ascend 0.30.0rc1, 0.30.0rc2": "a19e044a1a5587cb",
+    }),
+    NativeForm(ZERO_BUBBLE, f"{RUNNER}._correct_optimistic_seq_lens_cpu", {
+        "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "29fe0ebc8096798a",
+    }),
+    NativeForm(ZERO_BUBBLE, "vllm_ascend.spec_decode.utils:correct_optimistic_seq_lens_cpu", {
+        "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "7db625ecada16444",
+    }),
+)
+
+# the releases the forms were read from (newest last)
+RELEASES: tuple[str, ...] = ("0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1", "0.30.0rc2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    concern: str
+    target: str
+    fingerprint: Optional[str]        # None: absent from the tree
+    matched: Optional[str]            # label of the recorded form it equals, None: unknown
+
+    @property
+    def text(self) -> str:
+        found = self.fingerprint or "absent"
+        return f"{self.target} {found} ({self.matched or 'no recorded native form'})"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_tree(root: str) -> tuple[Check, ...]:
+    """Every native form checked against the vllm-ascend sources under ``root`` (the directory that holds
+    ``vllm_ascend/``)."""
+    from . import _parsed, fingerprint_in_tree
+
+    out = []
+    for form in FORMS:
+        fp = fingerprint_in_tree(root, form.target)
+        label = next((lb for lb, v in form.fingerprints.items() if v == fp), None) if fp else None
+        out.append(Check(form.concern, form.target, fp, label))
+    _parsed.cache_clear()  # selection runs in every server process: keep none of the parsed modules
+    return tuple(out)
+
+
+def installed_root() -> Optional[str]:
+    """Directory holding the installed ``vllm_ascend`` package (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec("vllm_ascend")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
