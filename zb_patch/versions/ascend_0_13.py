@@ -1,39 +1,88 @@
 """Adapter ascend-0.13: vllm-ascend 0.13.0 + vLLM 0.13.0 -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-vllm-ascend 0.13.0 runs async scheduling (``--async-scheduling``: off by default in vLLM 0.13) with EAGLE / EAGLE3 /
-MTP in the classic form: vLLM 0.13's ``GPUModelRunner._update_states`` (inherited) calls
-``_get_valid_sampled_token_count()`` at its L865, i.e. the host blocks on the device->host copy of step N's
-accepted-token counts before it prepares step N+1. The NPU runner's ``_prepare_inputs`` is monolithic (it also
-builds the attention metadata). The patches below (wrappers only; the glue is
-:mod:`zb_patch.versions.ascend_0_13_glue`) make the host assume every draft accepted, correct counts / positions /
-seq_lens / slot mapping on the device from this step's CPU counts and step N's device valid counts, wait for the
-counts inside ``_prepare_inputs`` only after the step's inputs are queued and before the attention metadata is built
-(hook: ``_init_model_kwargs``), and correct the per-request CPU bookkeeping after the forward launch.
+Declarations (the patch specs, each with its why / how / upstream / remove-when, and the guards) and this release's
+quirks; the wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.18. The quirks
+(:class:`ZeroBubble013`): the monolithic ``_prepare_inputs`` also builds the attention metadata, so the correction
+runs inside it, at ``_init_model_kwargs``, where the input ids are also clamped to >= 0; the device counts are
+corrected from this step's CPU counts (``count_base = "cpu"``); the release never waits on ``prepare_inputs_event``,
+so the ``_update_states`` wrapper does; vllm-ascend's PD-decode ``_update_states`` replacement is not composed with.
 docs/releases/ascend-0.13.md: what is verified and how.
-
-``vllm_ascend.patch.worker.patch_model_runner`` (a global ``GPUModelRunner._update_states`` replacement imported only
-on PD decode nodes with the recompute scheduler) is not composed with: if it is in place when the adapter is
-applied, the ``_update_states`` fingerprint does not match and nothing is applied; if it replaces the wrapper later,
-zero-bubble never activates; and the activation check reports that configuration as unsupported.
-
-Ids like B-a2 / B-b13 in the guards refer to ../shared/reference/blueprint.md (method-by-method backport plan).
 """
 
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter
+from . import Adapter, npu_runner
 
 
-def _glue():
-    # numpy / torch / kernels only when a patch is applied, never at selection time
-    from . import ascend_0_13_glue
+class ZeroBubble013(npu_runner.ZeroBubble):
+    """vllm-ascend 0.13's quirks (see the module docstring and the specs of PREPARE_INPUTS / INIT_MODEL_KWARGS)."""
 
-    return ascend_0_13_glue
+    count_base = "cpu"
+    waits_for_input_prep = True
+
+    def unsupported_reason(self, runner):
+        wanted, reason = super().unsupported_reason(runner)
+        if reason or not wanted:
+            return wanted, reason
+        ascend_config = getattr(runner, "ascend_config", None)
+        if (
+            getattr(ascend_config, "recompute_scheduler_enable", False)
+            and getattr(runner.vllm_config, "kv_transfer_config", None) is not None
+        ):
+            return True, (
+                "PD decode node with the recompute scheduler (vllm-ascend 0.13 replaces "
+                "GPUModelRunner._update_states there: vllm_ascend.patch.worker.patch_model_runner)"
+            )
+        return True, ""
+
+    def make_prepare_inputs(self, original):
+        def _prepare_inputs(runner, *args, **kwargs):
+            st = self.active(runner)
+            if st is None:
+                return original(runner, *args, **kwargs)
+            st.in_prepare = True
+            try:
+                result = original(runner, *args, **kwargs)
+            finally:
+                missed, st.in_prepare = st.in_prepare, False
+            if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
+                raise RuntimeError(
+                    "zb-patch ascend-0.13: _prepare_inputs returned without calling "
+                    "_init_model_kwargs; the attention metadata was built from optimistic counts"
+                )
+            event = getattr(runner, "prepare_inputs_event", None)
+            if event is not None:
+                event.record()
+            return result
+
+        return _prepare_inputs
+
+    def make_init_model_kwargs(self, original):
+        def _init_model_kwargs(runner, *args, **kwargs):
+            result = original(runner, *args, **kwargs)
+            st = self.active(runner)
+            if st is not None and st.in_prepare:  # once per patched _prepare_inputs: its inputs are queued here
+                st.in_prepare = False
+                n = runner.input_batch.num_reqs
+                query_start_loc = runner.query_start_loc.np
+                total = int(query_start_loc[n])
+                # a row re-added with draft placeholders gets its host token table gathered there, where the
+                # optimistic bookkeeping may have left a -1: junk the rejection sampler rejects, but never an
+                # embedding index (the release embeds multimodal / prompt-embeds inputs right after this call)
+                runner.input_ids.gpu[:total].clamp_(min=0)
+                self.correct(runner, st, query_start_loc[1 : n + 1] - query_start_loc[:n], total)
+            return result
+
+        return _init_model_kwargs
 
 
-_REMOVE_WHEN = ("vllm-ascend 0.13.x is no longer served (upgrade path: vllm-ascend >= 0.19.1rc1 ships zero-bubble "
-                "natively, #7640 / #8461); this adapter covers vllm-ascend 0.13.0 only, so the patch goes with it")
+ZERO_BUBBLE = ZeroBubble013("0.13", other_runners="310P / torchair")
+
+_REMOVE_WHEN = (
+    "vllm-ascend 0.13.x is no longer served (upgrade path: vllm-ascend >= 0.19.1rc1 ships zero-bubble "
+    "natively, #7640 / #8461); this adapter covers vllm-ascend 0.13.0 only, so the patch goes with it"
+)
 _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 
 # Upstream functions the patches rely on without replacing them (a change in any of them could break an
@@ -41,114 +90,114 @@ _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#
 # (``zb-patch fingerprints`` recomputes them from any source tree).
 GUARDS = (
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__',
-        {'vllm 0.13.0': '6e1ca3fff01ce8a8'},
-        'B-a1: creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
-        'prepare_inputs_event (async); positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device '
-        'correction, seq_lens.cpu exact after the host correction)',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+        {"vllm 0.13.0": "6e1ca3fff01ce8a8"},
+        "creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and "
+        "prepare_inputs_event (async); positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device "
+        "correction, seq_lens.cpu exact after the host correction)",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count',
-        {'vllm 0.13.0': '26d90667e22b8057'},
-        'B-a7: the wait itself (event.synchronize + host list); called by the glue inside _prepare_inputs',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count",
+        {"vllm 0.13.0": "26d90667e22b8057"},
+        "the wait itself (event.synchronize + host list); called by the glue inside _prepare_inputs",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer',
-        {'vllm 0.13.0': '040013a8582667d5'},
-        'the glue allocates its pinned staging buffers with it',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer",
+        {"vllm 0.13.0": "040013a8582667d5"},
+        "the glue allocates its pinned staging buffers with it",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep',
-        {'vllm 0.13.0': '7043b500f869d440'},
-        'the semantics of prepare_inputs_event that the glue reproduces (wait before _update_states, record after '
-        '_prepare_inputs); vllm-ascend 0.13 never enters it',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep",
+        {"vllm 0.13.0": "7043b500f869d440"},
+        "the semantics of prepare_inputs_event that the glue reproduces (wait before _update_states, record after "
+        "_prepare_inputs); vllm-ascend 0.13 never enters it",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
-        {'vllm 0.13.0': '5932e601684fdc7a'},
-        'B-a5: decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
-        'of the (optimistic) CPU positions used for the host gather; called before the hook',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+        {"vllm 0.13.0": "5932e601684fdc7a"},
+        "decode input ids are scattered on the device from last step's sampled / draft tokens, independent "
+        "of the (optimistic) CPU positions used for the host gather; called before the hook",
     ),
     Guard(
-        'vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids',
-        {'vllm 0.13.0': '2593129b2e22f2e9'},
-        'B-a12: not called on the NPU path (NPUModelRunner._sample does not), so the optimistic -1 placeholder '
-        'tail of output_token_ids is never half-replaced',
+        "vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids",
+        {"vllm 0.13.0": "2593129b2e22f2e9"},
+        "not called on the NPU path (NPUModelRunner._sample does not), so the optimistic -1 placeholder "
+        "tail of output_token_ids is never half-replaced",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__',
-        {'vllm-ascend 0.13.0': '8d9ac47259e3fe63'},
-        'B-b1: positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
+        {"vllm-ascend 0.13.0": "8d9ac47259e3fe63"},
+        "positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens',
-        {'vllm-ascend 0.13.0': '4a7d6cf7b2fe1407'},
-        'B-b6: _bookkeeping_sync, then the padded drafter',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens",
+        {"vllm-ascend 0.13.0": "4a7d6cf7b2fe1407"},
+        "_bookkeeping_sync, then the padded drafter",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids',
-        {'vllm-ascend 0.13.0': '08a0f995a61d0d7d'},
-        'B-b7: prepare_next_token_ids_padded(spec_decode_common_attn_metadata, ...), then '
-        '_copy_valid_sampled_token_count, then the drafter: the event the host waits on is recorded before the '
-        'drafter runs',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids",
+        {"vllm-ascend 0.13.0": "08a0f995a61d0d7d"},
+        "prepare_next_token_ids_padded(spec_decode_common_attn_metadata, ...), then "
+        "_copy_valid_sampled_token_count, then the drafter: the event the host waits on is recorded before the "
+        "drafter runs",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample',
-        {'vllm-ascend 0.13.0': '0469f054c147bdcb'},
-        'never calls InputBatch.update_async_output_token_ids',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample",
+        {"vllm-ascend 0.13.0": "0469f054c147bdcb"},
+        "never calls InputBatch.update_async_output_token_ids",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync',
-        {'vllm-ascend 0.13.0': '639238465517a728'},
-        'prev_req_id_to_index (the rows the corrections are gathered from) and prev_sampled_token_ids',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync",
+        {"vllm-ascend 0.13.0": "639238465517a728"},
+        "prev_req_id_to_index (the rows the corrections are gathered from) and prev_sampled_token_ids",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded',
-        {'vllm-ascend 0.13.0': 'd6b4172b92252aa7'},
-        'B-b9: derives the draft metadata from the (exact) common metadata',
+        "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded",
+        {"vllm-ascend 0.13.0": "d6b4172b92252aa7"},
+        "derives the draft metadata from the (exact) common metadata",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose',
-        {'vllm-ascend 0.13.0': 'f0ab0b1e0a8a7030'},
-        'B-b11: reads the common metadata\'s seq_lens_cpu (exact) and positions (device-corrected)',
+        "vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose",
+        {"vllm-ascend 0.13.0": "f0ab0b1e0a8a7030"},
+        "reads the common metadata's seq_lens_cpu (exact) and positions (device-corrected)",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:EagleProposer.attn_update_stack_num_spec_norm',
-        {'vllm-ascend 0.13.0': '75f8e995cd684ac4'},
-        'B-b11: per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
+        "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.attn_update_stack_num_spec_norm",
+        {"vllm-ascend 0.13.0": "75f8e995cd684ac4"},
+        "per-draft-step +1 on the (exact) CPU seq_lens of the metadata",
     ),
     Guard(
-        'vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose',
-        {'vllm-ascend 0.13.0': '97cc12b8c7e3a7b1'},
-        'B-b12: MTP\'s own draft loop reads the same (exact) common metadata; MtpProposer inherits '
-        'prepare_next_token_ids_padded',
+        "vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose",
+        {"vllm-ascend 0.13.0": "97cc12b8c7e3a7b1"},
+        "MTP's own draft loop reads the same (exact) common metadata; MtpProposer inherits "
+        "prepare_next_token_ids_padded",
     ),
     Guard(
-        'vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded',
-        {'vllm-ascend 0.13.0': '45c4d912f875ffac'},
-        'B-b15: the proposer\'s unpadded metadata keeps seq_lens_cpu (exact after the hook)',
+        "vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded",
+        {"vllm-ascend 0.13.0": "45c4d912f875ffac"},
+        "the proposer's unpadded metadata keeps seq_lens_cpu (exact after the hook)",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.__init__',
-        {'vllm-ascend 0.13.0': '4597cd563ca28457'},
-        'the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, '
-        'max_num_batched_tokens, kernel_sizes',
+        "vllm_ascend.worker.block_table:BlockTable.__init__",
+        {"vllm-ascend 0.13.0": "4597cd563ca28457"},
+        "the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, "
+        "max_num_batched_tokens, kernel_sizes",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping',
-        {'vllm-ascend 0.13.0': 'ab181c2789fafa53'},
-        'B-b13: the device slot mapping reproduces its non-CP branch (computed only when block_size == '
-        'kernel_sizes[0]) from corrected positions',
+        "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping",
+        {"vllm-ascend 0.13.0": "ab181c2789fafa53"},
+        "the device slot mapping reproduces its non-CP branch (computed only when block_size == "
+        "kernel_sizes[0]) from corrected positions",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping',
-        {'vllm-ascend 0.13.0': '7ecb26d2b557ccfa'},
-        'B-b13: the H2D copy of the host result is queued before the device kernel overwrites it',
+        "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping",
+        {"vllm-ascend 0.13.0": "7ecb26d2b557ccfa"},
+        "the H2D copy of the host result is queued before the device kernel overwrites it",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping',
-        {'vllm-ascend 0.13.0': '9b098020be5b986e'},
-        'B-b13: every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
+        "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
+        {"vllm-ascend 0.13.0": "9b098020be5b986e"},
+        "every KV-cache group's table is mapped (the glue walks block_tables the same way)",
     ),
 )
 
@@ -158,17 +207,17 @@ UPDATE_STATES = Patch(
     id="zb013-optimistic-update-states",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=lambda original: _glue().make_update_states(original),
+    make=ZERO_BUBBLE.make_update_states,
     fingerprints={"vllm 0.13.0": "71f7c9676bb77930"},
-    why="vLLM 0.13's _update_states calls _get_valid_sampled_token_count() at L865: the host blocks on step N's "
-        "accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the host "
-        "prepares every step.",
+    why="vLLM 0.13's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step N's "
+    "accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the host "
+    "prepares every step.",
     how="Wrapper. First waits on prepare_inputs_event (vLLM's synchronize_input_prep wait, which vllm-ascend 0.13 "
-        "never makes: the classic sync ordered the reused host buffers). Then, for the duration of the release's "
-        "call, _get_valid_sampled_token_count answers from the host with optimistic counts (prev_num_draft_len + 1 "
-        "at every previous row): the release keeps the scheduler's optimistic num_computed_tokens and appends one "
-        "output placeholder per draft. The rows it looks up are recorded as this step's corrections (request, "
-        "drafts, previous row). Falls through unchanged when zero-bubble is not active on the runner.",
+    "never makes: the classic sync ordered the reused host buffers). Then, for the duration of the release's "
+    "call, _get_valid_sampled_token_count answers from the host with optimistic counts (prev_num_draft_len + 1 "
+    "at every previous row): the release keeps the scheduler's optimistic num_computed_tokens and appends one "
+    "output placeholder per draft. The rows it looks up are recorded as this step's corrections (request, "
+    "drafts, previous row). Falls through unchanged when zero-bubble is not active on the runner.",
     upstream=_UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
@@ -177,14 +226,14 @@ PREPARE_INPUTS = Patch(
     id="zb013-prepare-inputs-window",
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
-    make=lambda original: _glue().make_prepare_inputs(original),
+    make=ZERO_BUBBLE.make_prepare_inputs,
     fingerprints={"vllm-ascend 0.13.0": "3f2160eb21592eb2"},
     why="vllm-ascend 0.13's _prepare_inputs is monolithic: the corrections must happen inside it (after the "
-        "inputs are queued, before the attention metadata is built), and the input-preparation event must be "
-        "recorded after all of its host-to-device copies.",
+    "inputs are queued, before the attention metadata is built), and the input-preparation event must be "
+    "recorded after all of its host-to-device copies.",
     how="Wrapper. Opens the window in which the _init_model_kwargs hook corrects (once per call), runs the "
-        "release's body unchanged, refuses to return metadata built from optimistic counts if the hook did not "
-        "run (unreachable under the guarded release), then records prepare_inputs_event.",
+    "release's body unchanged, refuses to return metadata built from optimistic counts if the hook did not "
+    "run (unreachable under the guarded release), then records prepare_inputs_event.",
     upstream=_UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
@@ -193,23 +242,26 @@ INIT_MODEL_KWARGS = Patch(
     id="zb013-corrections-before-metadata",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs",
-    make=lambda original: _glue().make_init_model_kwargs(original),
+    make=ZERO_BUBBLE.make_init_model_kwargs,
     fingerprints={"vllm 0.13.0": "252092b39911bd67"},
     why="With optimistic CPU counts the release's positions, seq_lens and slot mapping are too long by the "
-        "rejected drafts of the previous step, and Ascend attention (FIA / paged attention) needs exact CPU "
-        "seq_lens when its metadata is built. vllm-ascend 0.13's _prepare_inputs calls _init_model_kwargs exactly "
-        "once, after its last host-to-device copy of positions / seq_lens / slot mapping / input ids (L743) and "
-        "the discard indices, and before the spec-decode metadata and the attention-metadata loop: the narrowest "
-        "point where both hold.",
+    "rejected drafts of the previous step, and Ascend attention (FIA / paged attention) needs exact CPU "
+    "seq_lens when its metadata is built. vllm-ascend 0.13's _prepare_inputs calls _init_model_kwargs exactly "
+    "once, after its last host-to-device copy of positions / seq_lens / slot mapping / input ids and "
+    "the discard indices, and before the spec-decode metadata and the attention-metadata loop: the narrowest "
+    "point where both hold.",
     how="Wrapper; acts only inside the patched _prepare_inputs. After the release's body (an empty dict off "
-        "pooling): device counts = private snapshot of this step's CPU counts minus step N's rejected drafts "
-        "(zero_bubble.correct_counts base='cpu' -- vLLM 0.13's scheduler can schedule a row catch-up tokens and "
-        "drafts in one step, so upstream's 'previous device count + valid count' is wrong here; docs/selftest.md), "
-        "fused with positions.gpu / seq_lens.gpu, then zb-patch's slot-mapping kernel on every table the release "
-        "maps. Then the host waits for step N's counts (valid_sampled_token_count_event, recorded before step N's "
-        "drafter: vllm-ascend #10506's wait) and subtracts the rejected drafts from seq_lens.cpu and "
-        "num_computed_tokens_cpu, so the metadata loop, its FULL-graph pad copy and the drafter's backup index read "
-        "exact values.",
+    "pooling): the step's input ids are clamped on the device to >= 0 (a row re-added with draft placeholders "
+    "has no draft ids and gets a host gather that may read a -1 placeholder: junk the rejection sampler rejects "
+    "in both modes, but never an embedding index; the release embeds multimodal / prompt-embeds inputs right "
+    "after this call; no host work, no sync); device counts = private snapshot of this step's CPU counts minus "
+    "step N's rejected drafts (zero_bubble.correct_counts base='cpu' -- vLLM 0.13's scheduler can schedule a "
+    "row catch-up tokens and drafts in one step, so upstream's 'previous device count + valid count' is wrong "
+    "here; docs/selftest.md), fused with positions.gpu / seq_lens.gpu, then zb-patch's slot-mapping kernel on "
+    "every table the release maps. Then the host waits for step N's counts (valid_sampled_token_count_event, "
+    "recorded before step N's drafter: vllm-ascend #10506's wait) and subtracts the rejected drafts from "
+    "seq_lens.cpu and num_computed_tokens_cpu, so the metadata loop, its FULL-graph pad copy and the drafter's "
+    "backup index read exact values.",
     upstream=_UPSTREAM + ("vllm#38556",),
     remove_when=_REMOVE_WHEN,
 )
@@ -218,14 +270,14 @@ EXECUTE_MODEL = Patch(
     id="zb013-deferred-correction",
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=lambda original: _glue().make_execute_model(original),
+    make=ZERO_BUBBLE.make_execute_model,
     fingerprints={"vllm-ascend 0.13.0": "57d4b56dcef2d872"},
     why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
-        "sample_tokens and the next step.",
+    "sample_tokens and the next step.",
     how="Wrapper. After the release's execute_model returned (the forward is launched; also after its early "
-        "returns), subtract the rejected drafts from each corrected request's num_computed_tokens, with the counts "
-        "the host already waited for inside _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts "
-        "closure).",
+    "returns), subtract the rejected drafts from each corrected request's num_computed_tokens, with the counts "
+    "the host already waited for inside _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts "
+    "closure).",
     upstream=("vllm#32951",),
     remove_when=_REMOVE_WHEN,
 )
@@ -234,13 +286,14 @@ COPY_VALID_COUNT = Patch(
     id="zb013-device-valid-count",
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
+    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
     fingerprints={"vllm 0.13.0": "1defdf40921fa49a"},
     why="The device correction of the next step needs this step's valid sampled counts on the device; 0.13 only "
-        "copies them to the host.",
+    "copies them to the host.",
     how="Wrapper. After the release's copy (side stream, event; the default stream is captured before the "
-        "side-stream context, so pitfall P2 is absent), keep a reference to the device count tensor (int64 from "
-        "the Ascend proposer; the host buffer is int64 too: no P1 cast). Consumed once by the next hook.",
+    "side-stream context, so the copy waits for the sampler: vllm-ascend #9482's bug is absent), keep a "
+    "reference to the device count tensor (int64 from the Ascend proposer; the host buffer is int64 too: no "
+    "dtype cast). Consumed once by the next hook.",
     upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
     remove_when=_REMOVE_WHEN,
 )
@@ -249,15 +302,15 @@ BACKUP_STAGING = Patch(
     id="zb013-backup-token-staging",
     group=_GROUP,
     target="vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded",
-    make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
+    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
     fingerprints={"vllm-ascend 0.13.0": "b04a2a09323e2c31"},
     why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
-        "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
-        "the next step can rewrite the buffer while this step's copy is still queued.",
+    "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
+    "the next step can rewrite the buffer while this step's copy is still queued.",
     how="Wrapper (MtpProposer inherits the method). Alternate two backup buffers between calls; a buffer is "
-        "rewritten two steps later, after the _update_states wrapper waited on an input-preparation event recorded "
-        "behind its copy. The backup index itself is unchanged: it reads the metadata's seq_lens_cpu, which the "
-        "hook makes exact (vLLM #38098 cannot occur).",
+    "rewritten two steps later, after the _update_states wrapper waited on an input-preparation event recorded "
+    "behind its copy. The backup index itself is unchanged: it reads the metadata's seq_lens_cpu, which the "
+    "hook makes exact (vLLM #38098 cannot occur).",
     upstream=("vllm#38098", "vllm#38556"),
     remove_when=_REMOVE_WHEN,
 )
@@ -265,13 +318,13 @@ BACKUP_STAGING = Patch(
 PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, INIT_MODEL_KWARGS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING)
 
 ADAPTER = Adapter(
-    id='ascend-0.13',
-    title='vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)',
+    id="ascend-0.13",
+    title="vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 13, 0), (0, 14)),
     vllm=((0, 13, 0), (0, 14)),
-    patch_set=PatchSet('ascend-0.13', PATCHES, GUARDS),
+    patch_set=PatchSet("ascend-0.13", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.13.0",),
-    notes='vllm-ascend 0.13.0 pins vLLM 0.13.0 (the only 0.13.x on PyPI); async scheduling is opt-in there '
-          '(--async-scheduling).',
+    notes="vllm-ascend 0.13.0 pins vLLM 0.13.0 (the only 0.13.x on PyPI); async scheduling is opt-in there "
+    "(--async-scheduling).",
 )

@@ -1,31 +1,37 @@
 """Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-vllm-ascend 0.18.0 runs async scheduling with EAGLE/MTP in the classic (#24799) form: every step blocks on the
-device->host copy of the accepted-token count inside the inherited vLLM 0.18 ``GPUModelRunner._update_states``,
-before it prepares the step's inputs. The patches below (wrappers only; the glue is
-:mod:`zb_patch.versions.ascend_0_18_glue`) make the host assume every draft accepted, let the device correct its
-token counts / positions / seq_lens / slot mapping from the previous step's device counts, wait for the counts only
-after this step's inputs are prepared and enqueued (Ascend attention needs exact CPU seq_lens), and correct the
-per-request CPU bookkeeping after the forward launch. docs/releases/ascend-0.18.md: what is verified and how.
-
-Ids like A-a2 / A-b14 in the guards refer to ../shared/reference/blueprint.md (method-by-method backport plan).
+Declarations only: the patch specs (each with its why / how / upstream / remove-when) and the guards. The wrappers
+are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.13; this release's one quirk is where
+the correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
+docs/releases/ascend-0.18.md: what is verified and how.
 """
 
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter
+from . import Adapter, npu_runner
 
 
-def _glue():
-    # numpy / torch / kernels only when a patch is applied, never at selection time
-    from . import ascend_0_18_glue
+class ZeroBubble018(npu_runner.ZeroBubble):
+    """vllm-ascend 0.18: ``_prepare_inputs`` only prepares the inputs; the correction runs right after it."""
 
-    return ascend_0_18_glue
+    def make_prepare_inputs(self, original):
+        def _prepare_inputs(runner, scheduler_output, num_scheduled_tokens):
+            result = original(runner, scheduler_output, num_scheduled_tokens)
+            st = self.active(runner)
+            if st is not None:
+                self.correct(runner, st, num_scheduled_tokens, int(result[2]))  # result: (..., ..., total tokens)
+            return result
+
+        return _prepare_inputs
 
 
-_REMOVE_WHEN = ("vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
-                "ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it")
+ZERO_BUBBLE = ZeroBubble018("0.18", other_runners="310P / xlite")
+
+_REMOVE_WHEN = (
+    "vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
+    "ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it"
+)
 _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 
 # Upstream functions the patches rely on without replacing them (a change in any of them could break an
@@ -33,129 +39,129 @@ _UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#
 # (``zb-patch fingerprints`` recomputes them from any source tree).
 GUARDS = (
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__',
-        {'vllm 0.18.0, 0.18.1': '5153d645b5659849'},
-        'A-a1: creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and '
-        'prepare_inputs_event; positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device '
-        'correction, seq_lens.cpu exact after the host correction)',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+        {"vllm 0.18.0, 0.18.1": "5153d645b5659849"},
+        "creates valid_sampled_token_count_event / copy stream / int64 host buffer (async + spec) and "
+        "prepare_inputs_event; positions and seq_lens are CpuGpuBuffers (kept: .gpu exact after the device "
+        "correction, seq_lens.cpu exact after the host correction)",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count',
-        {'vllm 0.18.0, 0.18.1': '20784bf355208845'},
-        'A-a7: the wait itself (event.synchronize + host list); called by the glue after input preparation',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count",
+        {"vllm 0.18.0, 0.18.1": "20784bf355208845"},
+        "the wait itself (event.synchronize + host list); called by the glue after input preparation",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer',
-        {'vllm 0.18.0, 0.18.1': '040013a8582667d5'},
-        'the glue allocates its pinned staging buffers with it',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer",
+        {"vllm 0.18.0, 0.18.1": "040013a8582667d5"},
+        "the glue allocates its pinned staging buffers with it",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep',
-        {'vllm 0.18.0, 0.18.1': '7043b500f869d440'},
-        'waits on an event recorded after the previous step\'s input preparation: staging buffers (the glue\'s, '
-        'the alternating backup-token buffers) are never rewritten while a copy from them is queued',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep",
+        {"vllm 0.18.0, 0.18.1": "7043b500f869d440"},
+        "waits on an event recorded after the previous step's input preparation: staging buffers (the glue's, "
+        "the alternating backup-token buffers) are never rewritten while a copy from them is queued",
     ),
     Guard(
-        'vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids',
-        {'vllm 0.18.0, 0.18.1': 'ac4e376692e05ae7'},
-        'sets req_state.prev_num_draft_len to the drafts scheduled this step: the optimistic count is drafts + 1',
+        "vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids",
+        {"vllm 0.18.0, 0.18.1": "ac4e376692e05ae7"},
+        "sets req_state.prev_num_draft_len to the drafts scheduled this step: the optimistic count is drafts + 1",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids',
-        {'vllm 0.18.0, 0.18.1': '9485308c065f0754'},
-        'A-a5: decode input ids are scattered on the device from last step\'s sampled / draft tokens, independent '
-        'of the (optimistic) CPU positions used for the host gather',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+        {"vllm 0.18.0, 0.18.1": "9485308c065f0754"},
+        "decode input ids are scattered on the device from last step's sampled / draft tokens, independent "
+        "of the (optimistic) CPU positions used for the host gather",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_positions',
-        {'vllm 0.18.0, 0.18.1': '4030980b29de1f18'},
-        'A-a8: reads positions.gpu (device-corrected), not positions.np (optimistic)',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_positions",
+        {"vllm 0.18.0, 0.18.1": "4030980b29de1f18"},
+        "reads positions.gpu (device-corrected), not positions.np (optimistic)",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs',
-        {'vllm 0.18.0, 0.18.1': '9aff01701dfef106'},
-        'A-a9: reads seq_lens.gpu (device-corrected)',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs",
+        {"vllm 0.18.0, 0.18.1": "9aff01701dfef106"},
+        "reads seq_lens.gpu (device-corrected)",
     ),
     Guard(
-        'vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess',
-        {'vllm 0.18.0, 0.18.1': 'c1c70d453ceb51c9'},
-        'A-a10: reads positions.gpu (device-corrected)',
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess",
+        {"vllm 0.18.0, 0.18.1": "c1c70d453ceb51c9"},
+        "reads positions.gpu (device-corrected)",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__',
-        {'vllm-ascend 0.18.0': '0f3a79171e3bf24f'},
-        'A-b1: positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
+        {"vllm-ascend 0.18.0": "0f3a79171e3bf24f"},
+        "positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state',
-        {'vllm-ascend 0.18.0': '96514ebc0c149e64'},
-        'runs inside _prepare_inputs on optimistic counts; its result only depends on counts being zero, which '
-        'optimism does not change',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state",
+        {"vllm-ascend 0.18.0": "96514ebc0c149e64"},
+        "runs inside _prepare_inputs on optimistic counts; its result only depends on counts being zero, which "
+        "optimism does not change",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata',
-        {'vllm-ascend 0.18.0': '590425dd3212fbe8'},
-        'A-b3: reads seq_lens.np / seq_lens.cpu / num_computed_tokens_cpu (host-corrected) and positions.gpu / '
-        'slot_mapping.gpu (device-corrected) after _prepare_inputs; hands seq_lens_cpu to the proposer',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata",
+        {"vllm-ascend 0.18.0": "590425dd3212fbe8"},
+        "reads seq_lens.np / seq_lens.cpu / num_computed_tokens_cpu (host-corrected) and positions.gpu / "
+        "slot_mapping.gpu (device-corrected) after _prepare_inputs; hands seq_lens_cpu to the proposer",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens',
-        {'vllm-ascend 0.18.0': 'f1284b38c8dc9ad2'},
-        'A-b5: bookkeeping before proposing; the padded drafter path copies the valid counts before the drafter',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens",
+        {"vllm-ascend 0.18.0": "f1284b38c8dc9ad2"},
+        "bookkeeping before proposing; the padded drafter path copies the valid counts before the drafter",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids',
-        {'vllm-ascend 0.18.0': '08404fc38be7261e'},
-        'A-b6: prepare_next_token_ids_padded, then _copy_valid_sampled_token_count, then the drafter: the event the '
-        'host waits on is recorded before the drafter runs',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids",
+        {"vllm-ascend 0.18.0": "08404fc38be7261e"},
+        "prepare_next_token_ids_padded, then _copy_valid_sampled_token_count, then the drafter: the event the "
+        "host waits on is recorded before the drafter runs",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync',
-        {'vllm-ascend 0.18.0': '114f635988a911e6'},
-        'prev_req_id_to_index (the rows the corrections are gathered from) excludes discarded rows',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync",
+        {"vllm-ascend 0.18.0": "114f635988a911e6"},
+        "prev_req_id_to_index (the rows the corrections are gathered from) excludes discarded rows",
     ),
     Guard(
-        'vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample',
-        {'vllm-ascend 0.18.0': '294343dec903a9ab'},
-        'never calls InputBatch.update_async_output_token_ids: the optimistic -1 placeholder tail of '
-        'output_token_ids is not read by logits processors (vLLM 0.18\'s version would leave it behind)',
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample",
+        {"vllm-ascend 0.18.0": "294343dec903a9ab"},
+        "never calls InputBatch.update_async_output_token_ids: the optimistic -1 placeholder tail of "
+        "output_token_ids is not read by logits processors (vLLM 0.18's version would leave it behind)",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded',
-        {'vllm-ascend 0.18.0': 'bec28bfc8a735b99'},
-        'A-b9: passes the metadata\'s (exact) seq_lens_cpu through to the draft steps',
+        "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded",
+        {"vllm-ascend 0.18.0": "bec28bfc8a735b99"},
+        "passes the metadata's (exact) seq_lens_cpu through to the draft steps",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose',
-        {'vllm-ascend 0.18.0': 'd468b07a805b3f0d'},
-        'A-b10: FULL-graph pad branch reads runner.seq_lens.gpu / .cpu (both exact after the patches)',
+        "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose",
+        {"vllm-ascend 0.18.0": "d468b07a805b3f0d"},
+        "FULL-graph pad branch reads runner.seq_lens.gpu / .cpu (both exact after the patches)",
     ),
     Guard(
-        'vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm',
-        {'vllm-ascend 0.18.0': '066043ae9710cf9f'},
-        'A-b11: per-draft-step +1 on the (exact) CPU seq_lens of the metadata',
+        "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
+        {"vllm-ascend 0.18.0": "066043ae9710cf9f"},
+        "per-draft-step +1 on the (exact) CPU seq_lens of the metadata",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.__init__',
-        {'vllm-ascend 0.18.0': 'ccce40b9beff96c6'},
-        'the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, '
-        'max_num_batched_tokens, kernel_sizes',
+        "vllm_ascend.worker.block_table:BlockTable.__init__",
+        {"vllm-ascend 0.18.0": "ccce40b9beff96c6"},
+        "the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, "
+        "max_num_batched_tokens, kernel_sizes",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping',
-        {'vllm-ascend 0.18.0': 'ab181c2789fafa53'},
-        'A-b14: the device slot mapping reproduces its non-CP branch (computed only when block_size == '
-        'kernel_sizes[0]) from corrected positions',
+        "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping",
+        {"vllm-ascend 0.18.0": "ab181c2789fafa53"},
+        "the device slot mapping reproduces its non-CP branch (computed only when block_size == "
+        "kernel_sizes[0]) from corrected positions",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping',
-        {'vllm-ascend 0.18.0': '7ecb26d2b557ccfa'},
-        'A-b14: the H2D copy of the host result is queued before the device kernel overwrites it',
+        "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping",
+        {"vllm-ascend 0.18.0": "7ecb26d2b557ccfa"},
+        "the H2D copy of the host result is queued before the device kernel overwrites it",
     ),
     Guard(
-        'vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping',
-        {'vllm-ascend 0.18.0': '9b098020be5b986e'},
-        'A-b14: every KV-cache group\'s table is mapped (the glue walks block_tables the same way)',
+        "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
+        {"vllm-ascend 0.18.0": "9b098020be5b986e"},
+        "every KV-cache group's table is mapped (the glue walks block_tables the same way)",
     ),
 )
 
@@ -163,16 +169,16 @@ UPDATE_STATES = Patch(
     id="zb018-optimistic-update-states",
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=lambda original: _glue().make_update_states(original),
+    make=ZERO_BUBBLE.make_update_states,
     fingerprints={"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
     why="vLLM 0.18's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step "
-        "N's accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the "
-        "host prepares every step.",
+    "N's accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the "
+    "host prepares every step.",
     how="Wrapper. For the duration of the release's call, _get_valid_sampled_token_count answers from the host "
-        "with optimistic counts (drafts + 1 at every previous row): the release keeps the scheduler's optimistic "
-        "num_computed_tokens and appends one output placeholder per draft, as vLLM 0.19 does. The rows it looks "
-        "up are recorded as this step's corrections (request, drafts, previous row). Falls through unchanged "
-        "when zero-bubble is not active on the runner.",
+    "with optimistic counts (drafts + 1 at every previous row): the release keeps the scheduler's optimistic "
+    "num_computed_tokens and appends one output placeholder per draft, as vLLM 0.19 does. The rows it looks "
+    "up are recorded as this step's corrections (request, drafts, previous row). Falls through unchanged "
+    "when zero-bubble is not active on the runner.",
     upstream=_UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
@@ -181,18 +187,18 @@ PREPARE_INPUTS = Patch(
     id="zb018-device-corrected-inputs",
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
-    make=lambda original: _glue().make_prepare_inputs(original),
+    make=ZERO_BUBBLE.make_prepare_inputs,
     fingerprints={"vllm-ascend 0.18.0": "72f01a8e67691f0d"},
     why="With optimistic CPU counts the release's CPU positions, seq_lens and slot mapping are too long by the "
-        "rejected drafts of the previous step.",
+    "rejected drafts of the previous step.",
     how="Wrapper. After the release's body: one launch of zb-patch's fused token-count kernel corrects the "
-        "device num_computed_tokens from the previous step's device valid counts and rewrites positions.gpu / "
-        "seq_lens.gpu; zb-patch's slot-mapping kernel rewrites slot_mapping.gpu of every table the release maps. "
-        "Then the host waits for the previous step's counts (valid_sampled_token_count_event, recorded before "
-        "that step's drafter: vllm-ascend #10506's wait, chosen over #8461's D2H of seq_lens + event, which waits "
-        "for everything queued) and subtracts the rejected drafts from seq_lens.cpu and num_computed_tokens_cpu, "
-        "so Ascend attention, max_seq_len, cascade prefix lengths and the proposer's backup index read exact "
-        "CPU values.",
+    "device num_computed_tokens from the previous step's device valid counts and rewrites positions.gpu / "
+    "seq_lens.gpu; zb-patch's slot-mapping kernel rewrites slot_mapping.gpu of every table the release maps. "
+    "Then the host waits for the previous step's counts (valid_sampled_token_count_event, recorded before "
+    "that step's drafter: vllm-ascend #10506's wait, chosen over #8461's D2H of seq_lens + event, which waits "
+    "for everything queued) and subtracts the rejected drafts from seq_lens.cpu and num_computed_tokens_cpu, "
+    "so Ascend attention, max_seq_len, cascade prefix lengths and the proposer's backup index read exact "
+    "CPU values.",
     upstream=_UPSTREAM + ("vllm#38556",),
     remove_when=_REMOVE_WHEN,
 )
@@ -201,13 +207,13 @@ EXECUTE_MODEL = Patch(
     id="zb018-deferred-correction",
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=lambda original: _glue().make_execute_model(original),
+    make=ZERO_BUBBLE.make_execute_model,
     fingerprints={"vllm-ascend 0.18.0": "9eca449f8a01d727"},
     why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
-        "sample_tokens and the next step.",
+    "sample_tokens and the next step.",
     how="Wrapper. After the release's execute_model returned (the forward is launched), subtract the rejected "
-        "drafts from each corrected request's num_computed_tokens, with the counts the host already waited for "
-        "in _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts closure).",
+    "drafts from each corrected request's num_computed_tokens, with the counts the host already waited for "
+    "in _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts closure).",
     upstream=("vllm#32951",),
     remove_when=_REMOVE_WHEN,
 )
@@ -216,13 +222,13 @@ COPY_VALID_COUNT = Patch(
     id="zb018-device-valid-count",
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=lambda original: _glue().make_copy_valid_sampled_token_count(original),
+    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
     fingerprints={"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
     why="The device correction of the next step needs this step's valid sampled counts on the device; 0.18 only "
-        "copies them to the host.",
+    "copies them to the host.",
     how="Wrapper. After the release's copy (side stream, event), keep a reference to the device count tensor "
-        "(int64 on Ascend; the host buffer stays int64 too, so the D2H copy has no dtype cast). Consumed once by "
-        "the next _prepare_inputs.",
+    "(int64 on Ascend; the host buffer stays int64 too, so the D2H copy has no dtype cast). Consumed once by "
+    "the next _prepare_inputs.",
     upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
     remove_when=_REMOVE_WHEN,
 )
@@ -231,16 +237,16 @@ BACKUP_STAGING = Patch(
     id="zb018-backup-token-staging",
     group="zero-bubble-0.18",
     target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
-    make=lambda original: _glue().make_prepare_next_token_ids_padded(original),
+    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
     fingerprints={"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
     why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
-        "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
-        "the next step can rewrite the buffer while this step's copy is still queued (found by zb-patch's "
-        "engine-loop harness; docs/selftest.md).",
+    "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
+    "the next step can rewrite the buffer while this step's copy is still queued (found by zb-patch's "
+    "engine-loop harness; docs/selftest.md).",
     how="Wrapper. Alternate two backup buffers between calls; a buffer is rewritten two steps later, after "
-        "synchronize_input_prep has waited on an event recorded behind its copy. The backup index itself is "
-        "unchanged: it reads the proposer metadata's seq_lens_cpu, which the _prepare_inputs patch makes exact "
-        "(vLLM #38098 cannot occur).",
+    "synchronize_input_prep has waited on an event recorded behind its copy. The backup index itself is "
+    "unchanged: it reads the proposer metadata's seq_lens_cpu, which the _prepare_inputs patch makes exact "
+    "(vLLM #38098 cannot occur).",
     upstream=("vllm#38098", "vllm#38556"),
     remove_when=_REMOVE_WHEN,
 )
@@ -248,12 +254,12 @@ BACKUP_STAGING = Patch(
 PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING)
 
 ADAPTER = Adapter(
-    id='ascend-0.18',
-    title='vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)',
+    id="ascend-0.18",
+    title="vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 18, 0), (0, 19)),
     vllm=((0, 18, 0), (0, 19)),
-    patch_set=PatchSet('ascend-0.18', PATCHES, GUARDS),
+    patch_set=PatchSet("ascend-0.18", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.18.0",),
-    notes='vllm-ascend 0.18.0 pins vLLM 0.18.0; vLLM 0.18.1 has identical targets.',
+    notes="vllm-ascend 0.18.0 pins vLLM 0.18.0; vLLM 0.18.1 has identical targets.",
 )

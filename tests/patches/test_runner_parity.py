@@ -1,0 +1,372 @@
+"""Adapters ascend-0.13 / ascend-0.18 (zero-bubble backport): runner-level parity on the release's real
+NPUModelRunner, in whichever of the two release families this env has (tests/parity/runner_harness.py, plus the
+release's runner013.py / runner018.py).
+
+The release's real vLLM AsyncScheduler drives its real runner methods (the harness says exactly which are real and
+which are mirrored; on 0.13 the monolithic _prepare_inputs runs end to end, attention-metadata loop included)
+UNPATCHED and then PATCHED with the adapter, on the same seeded workload (arrivals, chunked prefill, prefix-cache
+hits, preemption + resumption, stop tokens, max_model_len, aborts; acceptance none / all / partial per request and
+position). Asserted:
+
+* identical per-step, per-request positions, slot mapping, input ids, CPU and device seq_lens, CPU
+  num_computed_tokens (at the forward and when the drafter runs), max_seq_len, discard flags, sampled tokens,
+  drafted / accepted counts, drafter next-token inputs and req_state.num_computed_tokens after execute_model; the
+  padded device seq_lens rows; identical token streams and finish reasons; on 0.13 no negative token id handed to
+  the model;
+* the accepted-count wait: >= 1 per spec-decode step before input preparation unpatched; 0 before input
+  preparation on every step patched (its one wait per corrected step comes once the step's inputs are queued and
+  before the attention metadata is built: Ascend attention's exact CPU seq_lens);
+* >= 10,000 engine steps in total (k = 1..4), on the kernels' pure-torch twins; a shorter run on the Triton kernels
+  (Triton's CPU interpreter); one without batch reordering;
+* the waits on the input-preparation event: the patched path adds one per step on 0.13 (whose release makes none),
+  none on 0.18;
+* each planted mistake in the zero-bubble runner is caught by the divergence it must cause (PLANTS), or by the
+  harness's PoisonedCounts for a count read without a wait; unsupported combinations fall through to the release
+  with one WARNING.
+
+0.13 only: input ids at draft placeholders the release cannot fill (rows re-added with drafts) are junk in both
+modes and are not compared (runner013.Driver says why); their count is printed.
+
+Cost on the 2-core CI box: ~1 minute after the vLLM import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+# vllm-ascend family -> (the release's harness module, whether the adapter clamps the input ids to >= 0: 0.13's
+# PREPARE_INPUTS spec; vllm-ascend 0.18 hands the model the same rare -1 id in both modes, compared like any id)
+RELEASES = {"0.13": ("runner013", True), "0.18": ("runner018", False)}
+FAMILY = npu_standin.detect_family()
+if FAMILY not in RELEASES:
+    pytest.skip(
+        f"the NPU-runner zero-bubble adapters target vllm-ascend {' / '.join(RELEASES)}; this env has {FAMILY}",
+        allow_module_level=True,
+    )
+HARNESS, CLAMPS_INPUT_IDS = RELEASES[FAMILY]
+
+import numpy as np  # noqa: E402
+
+from zb_patch import registry as R  # noqa: E402
+from zb_patch import zero_bubble  # noqa: E402
+from zb_patch.versions import npu_runner  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
+
+PARITY_ITERATIONS = 2900  # engine iterations per k = 1..4: ~10,500 engine steps (schedule() calls) in total
+MIN_TOTAL_STEPS = 10_000
+
+
+@pytest.fixture(scope="module")
+def H(cpu_worker):
+    import runner_harness
+
+    return runner_harness
+
+
+@pytest.fixture(scope="module")
+def release(cpu_worker):
+    return importlib.import_module(HARNESS)
+
+
+@pytest.fixture(scope="module")
+def ZB(release):
+    return release.ZERO_BUBBLE
+
+
+@pytest.fixture(scope="module")
+def sess(H):
+    with H.session() as s:
+        yield s
+
+
+def _shape(k):
+    from zb_patch.check.selftest.compat import EngineShape
+
+    return EngineShape(num_spec_tokens=k)
+
+
+def _check_waits(res):
+    u, p = res["unpatched"], res["patched"]
+    # unpatched: the classic blocking sync before input preparation on every spec-decode step
+    assert u["spec_steps"] > 0
+    assert u["min_before_prep_per_spec_step"] >= 1, u
+    assert set(u["waits"]) == {"update_states"}, u["waits"]
+    # patched: never before input preparation; at most one wait per step, after the inputs were queued
+    assert p["max_before_prep_per_step"] == 0, p
+    assert set(p["waits"]) <= {"prepare_inputs:after"}, p["waits"]
+    assert p["max_waits_per_step"] <= 1, p
+    zb = p["zb"]
+    assert zb["active"] and zb["fallback_uploads"] == 0, zb
+    assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
+    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13)
+    assert p["input_prep_waits"] - u["input_prep_waits"] == added_input_prep_waits(res), (u, p)
+
+
+def added_input_prep_waits(res):
+    zb = res["patched"]["zb"]
+    return zb["steps"] if res["waits_for_input_prep"] else 0
+
+
+def test_parity_10k_steps(H, release, sess, capsys):
+    total = 0
+    lines = []
+    for k in (1, 2, 3, 4):
+        res = H.parity(sess, _shape(k), PARITY_ITERATIONS, seed=k, release=release)
+        assert res["divergences"] == 0, res["examples"]
+        _check_waits(res)
+        u, p = res["unpatched"], res["patched"]
+        assert 0 < u["accepted"] < u["drafted"]  # partial acceptance overall
+        assert u["preemptions"] > 0 and u["aborted"] > 0  # batch changes of every kind happened
+        assert p["negative_input_ids"] == (0 if CLAMPS_INPUT_IDS else u["negative_input_ids"]), (
+            u["negative_input_ids"],
+            p["negative_input_ids"],
+        )
+        total += u["steps"]
+        lines.append(
+            f"k={k}: {u['steps']} steps ({u['spec_steps']} spec), {u['requests']} requests, "
+            f"{u['preemptions']} preemptions, {u['aborted']} aborts, drafted {u['drafted']} / accepted "
+            f"{u['accepted']}; accepted-count waits before input prep per spec step: unpatched "
+            f"{u['before_prep_per_spec_step']:.2f}, patched {p['max_before_prep_per_step']} (max per step); "
+            f"patched waits after input prep: {p['waits'].get('prepare_inputs:after', 0)} on "
+            f"{p['zb']['corrected_steps']} corrected steps; input-prep event waits unpatched / patched "
+            f"{u['input_prep_waits']} / {p['input_prep_waits']}; unfilled draft ids (not compared) "
+            f"{u['unfilled_drafts']} / {p['unfilled_drafts']}; negative input ids unpatched / patched "
+            f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s"
+        )
+    assert total >= MIN_TOTAL_STEPS
+    with capsys.disabled():
+        print(f"\nrunner-level parity ({release.ADAPTER.id}), {total} steps, 0 divergences:\n  " + "\n  ".join(lines))
+
+
+def test_parity_on_triton_kernels(H, release, ZB, sess):
+    from zb_patch import kernels
+    from zb_patch.kernels._launch import interpret_mode
+
+    if not interpret_mode():
+        pytest.skip("TRITON_INTERPRET=1 is not set: CPU tensors use the reference twins")
+    res = H.parity(sess, _shape(3), 120, seed=11, release=release, triton=True)
+    assert res["divergences"] == 0, res["examples"]
+    _check_waits(res)
+    buffers = res["runners"][1].__dict__[ZB.state_attr].buffers
+    if ZB.count_base == "previous":
+        assert type(buffers.token_counts).__name__ == "TokenCountsLauncher"
+    else:
+        assert buffers.token_counts is None
+        assert kernels._triton_update_token_counts is not None  # zero_bubble.correct_counts took the Triton path
+    assert all(type(m).__name__ == "SlotMappingLauncher" for _, m in buffers.slot_mappers.values())
+
+
+def test_parity_without_batch_reordering(H, release, sess):
+    res = H.parity(sess, _shape(2), 700, seed=5, release=release, reorder=False)
+    assert res["divergences"] == 0, res["examples"]
+    _check_waits(res)
+
+
+def test_backup_token_buffers_alternate(H, release, ZB, sess):
+    res = H.parity(sess, _shape(2), 60, seed=3, release=release)
+    assert res["divergences"] == 0, res["examples"]
+    unpatched, patched = res["runners"]
+    pair = patched.drafter.__dict__[ZB.backup_pair_attr]
+    assert pair[0] is not pair[1] and patched.drafter.backup_next_token_ids in pair
+    assert ZB.backup_pair_attr not in unpatched.drafter.__dict__
+
+
+class EmbeddingSpy:
+    """Stands in for the model's embedding layer (the harness has no model): a real ``F.embedding`` lookup over a
+    seeded table, so a negative id fails exactly as a real embedding would; counts the ids it was handed."""
+
+    def __init__(self, vocab_size, hidden_size):
+        import torch
+
+        self.weight = torch.randn(vocab_size, hidden_size, generator=torch.Generator().manual_seed(0))
+        self.ids = 0
+
+    def embed_input_ids(self, input_ids, **kwargs):
+        import torch.nn.functional as F
+
+        self.ids += int(input_ids.numel())
+        return F.embedding(input_ids, self.weight)
+
+
+def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
+    """0.13 embeds prompt-embeds / multimodal inputs inside _prepare_inputs, right after _init_model_kwargs: the
+    adapter's clamp must come before that (a -1 id would index the embedding out of range)."""
+    if not CLAMPS_INPUT_IDS:
+        pytest.skip("the adapter of this release does not clamp input ids (its release hands the model the ids)")
+    spies = []
+
+    def prompt_embeds(runner):  # what enable_prompt_embeds=True gives the runner, with the embedding spied on
+        runner.enable_prompt_embeds = True
+        runner.model = EmbeddingSpy(runner.model_config.get_vocab_size(), runner.inputs_embeds.gpu.shape[1])
+        spies.append(runner.model)
+
+    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds)
+    assert res["divergences"] == 0, res["examples"]
+    assert res["unpatched"]["negative_input_ids"] > 0  # the release's own path had -1 ids to clamp
+    assert spies[0].ids > 0 and res["patched"]["negative_input_ids"] == 0
+
+
+# -- planted mistakes: each must be caught ------------------------------------------------------------------
+
+
+def _plant(monkeypatch, ZB, name):
+    if name == "no-device-correction":  # positions / seq_lens / slot mapping left at the optimistic values
+        original = ZB.device_correction
+
+        def device_correction(runner, st, num_scheduled, total):
+            queue, st.queue = st.queue, []
+            original(runner, st, num_scheduled, total)
+            st.queue = queue
+
+        monkeypatch.setattr(ZB, "device_correction", device_correction)
+    elif name == "no-host-seq-lens-correction":  # Ascend attention gets optimistic CPU seq_lens (#8461 / #10506)
+
+        def exact_host_counts(runner, st):
+            if st.queue and st.valid_host is None:
+                st.valid_host = runner._get_valid_sampled_token_count()
+
+        monkeypatch.setattr(ZB, "exact_host_counts", exact_host_counts)
+    elif name == "no-deferred-correction":
+
+        def apply_deferred(runner):
+            st = ZB.active(runner)
+            if st is not None:
+                st.queue, st.valid_host = [], None
+
+        monkeypatch.setattr(ZB, "apply_deferred", apply_deferred)
+    elif name == "no-slot-mapping":
+        monkeypatch.setattr(npu_runner, "computes_slot_mapping", lambda table: False)
+    elif name == "counts-by-current-row":  # previous-step values read at the current row (vLLM #38556 fix 2)
+
+        def by_row(req_ids, prev_map, n, out):
+            out[:n] = np.arange(n)
+            return out[:n]
+
+        monkeypatch.setattr(zero_bubble, "compute_prev_positions", by_row)
+    elif name == "read-counts-without-wait":  # host correction reads the count buffer without the event
+
+        def exact_host_counts(runner, st):
+            if not st.queue:
+                return
+            n_prev = st.num_prev
+            st.valid_host = runner.valid_sampled_token_count_cpu[:n_prev].tolist()
+            for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
+                zero_bubble.correct_seq_lens_cpu(
+                    host,
+                    st.buffers.prev_positions.np,
+                    st.buffers.prev_drafts.np,
+                    np.asarray(st.valid_host),
+                    runner.input_batch.num_reqs,
+                    num_prev=n_prev,
+                )
+
+        monkeypatch.setattr(ZB, "exact_host_counts", exact_host_counts)
+    elif name == "stale-padded-seq-lens":  # device seq_lens past num_reqs keep the previous step's values
+        original = ZB.device_correction
+        last = []
+
+        def device_correction(runner, st, num_scheduled, total):
+            original(runner, st, num_scheduled, total)
+            n = runner.input_batch.num_reqs
+            if last:
+                runner.seq_lens.gpu[n:].copy_(last[0][n:])
+            last[:] = [runner.seq_lens.gpu.clone()]
+
+        monkeypatch.setattr(ZB, "device_correction", device_correction)
+    elif name == "num-computed-cpu-after-forward":  # the deferred correction also hits num_computed_tokens_cpu
+        original = ZB.apply_deferred
+
+        def apply_deferred(runner):
+            st = ZB.active(runner)
+            if st is not None and st.valid_host:
+                index = runner.input_batch.req_id_to_index
+                for req_id, drafts, row in st.queue:
+                    if req_id in index and row < len(st.valid_host):
+                        runner.input_batch.num_computed_tokens_cpu[index[req_id]] -= drafts + 1 - st.valid_host[row]
+            original(runner)
+
+        monkeypatch.setattr(ZB, "apply_deferred", apply_deferred)
+    else:
+        raise KeyError(name)
+
+
+# plant -> what must diverge first (a RowRecord field, "padded_seq_lens"), or the harness error it must raise
+PLANTS = {
+    "no-device-correction": "positions",
+    "no-host-seq-lens-correction": "seq_len_cpu",
+    "no-deferred-correction": "req_num_computed",
+    "no-slot-mapping": "slots",
+    "counts-by-current-row": "positions",
+    "read-counts-without-wait": "PoisonedCounts",
+    "stale-padded-seq-lens": "padded_seq_lens",
+    "num-computed-cpu-after-forward": "num_computed_cpu_drafter",
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_planted_mistake_is_caught(H, release, ZB, sess, monkeypatch, plant):
+    _plant(monkeypatch, ZB, plant)
+    expected = PLANTS[plant]
+    if expected == "PoisonedCounts":
+        with pytest.raises(H.PoisonedCounts):
+            H.parity(sess, _shape(2), 300, seed=0, release=release)
+        assert R.resolve("vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs").patched_by is None
+        return
+    res = H.parity(sess, _shape(2), 300, seed=0, release=release)
+    assert res["divergences"] > 0, f"planted mistake {plant!r} went unnoticed"
+    assert res["first_divergence"] == expected, res["examples"][:3]
+
+
+# -- activation scope ------------------------------------------------------------------------------------------
+
+
+def test_unsupported_combination_falls_through_with_one_warning(H, release, ZB, sess, caplog):
+    def hybrid(runner):  # what initialize_kv_cache sets for Mamba / GDN models
+        runner.need_accepted_tokens = True
+
+    ZB.warned.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.zb_patch"):
+        res = H.parity(sess, _shape(2), 200, seed=2, release=release, runner_hook=hybrid)
+        H.parity(sess, _shape(2), 20, seed=2, release=release, runner_hook=hybrid)  # a second runner: no new line
+    assert res["divergences"] == 0, res["examples"]
+    p = res["patched"]
+    assert p["zb"]["active"] is False and "hybrid" in p["zb"]["reason"]
+    assert set(p["waits"]) == {"update_states"} and p["min_before_prep_per_spec_step"] >= 1  # the classic path
+    lines = [r for r in caplog.records if "zero-bubble NOT active" in r.getMessage()]
+    assert len(lines) == 1 and "hybrid" in lines[0].getMessage()
+
+
+def test_async_scheduling_off_is_left_alone(H, ZB, sess, caplog):
+    shape = _shape(2)
+    vc = H.build_config(sess, shape, async_scheduling=False)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    ZB.warned.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.zb_patch"):
+        st = ZB.state_of(runner)
+    assert not st.active and st.buffers is None and "off" in st.reason
+    assert not [r for r in caplog.records if "zero-bubble" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "attr,value,needle",
+    [
+        ("pcp_size", 2, "context parallelism"),
+        ("uses_mrope", True, "M-RoPE"),
+        ("is_pooling_model", True, "pooling"),
+    ],
+)
+def test_unsupported_reasons(H, ZB, sess, attr, value, needle):
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    assert ZB.unsupported_reason(runner) == (True, "")
+    setattr(runner, attr, value)
+    wanted, reason = ZB.unsupported_reason(runner)
+    assert wanted and needle in reason

@@ -1,0 +1,446 @@
+"""Zero-bubble async scheduling + EAGLE / MTP speculative decoding on vllm-ascend's V1 ``NPUModelRunner``, written
+once for the releases that run it in the classic form (vllm-ascend 0.13 and 0.18).
+
+There, the inherited vLLM ``GPUModelRunner._update_states`` waits for step N's accepted-draft counts before the host
+can prepare step N+1. :class:`ZeroBubble` removes that wait with wrappers of the release's methods (no copy of an
+upstream method), per step:
+
+1. ``_update_states``: optimistic counts (every draft accepted) instead of the wait; the rows the release looked
+   up are this step's corrections (:meth:`ZeroBubble.make_update_states`).
+2. Once the release has queued the step's inputs (where exactly is the release's hook): :meth:`ZeroBubble.correct`
+   -- on the device and without waiting, the token counts, ``positions.gpu``, ``seq_lens.gpu`` and every slot
+   mapping the release computes; then the one host wait for step N's counts, which makes ``seq_lens.cpu`` and
+   ``num_computed_tokens_cpu`` exact (Ascend attention reads CPU seq_lens).
+3. ``execute_model``: after the forward launch, exact ``req_state.num_computed_tokens``.
+4. ``_copy_valid_sampled_token_count``: keeps the device counts for the next step's device correction.
+5. ``prepare_next_token_ids_padded``: alternating backup-token staging buffers.
+
+A release module subclasses :class:`ZeroBubble` for what differs (the ``_prepare_inputs`` hook of step 2,
+``count_base``, ``waits_for_input_prep``, extra activation checks) and its patch specs point at the factories of
+one instance; each spec holds its patch's why / how / upstream / remove-when.
+
+This module is imported when an adapter is selected, so numpy, torch and zb-patch's kernels are imported inside the
+functions that use them: only once a patch is applied. On the per-step path nothing copies device->host or calls
+``.item()`` / ``.tolist()`` on a device tensor; the host waits only where a docstring says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
+
+
+@dataclass
+class Buffers:
+    """Device buffers and pinned staging buffers of one runner (allocated once, at activation)."""
+
+    num_computed: Any  # device int32 [max_num_reqs]: this step's exact counts (next step: previous rows)
+    prev_positions: Any  # CpuGpuBuffer int64 [max_num_reqs]: each row's index in the previous batch
+    prev_drafts: Any  # CpuGpuBuffer int32 [max_num_reqs]: drafts of step N at step N's rows
+    cpu_counts: Any  # CpuGpuBuffer int32 [max_num_reqs]: private snapshot of num_computed_tokens_cpu
+    num_scheduled: Any  # CpuGpuBuffer int32 [max_num_reqs]
+    req_indices: Any  # CpuGpuBuffer int64 [max_num_tokens]
+    query_pos: Any  # CpuGpuBuffer int64 [max_num_tokens]
+    token_counts: Callable[..., None] | None = None  # the fused count launcher (count_base "previous")
+    slot_mappers: dict = field(default_factory=dict)  # id(block table) -> (table, launcher)
+
+
+@dataclass
+class State:
+    """What zero-bubble keeps per runner between its wrapped methods."""
+
+    active: bool
+    reason: str = ""
+    buffers: Buffers = None  # type: ignore[assignment]  # set at activation; None only on inactive states
+    # this step: (req_id, drafts assumed accepted, previous row) per request the release looked up
+    queue: list = field(default_factory=list)
+    num_prev: int = 0
+    valid_gpu: Any = None  # device valid counts of the last proposing step (consumed once)
+    valid_host: list | None = None  # step N's counts once the host waited for them (this step)
+    in_prepare: bool = False  # inside a release's _prepare_inputs window, correction not yet made
+    backup_flip: int = 0
+    # diagnostics (tests, doctor-style reports)
+    steps: int = 0
+    corrected_steps: int = 0
+    host_waits: int = 0
+    fallback_uploads: int = 0
+
+
+class OptimisticCounts(list):
+    """What ``_get_valid_sampled_token_count()`` returns while the release's ``_update_states`` runs:
+    ``drafts + 1`` at every previous row (all drafts accepted). Records the rows the release reads -- exactly the
+    requests it would have corrected in the classic form."""
+
+    def __init__(self, values: list[int]) -> None:
+        super().__init__(values)
+        self.read: list[int] = []
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            self.read.append(index)
+        return super().__getitem__(index)
+
+
+def computes_slot_mapping(block_table: Any) -> bool:
+    """Whether the release's numpy ``BlockTable.compute_slot_mapping`` writes this table's slot mapping (non-CP
+    branch: only when the kernel block size is the first of ``kernel_sizes``)."""
+    sizes = getattr(block_table, "kernel_sizes", None)
+    return sizes is not None and len(sizes) > 0 and block_table.block_size == sizes[0]
+
+
+def slot_mapper(buffers: Buffers, block_table: Any) -> Callable:
+    """The slot-mapping launcher of ``block_table`` (built once, kept in ``buffers.slot_mappers``)."""
+    key = id(block_table)
+    entry = buffers.slot_mappers.get(key)
+    if entry is None or entry[0] is not block_table:
+        from .. import kernels
+
+        mapper = kernels.slot_mapper(
+            block_table.block_table.gpu,
+            block_table.slot_mapping.gpu,
+            block_size=block_table.block_size,
+            max_num_tokens=block_table.max_num_batched_tokens,
+            block_table_stride=block_table.block_table.gpu.stride(0),
+            physical_block_size=block_table.physical_block_size,
+        )
+        entry = buffers.slot_mappers[key] = (block_table, mapper)
+    return entry[1]
+
+
+class ZeroBubble:
+    """The zero-bubble wrappers of one release's ``NPUModelRunner`` and the per-runner state they share.
+
+    Release hooks (class attributes / methods a release module overrides):
+
+    * ``count_base``: how the device counts are corrected (:func:`zb_patch.zero_bubble.correct_counts`):
+      ``"previous"`` (previous device counts + valid counts, one fused launcher) or ``"cpu"`` (this step's CPU
+      counts minus the rejected drafts).
+    * ``waits_for_input_prep``: the ``_update_states`` wrapper first waits on ``prepare_inputs_event`` (for a
+      release whose ``execute_model`` does not enter ``synchronize_input_prep``).
+    * :meth:`unsupported_reason`: extra activation checks.
+    * a ``_prepare_inputs`` wrapper that calls :meth:`correct` once the step's inputs are queued.
+    """
+
+    count_base = "previous"
+    waits_for_input_prep = False
+
+    def __init__(self, release: str, *, other_runners: str) -> None:
+        tag = release.replace(".", "")
+        self.release = release
+        self.other_runners = other_runners  # the release's other runner classes, for the unsupported message
+        self.state_attr = f"_zb_patch_{tag}"  # per-runner state, in the runner's __dict__
+        self.backup_pair_attr = f"_zb_patch_{tag}_backup_pair"  # in the drafter's __dict__
+        self.logger = logging.getLogger(f"vllm.zb_patch.ascend_{release.replace('.', '_')}")
+        self.warned: set[str] = set()  # reasons already logged in this process
+
+    # -- activation and per-runner state -------------------------------------------------------------------
+
+    def unsupported_reason(self, runner: Any) -> tuple[bool, str]:
+        """``(wanted, reason)``: ``reason == ""`` means zero-bubble can run on this runner. ``wanted`` is False when
+        async scheduling + spec decode is simply off (nothing to do, no warning)."""
+        spec = getattr(runner, "speculative_config", None)
+        if (
+            not getattr(runner, "use_async_scheduling", False)
+            or spec is None
+            or not getattr(spec, "num_speculative_tokens", 0)
+        ):
+            return False, "async scheduling with speculative decoding is off"
+        method = getattr(spec, "method", None)
+        if method not in SUPPORTED_METHODS:
+            return True, f"speculative method {method!r} (zero-bubble supports {', '.join(SUPPORTED_METHODS)})"
+        if getattr(spec, "disable_padded_drafter_batch", False):
+            return True, "disable_padded_drafter_batch=True (zero-bubble needs the padded drafter)"
+        from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+        if type(runner) is not NPUModelRunner:
+            return True, (
+                f"runner class {type(runner).__module__}.{type(runner).__qualname__} (only the release's "
+                f"NPUModelRunner is verified; {self.other_runners} runners keep the classic path)"
+            )
+        if getattr(runner, "valid_sampled_token_count_event", None) is None:
+            return True, "the runner has no valid_sampled_token_count_event"
+        if runner.parallel_config.pipeline_parallel_size > 1:
+            return True, "pipeline parallelism > 1"
+        if getattr(runner, "pcp_size", 1) * getattr(runner, "dcp_size", 1) > 1:
+            return True, "prefill / decode context parallelism > 1"
+        if getattr(runner, "uses_mrope", False) or getattr(runner, "uses_xdrope_dim", 0) > 0:
+            return True, "M-RoPE / XD-RoPE positions (computed on the host from the token counts)"
+        if (
+            getattr(runner, "need_accepted_tokens", False)
+            or getattr(runner.cache_config, "mamba_cache_mode", None) == "align"
+        ):
+            return True, "hybrid model (Mamba / GDN accepted-token state)"
+        if getattr(runner, "is_pooling_model", False):
+            return True, "pooling model"
+        return True, ""
+
+    def state_of(self, runner: Any) -> State:
+        """The runner's zero-bubble state, created (and activation decided) on first use."""
+        st = runner.__dict__.get(self.state_attr)
+        if st is None:
+            wanted, reason = self.unsupported_reason(runner)
+            st = State(active=wanted and not reason, reason=reason)
+            if st.active:
+                st.buffers = self._allocate(runner)
+                self.logger.info(
+                    "zb-patch: zero-bubble async scheduling + spec decode active on this NPUModelRunner "
+                    "(method %s, k=%d)",
+                    runner.speculative_config.method,
+                    runner.speculative_config.num_speculative_tokens,
+                )
+            elif wanted and reason not in self.warned:
+                self.warned.add(reason)
+                self.logger.warning(
+                    "zb-patch: zero-bubble NOT active for async scheduling + speculative decoding: "
+                    "%s. vllm-ascend %s's classic path runs (one blocking accepted-count sync per "
+                    "step).",
+                    reason,
+                    self.release,
+                )
+            runner.__dict__[self.state_attr] = st
+        return st
+
+    def active(self, runner: Any) -> State | None:
+        """The runner's state when zero-bubble is active on it, else None."""
+        st = runner.__dict__.get(self.state_attr)
+        return st if st is not None and st.active else None
+
+    def _allocate(self, runner: Any) -> Buffers:
+        import torch
+
+        max_reqs = runner.max_num_reqs
+        max_tokens = runner.positions.gpu.shape[0]
+        mk = runner._make_buffer
+        b = Buffers(
+            num_computed=torch.zeros(max_reqs, dtype=torch.int32, device=runner.device),
+            prev_positions=mk(max_reqs, dtype=torch.int64),
+            prev_drafts=mk(max_reqs, dtype=torch.int32),
+            cpu_counts=mk(max_reqs, dtype=torch.int32),
+            num_scheduled=mk(max_reqs, dtype=torch.int32),
+            req_indices=mk(max_tokens, dtype=torch.int64),
+            query_pos=mk(max_tokens, dtype=torch.int64),
+        )
+        b.prev_drafts.np.fill(0)
+        b.prev_drafts.gpu.fill_(0)
+        if self.count_base == "previous":
+            from .. import kernels
+
+            b.token_counts = kernels.token_counts_launcher(
+                num_computed_tokens=b.num_computed,
+                seq_lens=runner.seq_lens.gpu,
+                num_scheduled_tokens=b.num_scheduled.gpu,
+                prev_positions=b.prev_positions.gpu,
+                prev_num_draft_tokens=b.prev_drafts.gpu,
+                num_accepted_tokens=None,
+                req_indices=b.req_indices.gpu,
+                query_pos=b.query_pos.gpu,
+                positions=runner.positions.gpu,
+            )
+        return b
+
+    # -- _update_states: optimistic counts instead of the blocking sync -----------------------------------
+
+    def make_update_states(self, original: Callable) -> Callable:
+        def _update_states(runner, scheduler_output):
+            st = self.state_of(runner)
+            if not st.active:
+                return original(runner, scheduler_output)
+            if self.waits_for_input_prep:
+                # vLLM's synchronize_input_prep wait: the previous step's host-to-device copies from the reused
+                # host buffers have run before this step rewrites them
+                event = getattr(runner, "prepare_inputs_event", None)
+                if event is not None:
+                    event.synchronize()
+            st.queue = []
+            st.valid_host = None
+            st.steps += 1
+            batch = runner.input_batch
+            prev_sampled = batch.prev_sampled_token_ids
+            b = st.buffers
+            b.prev_drafts.np.fill(0)
+            if prev_sampled is None or runner.valid_sampled_token_count_event is None:
+                st.num_prev = 0
+                return original(runner, scheduler_output)  # no previous step to wait for: no sync either way
+            st.num_prev = int(prev_sampled.shape[0])
+            values = [1] * st.num_prev
+            row_req: dict[int, str] = {}
+            for req_id, row in (batch.prev_req_id_to_index or {}).items():
+                req_state = runner.requests.get(req_id)
+                if req_state is not None and 0 <= row < st.num_prev:
+                    values[row] = req_state.prev_num_draft_len + 1
+                    row_req[row] = req_id
+            counts = OptimisticCounts(values)
+            runner.__dict__["_get_valid_sampled_token_count"] = lambda: counts
+            try:
+                result = original(runner, scheduler_output)
+            finally:
+                runner.__dict__.pop("_get_valid_sampled_token_count", None)
+            for row in counts.read:
+                drafts = values[row] - 1
+                if drafts > 0 and row in row_req:
+                    st.queue.append((row_req[row], drafts, row))
+                    b.prev_drafts.np[row] = drafts
+            return result
+
+        return _update_states
+
+    # -- after the step's inputs are queued: device correction, then exact CPU counts ---------------------
+
+    def correct(self, runner: Any, st: State, num_scheduled: Any, total: int) -> None:
+        """Called by the release's ``_prepare_inputs`` hook once the step's inputs are queued. ``num_scheduled``:
+        the host array of this step's scheduled tokens per row; ``total``: their sum."""
+        self.device_correction(runner, st, num_scheduled, total)
+        self.exact_host_counts(runner, st)
+
+    def device_correction(self, runner: Any, st: State, num_scheduled: Any, total: int) -> None:
+        """Device counts, ``positions.gpu``, ``seq_lens.gpu`` and the slot mappings, from this step's CPU counts
+        and step N's device valid counts (no wait, except the fallback below)."""
+        import numpy as np
+
+        from .. import zero_bubble
+
+        b = st.buffers
+        batch = runner.input_batch
+        n = batch.num_reqs
+        valid_gpu, st.valid_gpu = st.valid_gpu, None
+        correct = bool(st.queue)
+        if correct and valid_gpu is None:
+            # The previous step's device counts are unknown (it did not go through the padded drafter's copy):
+            # upload the host copy instead (this waits, as the classic path does; never seen in steady state).
+            import torch
+
+            st.valid_host = runner._get_valid_sampled_token_count()
+            st.host_waits += 1
+            st.fallback_uploads += 1
+            valid_gpu = torch.tensor(st.valid_host, dtype=torch.int64).to(runner.device, non_blocking=True)
+        # private snapshot: the host correction changes num_computed_tokens_cpu in place right after
+        b.cpu_counts.np[:n] = batch.num_computed_tokens_cpu[:n]
+        b.cpu_counts.copy_to_gpu(n)
+        b.num_scheduled.np[:n] = num_scheduled[:n]
+        b.num_scheduled.copy_to_gpu(n)
+        if not correct:
+            # Exact host counts: the release's positions / seq_lens / slot mapping are right; only keep the device
+            # counts current for the next step.
+            b.num_computed[:n].copy_(b.cpu_counts.gpu[:n])
+            return
+        st.corrected_steps += 1
+        zero_bubble.compute_prev_positions(batch.req_ids, batch.prev_req_id_to_index, n, b.prev_positions.np)
+        b.prev_positions.copy_to_gpu(n)
+        b.prev_drafts.copy_to_gpu(st.num_prev)
+        counts = np.asarray(num_scheduled[:n], dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        b.req_indices.np[:total] = np.repeat(np.arange(n, dtype=np.int64), counts)
+        b.query_pos.np[:total] = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+        b.req_indices.copy_to_gpu(total)
+        b.query_pos.copy_to_gpu(total)
+        if self.count_base == "cpu":
+            zero_bubble.correct_counts(
+                b.num_computed,
+                None,
+                b.prev_positions.gpu[:n],
+                valid_gpu,
+                b.prev_drafts.gpu,
+                b.cpu_counts.gpu[:n],
+                b.num_scheduled.gpu[:n],
+                runner.seq_lens.gpu,
+                num_reqs=n,
+                req_indices=b.req_indices.gpu,
+                query_pos=b.query_pos.gpu,
+                positions=runner.positions.gpu,
+                num_tokens=total,
+                num_positions=total,
+                num_prev_reqs=st.num_prev,
+                base="cpu",
+            )
+        else:
+            assert b.token_counts is not None  # built by _allocate for count_base "previous"
+            b.token_counts(
+                n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=st.num_prev
+            )
+        query_start_loc = runner.query_start_loc.gpu[: n + 1]
+        positions = runner.positions.gpu[:total]
+        for table in batch.block_table.block_tables:
+            if computes_slot_mapping(table):
+                slot_mapper(b, table)(n, query_start_loc, positions)
+
+    def exact_host_counts(self, runner: Any, st: State) -> None:
+        """Wait for step N's counts (recorded before step N's drafter; this step's device inputs are already
+        queued) and make ``seq_lens.cpu`` and ``num_computed_tokens_cpu`` exact (the one host wait per corrected
+        step)."""
+        if not st.queue:
+            return
+        import numpy as np
+
+        from .. import zero_bubble
+
+        if st.valid_host is None:
+            st.valid_host = runner._get_valid_sampled_token_count()
+            st.host_waits += 1
+        b = st.buffers
+        n = runner.input_batch.num_reqs
+        valid = np.asarray(st.valid_host, dtype=np.int64)
+        for host in (runner.seq_lens.np, runner.input_batch.num_computed_tokens_cpu):
+            zero_bubble.correct_seq_lens_cpu(
+                host, b.prev_positions.np, b.prev_drafts.np, valid, n, num_prev=st.num_prev
+            )
+
+    # -- execute_model: per-request correction after the forward launch -----------------------------------
+
+    def apply_deferred(self, runner: Any) -> None:
+        """Subtract the rejected drafts from ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure)."""
+        st = self.active(runner)
+        if st is None or not st.queue:
+            return
+        valid = st.valid_host
+        if valid is None:  # input preparation did not run this step (early return): wait here
+            valid = runner._get_valid_sampled_token_count()
+            st.host_waits += 1
+        if valid:
+            requests = runner.requests
+            for req_id, drafts, row in st.queue:
+                req_state = requests.get(req_id)
+                if req_state is not None and row < len(valid):
+                    req_state.num_computed_tokens -= drafts - (int(valid[row]) - 1)
+        st.queue = []
+        st.valid_host = None
+
+    def make_execute_model(self, original: Callable) -> Callable:
+        def execute_model(runner, *args, **kwargs):
+            output = original(runner, *args, **kwargs)  # launches the forward
+            self.apply_deferred(runner)
+            return output
+
+        return execute_model
+
+    # -- sample_tokens side: device valid count, backup-token staging -------------------------------------
+
+    def make_copy_valid_sampled_token_count(self, original: Callable) -> Callable:
+        def _copy_valid_sampled_token_count(runner, next_token_ids, valid_sampled_tokens_count):
+            original(runner, next_token_ids, valid_sampled_tokens_count)
+            st = self.active(runner)
+            if st is not None and runner.valid_sampled_token_count_event is not None:
+                st.valid_gpu = valid_sampled_tokens_count
+
+        return _copy_valid_sampled_token_count
+
+    def make_prepare_next_token_ids_padded(self, original: Callable) -> Callable:
+        def prepare_next_token_ids_padded(drafter, *args, **kwargs):
+            runner = getattr(drafter, "runner", None)
+            st = self.active(runner) if runner is not None else None
+            if runner is not None and st is not None:
+                # without the classic per-step wait the next step could rewrite the pinned buffer while this
+                # step's host-to-device copy of it is still queued
+                pair = drafter.__dict__.get(self.backup_pair_attr)
+                if pair is None:
+                    first = drafter.backup_next_token_ids
+                    second = runner._make_buffer(first.gpu.shape[0], dtype=first.gpu.dtype)
+                    pair = drafter.__dict__[self.backup_pair_attr] = (first, second)
+                drafter.backup_next_token_ids = pair[st.backup_flip]
+                st.backup_flip ^= 1
+            return original(drafter, *args, **kwargs)
+
+        return prepare_next_token_ids_padded
