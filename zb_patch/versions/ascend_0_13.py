@@ -99,17 +99,17 @@ GUARDS = (
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count",
         {"vllm 0.13.0": "26d90667e22b8057"},
-        "the wait itself (event.synchronize + host list); called by the glue inside _prepare_inputs",
+        "the wait itself (event.synchronize + host list); called by zero-bubble inside _prepare_inputs",
     ),
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer",
         {"vllm 0.13.0": "040013a8582667d5"},
-        "the glue allocates its pinned staging buffers with it",
+        "zero-bubble allocates its pinned staging buffers with it",
     ),
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep",
         {"vllm 0.13.0": "7043b500f869d440"},
-        "the semantics of prepare_inputs_event that the glue reproduces (wait before _update_states, record after "
+        "the semantics of prepare_inputs_event that zero-bubble reproduces (wait before _update_states, record after "
         "_prepare_inputs); vllm-ascend 0.13 never enters it",
     ),
     Guard(
@@ -127,7 +127,7 @@ GUARDS = (
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
         {"vllm-ascend 0.13.0": "8d9ac47259e3fe63"},
-        "positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device",
+        "positions / seq_lens / query_start_loc buffers zero-bubble reads and rewrites on the device",
     ),
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens",
@@ -197,7 +197,7 @@ GUARDS = (
     Guard(
         "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
         {"vllm-ascend 0.13.0": "9b098020be5b986e"},
-        "every KV-cache group's table is mapped (the glue walks block_tables the same way)",
+        "every KV-cache group's table is mapped (zero-bubble walks block_tables the same way)",
     ),
 )
 

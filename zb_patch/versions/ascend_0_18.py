@@ -48,17 +48,17 @@ GUARDS = (
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count",
         {"vllm 0.18.0, 0.18.1": "20784bf355208845"},
-        "the wait itself (event.synchronize + host list); called by the glue after input preparation",
+        "the wait itself (event.synchronize + host list); called by zero-bubble after input preparation",
     ),
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._make_buffer",
         {"vllm 0.18.0, 0.18.1": "040013a8582667d5"},
-        "the glue allocates its pinned staging buffers with it",
+        "zero-bubble allocates its pinned staging buffers with it",
     ),
     Guard(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.synchronize_input_prep",
         {"vllm 0.18.0, 0.18.1": "7043b500f869d440"},
-        "waits on an event recorded after the previous step's input preparation: staging buffers (the glue's, "
+        "waits on an event recorded after the previous step's input preparation: staging buffers (zero-bubble's, "
         "the alternating backup-token buffers) are never rewritten while a copy from them is queued",
     ),
     Guard(
@@ -90,7 +90,7 @@ GUARDS = (
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
         {"vllm-ascend 0.18.0": "0f3a79171e3bf24f"},
-        "positions / seq_lens / query_start_loc buffers the glue reads and rewrites on the device",
+        "positions / seq_lens / query_start_loc buffers zero-bubble reads and rewrites on the device",
     ),
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state",
@@ -161,7 +161,7 @@ GUARDS = (
     Guard(
         "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
         {"vllm-ascend 0.18.0": "9b098020be5b986e"},
-        "every KV-cache group's table is mapped (the glue walks block_tables the same way)",
+        "every KV-cache group's table is mapped (zero-bubble walks block_tables the same way)",
     ),
 )
 
