@@ -22,6 +22,7 @@ on the replacement), never from a process-global flag, so it stays true after ``
 
 from __future__ import annotations
 
+import __future__
 import ast
 import contextlib
 import copy
@@ -32,6 +33,7 @@ import importlib
 import inspect
 import linecache
 import os
+import re
 import sys
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -127,9 +129,12 @@ def _first_line(node: ast.AST) -> int:
 def fingerprint_object(obj: Any) -> str:
     """Fingerprint of a live function / method / class, from the def/class node in its module's source.
 
-    The node is located in the parsed source file (by the code object's first line for functions, by
-    qualified name for classes), never by re-parsing a dedented snippet: dedenting would alter the
-    contents of multi-line string literals and so the fingerprint.
+    A function's node is parsed from its own lines only (:func:`_function_node`: the activation cost is
+    dominated by parsing, and the upstream runner modules are thousands of lines long); a class's node, or a
+    function whose lines cannot be isolated that way, is located in the parsed source file (by the code
+    object's first line for functions, by qualified name for classes). Both give the node the whole-file
+    parse gives. Never by re-parsing a dedented snippet: dedenting would alter the contents of multi-line
+    string literals and so the fingerprint.
     """
     fn = underlying_function(obj)
     try:
@@ -138,24 +143,169 @@ def fingerprint_object(obj: Any) -> str:
         raise PatchError(f"no source for {fn!r}: {exc}") from exc
     if not filename:
         raise PatchError(f"no source file for {fn!r}")
+    node = _function_node(fn, filename) if isinstance(fn, types.FunctionType) else None
+    if node is not None:
+        return fingerprint_node(node)
     try:
         st = os.stat(filename)
         tree = _module_tree(filename, st.st_mtime, st.st_size)
     except (OSError, SyntaxError) as exc:
         raise PatchError(f"cannot read source of {fn!r}: {exc}") from exc
-    node = None
     if isinstance(fn, types.FunctionType):
-        first = fn.__code__.co_firstlineno
-        for sub in ast.walk(tree):
-            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == first \
-                    and sub.name == fn.__code__.co_name:
-                node = sub
-                break
+        node = _node_at(tree, fn.__code__)
     elif isinstance(fn, type):
         node = find_node(tree, fn.__qualname__.split("."))
     if node is None:
         raise PatchError(f"cannot locate the definition of {fn!r} in {filename}")
     return fingerprint_node(copy.deepcopy(node))
+
+
+def _node_at(tree: ast.AST, code: types.CodeType) -> Optional[ast.AST]:
+    """The def node whose first line (decorators included) is the code object's, with its name."""
+    for sub in ast.walk(tree):
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == code.co_firstlineno \
+                and sub.name == code.co_name:
+            return sub
+    return None
+
+
+_MAX_BLOCK_TRIES = 64
+_FUTURE_FLAGS = functools.reduce(lambda acc, name: acc | getattr(__future__, name).compiler_flag,
+                                 __future__.all_feature_names, 0)
+_IMPORT_LINE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.M)
+_FROM_IMPORT_LINE = re.compile(r"^[ \t]*from[ \t]+[\w.]+[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.M)
+
+
+def _function_node(fn: types.FunctionType, filename: str) -> Optional[ast.AST]:
+    """The def node of ``fn`` parsed from the function's own lines, or None when they cannot be isolated
+    (the caller then parses the whole file).
+
+    The block starts at ``co_firstlineno`` (the first decorator) and ends before the first later line that
+    starts a statement at the def's indentation or less: each such line is tried in turn, and the first
+    prefix that parses is the block (a cut inside a string, a bracket or a backslash continuation does not
+    parse, and a cut that parses ends the def in the whole file too). An indented def is parsed under a
+    ``class <owner>:`` (or ``if 1:``) header, with its lines unchanged and padded to their line numbers.
+
+    The lines read must be the code running in this process: they are compiled and must give exactly the
+    function's code object (bytecode, constants, names, line and column table), else PatchError -- the file
+    changed after the module was imported, and its text must not vouch for code that is not running. (The
+    decorator expressions and default values run in the enclosing scope: the fingerprint covers them, this
+    check cannot.)
+    """
+    code = fn.__code__
+    if set(code.co_freevars) - {"__class__"}:
+        return None   # a closure: its free variables need the enclosing function's scope
+    lines = linecache.getlines(filename)
+    first = code.co_firstlineno
+    if not 0 < first <= len(lines):
+        return None
+    head = lines[first - 1]
+    indent = len(head) - len(head.lstrip())
+    owner = fn.__qualname__.split(".")[-2:-1]
+    if owner == ["<locals>"]:
+        return None
+    if indent == 0:
+        header = ""
+    elif first > 1:
+        # the class name matters to the compiled code (private-name mangling); an `if` keeps the def's scope
+        header = f"class {owner[0]}:\n" if owner else "if 1:\n"
+    else:
+        return None
+    padding = "\n" * (first - 1 - bool(header))
+    tries = 0
+    end = first
+    while end <= len(lines) and tries < _MAX_BLOCK_TRIES:
+        end = _next_statement_at_or_left_of(lines, end, indent)
+        tries += 1
+        block = "".join(lines[first - 1:end - 1])
+        try:
+            tree = ast.parse(padding + header + block)
+        except SyntaxError:
+            continue   # cut inside a string, a bracket or a continuation: try the next candidate line
+        body = tree.body[0].body if header else tree.body
+        node = body[0] if len(body) == 1 else None
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != code.co_name \
+                or _first_line(node) != first:
+            return None
+        if not (_block_compiles_to(code, filename, lines, padding, header, block)
+                or _file_compiles_to(code, filename, lines)):
+            raise PatchError(f"the source of {fn.__qualname__} in {filename} is not the code running in this "
+                             f"process (the file changed after it was imported)")
+        return node
+    return None
+
+
+def _block_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str], padding: str, header: str,
+                       block: str) -> bool:
+    """Whether the def's own lines compile to ``code``.
+
+    What the compiler emits for ``name.attr(...)`` also depends on whether a module-level import binds
+    ``name`` (CPython 3.11+ then loads the attribute instead of a method), so the names that the file's import
+    statements bind are declared on the first padding line. A name bound by an import elsewhere than at module
+    level is declared too: the code then differs, and :func:`_file_compiles_to` decides.
+    """
+    imported = _imported_names("".join(lines))
+    if imported:
+        if not padding:
+            return False
+        padding = "import " + ", ".join(sorted(imported)) + padding
+    flags = code.co_flags & _FUTURE_FLAGS
+    try:
+        compiled = compile(padding + header + block, filename, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return _find_code(compiled, code.co_name, code.co_firstlineno) == code
+
+
+def _imported_names(source: str) -> set[str]:
+    names = set()
+    for match in _IMPORT_LINE.finditer(source):
+        for item in match.group(1).split(","):
+            words = item.split()
+            if words:
+                names.add(words[-1] if "as" in words[1:2] else words[0].split(".")[0])
+    for match in _FROM_IMPORT_LINE.finditer(source):
+        for item in match.group(1).strip("()").split(","):
+            words = item.split()
+            if words and words[0] != "*":
+                names.add(words[-1])
+    return {n for n in names if n.isidentifier()}
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_file(filename: str, source: str, flags: int) -> types.CodeType:
+    return compile(source, filename, "exec", flags=flags, dont_inherit=True)
+
+
+def _file_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str]) -> bool:
+    """Whether the whole file compiles to a module containing ``code`` (the slow, exact check)."""
+    try:
+        compiled = _compiled_file(filename, "".join(lines), code.co_flags & _FUTURE_FLAGS)
+    except (SyntaxError, ValueError):
+        return False
+    return _find_code(compiled, code.co_name, code.co_firstlineno) == code
+
+
+def _next_statement_at_or_left_of(lines: Sequence[str], start: int, indent: int) -> int:
+    """1-based number of the first line after line ``start`` that is not blank or a comment and is indented
+    ``indent`` or less; one past the last line if none."""
+    for number in range(start + 1, len(lines) + 1):
+        text = lines[number - 1]
+        stripped = text.lstrip()
+        if stripped and not stripped.startswith("#") and len(text) - len(stripped) <= indent:
+            return number
+    return len(lines) + 1
+
+
+def _find_code(code: types.CodeType, name: str, first: int) -> Optional[types.CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name and const.co_firstlineno == first:
+                return const
+            found = _find_code(const, name, first)
+            if found is not None:
+                return found
+    return None
 
 
 def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:
