@@ -7,7 +7,8 @@ once per process. This script starts ``--runs`` FRESH interpreters (default 5); 
    before vLLM loads its general plugins: the selected adapter's ``preload`` modules, then the modules of every
    patch / guard target (vllm-ascend's runner, the proposer, vLLM's GPU runner, ...);
 2. imports ``zb_patch.plugin`` (what vLLM's entry-point loading does), timed on its own;
-3. times ``register()`` with ``ZB_PATCH=1`` -- the activation: settings, version detection, adapter selection,
+3. times ``register()`` with ``ZB_PATCH=1`` (wall time, and the process's CPU time: on a shared, loaded
+   machine the wall time mostly measures waiting for a core) -- the activation: settings, version detection, adapter selection,
    verification of every target by fingerprint, and the patching itself.
 
 The activation is split into the zb-patch modules ``register()`` imports (``zb_patch.registry``, ``.detect``,
@@ -31,6 +32,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,6 +80,7 @@ def child(modules: list[str]) -> dict:
     plugin_import_s = time.perf_counter() - t0
 
     # what register() imports itself, timed apart so fingerprint_object can be wrapped before register() runs
+    c0 = time.process_time()
     t0 = time.perf_counter()
     import zb_patch.detect  # noqa: F401
     from zb_patch import registry
@@ -102,6 +105,7 @@ def child(modules: list[str]) -> dict:
     t0 = time.perf_counter()
     plugin.register()
     register_s = time.perf_counter() - t0
+    cpu_s = time.process_time() - c0
     registry.fingerprint_object = original
 
     act = plugin.current()
@@ -119,6 +123,7 @@ def child(modules: list[str]) -> dict:
         "fingerprints": spent["fingerprints"],
         "other_ms": (register_s - spent["fingerprint_s"]) * ms,
         "activation_ms": (zb_import_s + register_s) * ms,
+        "activation_cpu_ms": cpu_s * ms,
         "new_modules_in_register": sorted(m for m in set(sys.modules) - loaded
                                           if not m.startswith("zb_patch")),
     }
@@ -131,6 +136,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--zb-patch-from", metavar="DIR",
                     help="measure the zb_patch package under DIR instead of this checkout, e.g. the base revision: "
                          "git archive main zb_patch | tar -x -C DIR")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="warm (default): the processes share one fingerprint cache, filled by an untimed first "
+                         "process (every start after the first on a host); cold: each starts with an empty one")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.zb_patch_from:
@@ -143,31 +151,40 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     env.pop("ZB_PATCH", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, env.get("PYTHONPATH")) if p)
+    extra = ["--zb-patch-from", args.zb_patch_from] if args.zb_patch_from else []
+    command = [sys.executable, os.path.abspath(__file__), *extra, "--child", ",".join(modules)]
+    scratch = tempfile.mkdtemp(prefix="bench-activation-")
+    env["XDG_CACHE_HOME"] = os.path.join(scratch, "shared")
+    if args.cache == "warm":
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     runs = []
     for i in range(args.runs):
-        extra = ["--zb-patch-from", args.zb_patch_from] if args.zb_patch_from else []
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), *extra, "--child", ",".join(modules)],
-                             env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+        if args.cache == "cold":
+            env["XDG_CACHE_HOME"] = os.path.join(scratch, f"run{i}")
+        out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
         run = json.loads(out.strip().splitlines()[-1])
         runs.append(run)
-        print(f"run {i + 1}: activation {run['activation_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
+        print(f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
               f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
               f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
               f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms", flush=True)
         if run["state"] != "applied":
             print(f"  not applied: {run['reason']}", flush=True)
-    keys = ("activation_ms", "zb_import_ms", "register_ms", "fingerprint_ms", "other_ms", "plugin_import_ms")
+    keys = ("activation_ms", "activation_cpu_ms", "zb_import_ms", "register_ms", "fingerprint_ms", "other_ms", "plugin_import_ms")
     medians = {k: statistics.median(r[k] for r in runs) for k in keys}
     from importlib.metadata import version
 
     summary = {
         "zb_patch": runs[0]["zb_patch"], "vllm": version("vllm"), "vllm_ascend": version("vllm-ascend"), "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus", "modules": modules,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus", "load_average": os.getloadavg(),
+        "cache": args.cache, "modules": modules,
         "medians": medians, "runs": runs,
     }
     print(f"zb_patch from {runs[0]['zb_patch']}")
     print("median: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
     print("activation_ms values: " + ", ".join(f"{r['activation_ms']:.1f}" for r in runs))
+    print("activation_cpu_ms values: " + ", ".join(f"{r['activation_cpu_ms']:.1f}" for r in runs))
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     if runs[0]["new_modules_in_register"]:
         print("modules imported by the activation (not zb_patch): " + ", ".join(runs[0]["new_modules_in_register"]))
     if args.json:

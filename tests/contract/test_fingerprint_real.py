@@ -1,4 +1,4 @@
-"""The fingerprint fast path (a function's own lines, see ``registry._function_node``) against the whole-file
+"""The fingerprint fast path (a function's own lines, see ``registry._function_fingerprint``) against the whole-file
 parse, on the REAL vLLM + vllm-ascend sources of this tox env: every target of the adapter, and every function
 and method defined in the modules the adapters touch (decorators, properties, nested classes, ``if`` blocks,
 multi-line strings of real code)."""
@@ -36,6 +36,12 @@ def whole_file_fingerprint(fn: types.FunctionType) -> str:
     raise AssertionError(f"no def of {fn.__qualname__} at line {code.co_firstlineno}")
 
 
+@pytest.fixture(autouse=True)
+def empty_fingerprint_cache(tmp_path, monkeypatch):
+    """Computed here, not read from an earlier run's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def selection():
     import_worker_modules()
@@ -65,9 +71,9 @@ def test_every_target_of_the_selected_adapter_takes_the_fast_path(selection, no_
         assert res.found, res.reason
         fn = R.underlying_function(res.original)
         assert isinstance(fn, types.FunctionType), target
-        node = R._function_node(fn, inspect.getsourcefile(fn))
-        assert node is not None, f"{target}: the fast path could not isolate the def"
-        assert R.fingerprint_node(node) == res.fingerprint == whole_file_fingerprint(fn), target
+        fast = R._function_fingerprint(fn, inspect.getsourcefile(fn))
+        assert fast is not None, f"{target}: the fast path could not isolate the def"
+        assert fast == res.fingerprint == whole_file_fingerprint(fn), target
         checked.append(target)
     assert len(checked) >= 5, checked
 
@@ -101,7 +107,7 @@ def test_fast_path_equals_whole_file_on_every_function_of_the_upstream_modules(s
     compared, fallbacks = 0, []
     for name in modules:
         for fn in _functions_of(sys.modules[name]):
-            if R._function_node(fn, inspect.getsourcefile(fn)) is None:
+            if R._function_fingerprint(fn, inspect.getsourcefile(fn)) is None:
                 fallbacks.append(f"{name}:{fn.__qualname__}")
             assert R.fingerprint_object(fn) == whole_file_fingerprint(fn), f"{name}:{fn.__qualname__}"
             compared += 1

@@ -1,6 +1,10 @@
 import ast
 import inspect
+import json
 import linecache
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -281,7 +285,7 @@ def test_fast_path_equals_the_whole_file_parse_on_tricky_definitions(upstream):
     path = inspect.getsourcefile(mod)
     for label, obj in _tricky_functions(mod).items():
         fn = underlying_function(obj)
-        assert R._function_node(fn, path) is not None, f"{label}: fast path not taken"
+        assert R._function_fingerprint(fn, path) is not None, f"{label}: fast path not taken"
         assert fingerprint_object(obj) == whole_file_fingerprint(TRICKY_SRC, fn), label
     assert mod.in_if(1) == 2   # the `if` branch is the one that runs, and the one fingerprinted
 
@@ -291,14 +295,14 @@ def test_tab_indented_methods_take_the_fast_path(upstream):
     mod = _tricky(upstream, src, "tabs")
     for name in ("m", "n"):
         fn = mod.T.__dict__[name]
-        assert R._function_node(fn, inspect.getsourcefile(mod)) is not None
+        assert R._function_fingerprint(fn, inspect.getsourcefile(mod)) is not None
         assert fingerprint_object(fn) == fingerprint_source(src, f"T.{name}")
 
 
 def test_closures_and_lambdas_use_the_whole_file_as_before(upstream):
     mod = _tricky(upstream)
     closure = mod.make_closure(3)
-    assert R._function_node(closure, inspect.getsourcefile(mod)) is None   # its free variable needs the enclosing scope
+    assert R._function_fingerprint(closure, inspect.getsourcefile(mod)) is None   # its free variable needs the enclosing scope
     assert fingerprint_object(closure) == whole_file_fingerprint(TRICKY_SRC, closure)
     with pytest.raises(PatchError, match="cannot locate the definition"):
         fingerprint_object(mod.lam)
@@ -356,4 +360,86 @@ def test_drifted_function_is_refused_by_fingerprint(upstream):
                   remove_when="never")
     report = PatchSet("t", [patch]).apply()
     assert report.verdict == R.REFUSED and "fingerprint mismatch" in report.reason
-    assert R._function_node(mod.Runner.__dict__["step"], inspect.getsourcefile(mod)) is not None
+    assert R._function_fingerprint(mod.Runner.__dict__["step"], inspect.getsourcefile(mod)) is not None
+
+
+# --- the fingerprint cache --------------------------------------------------------------------------------
+
+
+def _cache_file():
+    return R.fingerprint_cache_path()
+
+
+def test_cache_hit_skips_parsing_and_gives_the_same_fingerprint(upstream, monkeypatch):
+    mod = _tricky(upstream)
+    fn = mod.Outer.__dict__["c"]
+    computed = fingerprint_object(fn)
+    with open(_cache_file()) as fh:
+        assert computed in json.load(fh).values()
+    R._CACHE = None   # as a fresh process: read from the file
+
+    parsed = []
+    with monkeypatch.context() as m:
+        m.setattr(R, "fingerprint_node", lambda node: parsed.append(node))
+        assert fingerprint_object(fn) == computed
+    assert parsed == []   # nothing parsed and dumped: read from the cache
+    assert computed == whole_file_fingerprint(TRICKY_SRC, underlying_function(fn))
+    assert oct(os.stat(_cache_file()).st_mode & 0o777) == "0o600"
+
+
+def test_cache_entry_never_vouches_for_changed_code(upstream):
+    """The recorded fingerprint is cached; the file then changes: a new key, computed, refused."""
+    mod = _tricky(upstream, GOOD, "cached_then_changed")
+    step = mod.Runner.__dict__["step"]
+    assert fingerprint_object(step) == fingerprint_source(GOOD, "Runner.step")
+    _rewrite(mod, DRIFTED)
+    R._CACHE = None
+    with pytest.raises(PatchError, match="is not the code running in this process"):
+        fingerprint_object(step)
+
+
+def test_cache_key_covers_the_code_the_text_compiled_to():
+    text = "def f():\n    return 1\n"
+    one, two = compile(text, "a.py", "exec").co_consts[0], compile("\n" + text, "a.py", "exec").co_consts[0]
+    assert R._code_digest(one) == R._code_digest(compile(text, "b.py", "exec").co_consts[0])
+    assert R._cache_key(text, R._code_digest(one)) != R._cache_key(text, R._code_digest(two))  # line numbers
+    other = compile(text.replace("1", "2"), "a.py", "exec").co_consts[0]
+    assert R._code_digest(one) != R._code_digest(other)
+
+
+def test_unwritable_cache_directory_only_means_no_caching(upstream, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "below-a-file"))   # makedirs fails, even as root
+    mod = _tricky(upstream, GOOD, "uncached")
+    assert fingerprint_object(mod.Runner.__dict__["step"]) == fingerprint_source(GOOD, "Runner.step")
+    assert not os.path.exists(R.fingerprint_cache_path())
+
+
+def test_corrupt_cache_file_counts_as_empty_and_is_rewritten(upstream):
+    path = R.fingerprint_cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as fh:
+        fh.write('{"truncated": ')
+    mod = _tricky(upstream, GOOD, "corrupt")
+    assert fingerprint_object(mod.Runner.__dict__["step"]) == fingerprint_source(GOOD, "Runner.step")
+    with open(path) as fh:
+        assert list(json.load(fh).values()) == [fingerprint_source(GOOD, "Runner.step")]
+
+
+def test_concurrent_writers_leave_a_valid_file(tmp_path):
+    """Processes that write at the same moment: the file is always complete JSON, each entry one of theirs."""
+    script = (
+        "import sys\n"
+        "from zb_patch import registry as R\n"
+        "cache = R._FingerprintCache(sys.argv[1])\n"
+        "for i in range(40):\n"
+        "    cache.put(f'{sys.argv[2]}{i:02d}'.ljust(64, '0'), f'{i:016x}')\n"
+    )
+    path = str(tmp_path / "zb-patch" / "fingerprints.json")
+    procs = [subprocess.Popen([sys.executable, "-c", script, path, str(n)]) for n in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    with open(path) as fh:
+        entries = json.load(fh)
+    assert entries and all(k[0] in "0123" and v == f"{int(k[1:3]):016x}" for k, v in entries.items())
+    assert not [f for f in os.listdir(os.path.dirname(path)) if f.startswith(".fingerprints-")]
