@@ -22,6 +22,7 @@ on the replacement), never from a process-global flag, so it stays true after ``
 
 from __future__ import annotations
 
+import __future__
 import ast
 import contextlib
 import copy
@@ -30,6 +31,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import json
 import linecache
 import os
 import sys
@@ -127,9 +129,12 @@ def _first_line(node: ast.AST) -> int:
 def fingerprint_object(obj: Any) -> str:
     """Fingerprint of a live function / method / class, from the def/class node in its module's source.
 
-    The node is located in the parsed source file (by the code object's first line for functions, by
-    qualified name for classes), never by re-parsing a dedented snippet: dedenting would alter the
-    contents of multi-line string literals and so the fingerprint.
+    A function's node is parsed from its own lines only (:func:`_function_fingerprint`: the activation cost
+    is dominated by parsing, and the upstream runner modules are thousands of lines long); a class's node, or a
+    function whose lines cannot be isolated that way, is located in the parsed source file (by the code
+    object's first line for functions, by qualified name for classes). Both give the node the whole-file
+    parse gives. Never by re-parsing a dedented snippet: dedenting would alter the contents of multi-line
+    string literals and so the fingerprint.
     """
     fn = underlying_function(obj)
     try:
@@ -138,24 +143,322 @@ def fingerprint_object(obj: Any) -> str:
         raise PatchError(f"no source for {fn!r}: {exc}") from exc
     if not filename:
         raise PatchError(f"no source file for {fn!r}")
+    fp = _function_fingerprint(fn, filename) if isinstance(fn, types.FunctionType) else None
+    if fp is not None:
+        return fp
     try:
         st = os.stat(filename)
         tree = _module_tree(filename, st.st_mtime, st.st_size)
     except (OSError, SyntaxError) as exc:
         raise PatchError(f"cannot read source of {fn!r}: {exc}") from exc
-    node = None
     if isinstance(fn, types.FunctionType):
-        first = fn.__code__.co_firstlineno
-        for sub in ast.walk(tree):
-            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == first \
-                    and sub.name == fn.__code__.co_name:
-                node = sub
-                break
+        node = _node_at(tree, fn.__code__)
+        if node is not None and not _file_compiles_to(fn.__code__, filename, linecache.getlines(filename)):
+            raise PatchError(f"the source of {fn.__qualname__} in {filename} is not the code running in this "
+                             f"process (the file changed after it was imported)")
     elif isinstance(fn, type):
         node = find_node(tree, fn.__qualname__.split("."))
     if node is None:
         raise PatchError(f"cannot locate the definition of {fn!r} in {filename}")
     return fingerprint_node(copy.deepcopy(node))
+
+
+def _node_at(tree: ast.AST, code: types.CodeType) -> Optional[ast.AST]:
+    """The def node whose first line (decorators included) is the code object's, with its name."""
+    for sub in ast.walk(tree):
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == code.co_firstlineno \
+                and sub.name == code.co_name:
+            return sub
+    return None
+
+
+_MAX_BLOCK_TRIES = 64
+_FUTURE_FLAGS = functools.reduce(lambda acc, name: acc | getattr(__future__, name).compiler_flag,
+                                 __future__.all_feature_names, 0)
+
+
+def _function_fingerprint(fn: types.FunctionType, filename: str) -> Optional[str]:
+    """The fingerprint of ``fn`` from the function's own lines, or None when they cannot be isolated (the
+    caller then parses the whole file).
+
+    The block starts at ``co_firstlineno`` (the first decorator) and ends before the first line after the
+    code's last line that starts a statement at the def's indentation or less: each such line is tried in
+    turn, and the first prefix that parses is the block (a cut inside a string, a bracket or a backslash
+    continuation does not parse, and a cut that parses ends the def in the whole file too). An indented def
+    is parsed under a ``class <owner>:`` (or ``if 1:``) header, with its lines unchanged and padded to their
+    line numbers.
+
+    The lines read must be the code running in this process: they are compiled and must give exactly the
+    function's code object (bytecode, constants, names, line and column table), else PatchError -- the file
+    changed after the module was imported, and its text must not vouch for code that is not running. (The
+    decorator expressions and default values run in the enclosing scope: the fingerprint covers them, this
+    check cannot.) A block that passed is remembered in the fingerprint cache under the digest of its text
+    and of the code it compiled to (:class:`_FingerprintCache`), so the same text and code are not parsed and
+    compiled again.
+    """
+    code = fn.__code__
+    if set(code.co_freevars) - {"__class__"}:
+        return None   # a closure: its free variables need the enclosing function's scope
+    lines = linecache.getlines(filename)
+    first = code.co_firstlineno
+    if not 0 < first <= len(lines):
+        return None
+    head = lines[first - 1]
+    indent = len(head) - len(head.lstrip())
+    owner = fn.__qualname__.split(".")[-2:-1]
+    if owner == ["<locals>"]:
+        return None
+    if indent == 0:
+        header = ""
+    elif first > 1:
+        # the class name matters to the compiled code (private-name mangling); an `if` keeps the def's scope
+        header = f"class {owner[0]}:\n" if owner else "if 1:\n"
+    else:
+        return None
+    padding = "\n" * (first - 1 - bool(header))
+    cache = _fingerprint_cache()
+    code_digest = _code_digest(code)
+    tries = 0
+    end = max(first, _last_code_line(code))   # the block ends after the last line holding code
+    while end <= len(lines) and tries < _MAX_BLOCK_TRIES:
+        end = _next_statement_at_or_left_of(lines, end, indent)
+        tries += 1
+        block = "".join(lines[first - 1:end - 1])
+        key = _cache_key(header + block, code_digest)
+        fp = cache.get(key)
+        if fp is not None:
+            return fp
+        try:
+            tree = ast.parse(padding + header + block)
+        except SyntaxError:
+            continue   # cut inside a string, a bracket or a continuation: try the next candidate line
+        body = tree.body[0].body if header else tree.body
+        node = body[0] if len(body) == 1 else None
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != code.co_name \
+                or _first_line(node) != first:
+            return None
+        if not (_block_compiles_to(code, filename, lines, padding, header, block)
+                or _file_compiles_to(code, filename, lines)):
+            raise PatchError(f"the source of {fn.__qualname__} in {filename} is not the code running in this "
+                             f"process (the file changed after it was imported)")
+        fp = fingerprint_node(node)
+        cache.put(key, fp)
+        return fp
+    return None
+
+
+def _block_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str], padding: str, header: str,
+                       block: str) -> bool:
+    """Whether the def's own lines compile to ``code``.
+
+    What the compiler emits for ``name.attr(...)`` also depends on whether a module-level import binds
+    ``name`` (CPython 3.11+ then loads the attribute instead of a method), so the names that the file's import
+    statements bind are declared on the first padding line. A name bound by an import elsewhere than at module
+    level is declared too: the code then differs, and :func:`_file_compiles_to` decides.
+    """
+    imported = _imported_names(filename, lines)
+    if imported:
+        if not padding:
+            return False
+        padding = "import " + ", ".join(sorted(imported)) + padding
+    flags = code.co_flags & _FUTURE_FLAGS
+    try:
+        compiled = compile(padding + header + block, filename, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return _find_code(compiled, code.co_name, code.co_firstlineno) == code
+
+
+_IMPORTED: dict[str, tuple[Sequence[str], frozenset[str]]] = {}   # filename -> (its lines, the names)
+
+
+def _imported_names(filename: str, lines: Sequence[str]) -> frozenset[str]:
+    """Names bound by the import statements of a file (anywhere in it: a hint for the compile only)."""
+    cached = _IMPORTED.get(filename)
+    if cached is not None and cached[0] is lines:   # the very list linecache holds: same text
+        return cached[1]
+    names = set()
+    statement = ""
+    for line in lines:
+        if statement:                                # inside `from x import (...)`
+            statement += line
+        else:
+            stripped = line.lstrip()
+            if not stripped.startswith(("import ", "from ")):
+                continue
+            statement = stripped
+        if "(" in statement and ")" not in statement:
+            continue
+        words = statement.split("#", 1)[0].replace("(", " ").replace(")", " ").split(None, 1)
+        statement = ""
+        if len(words) < 2:
+            continue
+        if words[0] == "from":
+            if " import " not in words[1]:
+                continue
+            items, first_word = words[1].split(" import ", 1)[1], False
+        else:
+            items, first_word = words[1], True
+        for item in items.split(";", 1)[0].split(","):
+            parts = item.split()
+            if parts and parts[0] != "*":
+                names.add(parts[-1] if len(parts) == 3 and parts[1] == "as"
+                          else parts[0].split(".")[0] if first_word else parts[0])
+    found = frozenset(n for n in names if n.isidentifier())
+    _IMPORTED[filename] = (lines, found)
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_file(filename: str, source: str, flags: int) -> types.CodeType:
+    return compile(source, filename, "exec", flags=flags, dont_inherit=True)
+
+
+def _file_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str]) -> bool:
+    """Whether the whole file compiles to a module containing ``code`` (the slow, exact check)."""
+    try:
+        compiled = _compiled_file(filename, "".join(lines), code.co_flags & _FUTURE_FLAGS)
+    except (SyntaxError, ValueError):
+        return False
+    return _find_code(compiled, code.co_name, code.co_firstlineno) == code
+
+
+def _last_code_line(code: types.CodeType) -> int:
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            last = max(last, _last_code_line(const))
+    return last
+
+
+def _next_statement_at_or_left_of(lines: Sequence[str], start: int, indent: int) -> int:
+    """1-based number of the first line after line ``start`` that is not blank or a comment and is indented
+    ``indent`` or less; one past the last line if none."""
+    for number in range(start + 1, len(lines) + 1):
+        text = lines[number - 1]
+        stripped = text.lstrip()
+        if stripped and not stripped.startswith("#") and len(text) - len(stripped) <= indent:
+            return number
+    return len(lines) + 1
+
+
+def _find_code(code: types.CodeType, name: str, first: int) -> Optional[types.CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name and const.co_firstlineno == first:
+                return const
+            found = _find_code(const, name, first)
+            if found is not None:
+                return found
+    return None
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """sha256 of everything CPython compares when it compares two code objects (nested ones included)."""
+    return hashlib.sha256(repr(_code_fields(code)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _code_fields(code: types.CodeType) -> tuple:
+    return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+            code.co_firstlineno, code.co_code, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, code.co_linetable, getattr(code, "co_exceptiontable", b""),
+            tuple(_const_fields(c) for c in code.co_consts))
+
+
+def _const_fields(const: Any) -> tuple:
+    if isinstance(const, types.CodeType):
+        return ("code", _code_fields(const))
+    if isinstance(const, tuple):
+        return ("tuple", tuple(_const_fields(c) for c in const))
+    if isinstance(const, frozenset):   # iteration order depends on the hash seed
+        return ("frozenset", tuple(sorted(repr(_const_fields(c)) for c in const)))
+    return (type(const).__name__, repr(const))
+
+
+def _cache_key(text: str, code_digest: str) -> str:
+    # the Python version is part of the key: ast.dump's output and the compiled code depend on it
+    ident = "\0".join((FINGERPRINT_ALGO, sys.implementation.cache_tag or sys.version, code_digest, text))
+    return hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class _FingerprintCache:
+    """Fingerprints of function blocks already parsed, compiled and checked, shared by this machine's
+    processes through one small JSON file (every vLLM process runs the same activation).
+
+    A key is the sha256 of the block's text, of the digest of the code object it compiled to, of the Python
+    version and of the fingerprint algorithm: an entry is found only for the very text and the very code it
+    was computed from, so it can never vouch for changed code. The file lives in ``$XDG_CACHE_HOME/zb-patch``
+    (default ``~/.cache/zb-patch``, directory mode 0700, file 0600). It is read once per process; new entries
+    are merged into what is on disk and written to a temporary file that replaces it (``os.replace``), so a
+    reader never sees a partial file and concurrent writers lose at most each other's new entries (recomputed
+    later). An unreadable or corrupt file counts as empty; an unwritable directory only means no caching.
+    """
+
+    MAX_ENTRIES = 4096   # beyond this (many releases or source trees seen), the file restarts from this process's
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self.entries = self._read()
+        self.new: dict[str, str] = {}
+
+    def _read(self) -> dict[str, str]:
+        if self.path is None:
+            return {}
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(k, str) and len(k) == 64
+                and isinstance(v, str) and len(v) == 16}
+
+    def get(self, key: str) -> Optional[str]:
+        return self.entries.get(key)
+
+    def put(self, key: str, fingerprint: str) -> None:
+        self.entries[key] = fingerprint
+        self.new[key] = fingerprint
+        if self.path is None:
+            return
+        import tempfile   # here: its import costs more than a process that finds everything cached needs
+
+        try:
+            directory = os.path.dirname(self.path)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            merged = {**self._read(), **self.new}
+            if len(merged) > self.MAX_ENTRIES:
+                merged = dict(self.new)
+            fd, tmp = tempfile.mkstemp(prefix=".fingerprints-", dir=directory)   # mode 0600
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(merged, fh)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            pass   # a read-only home or a full disk: fingerprints are computed, just not remembered
+
+
+_CACHE: Optional[_FingerprintCache] = None
+
+
+def fingerprint_cache_path() -> Optional[str]:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):
+        return None
+    return os.path.join(base, "zb-patch", f"fingerprints-{FINGERPRINT_ALGO}.json")
+
+
+def _fingerprint_cache() -> _FingerprintCache:
+    global _CACHE
+    path = fingerprint_cache_path()
+    if _CACHE is None or _CACHE.path != path:
+        _CACHE = _FingerprintCache(path)
+    return _CACHE
 
 
 def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:

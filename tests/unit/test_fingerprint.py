@@ -1,8 +1,17 @@
+import ast
+import inspect
+import json
+import linecache
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from zb_patch.registry import PatchError, fingerprint_object, fingerprint_source, underlying_function
+from zb_patch import registry as R
+from zb_patch.registry import (Patch, PatchError, PatchSet, fingerprint_node, fingerprint_object, fingerprint_source,
+                               underlying_function)
 
 
 def _fp(src, qual):
@@ -134,3 +143,303 @@ def test_fingerprint_in_tree_follows_reexports_like_the_running_process(tmp_path
     assert fingerprint_in_tree(str(tmp_path), "pkg.absolute:K.m", follow_reexports=False) is None
     assert fingerprint_in_tree(str(tmp_path), "pkg.absolute:K.nope") is None
     assert fingerprint_in_tree(str(tmp_path), "pkg.relative:K.m") is None
+
+
+# --- the fast path: a function's own lines, not the whole file --------------------------------------------
+
+TRICKY_SRC = '''\
+from __future__ import annotations
+
+import functools
+
+
+def deco(*args, **kw):
+    def wrap(f):
+        @functools.wraps(f)
+        def inner(*a, **k):
+            return f(*a, **k)
+        return inner
+    return wrap
+
+
+FLAG = True
+
+
+@deco(
+    1,
+    2,
+)
+@deco()
+def decorated(x: int) -> int:
+    return x
+
+
+def one_liner(x): return x + 1
+
+
+def column_0_continuations(a):
+    text = """
+column 0 inside a string
+"""
+    total = (a +
+1)
+    other = a + \\
+2
+# a comment at column 0 inside the body
+    return text, total, other
+
+
+if FLAG:
+    def in_if(x):
+        return x * 2
+else:
+    def in_if(x):
+        return x * 3
+
+try:
+    def in_try():
+        return "t"
+except Exception:
+    pass
+
+
+class Outer:
+    class Inner:
+        def mangled(self):
+            return self.__secret
+
+        class Deepest:
+            async def am(self):
+                return 1
+
+    if FLAG:
+        def conditional(self):
+            return super().conditional()
+
+    @property
+    def prop(self):
+        return 1
+
+    @prop.setter
+    def prop(self, value):
+        self._v = value
+
+    @staticmethod
+    def s(): return 2
+
+    @classmethod
+    @deco()
+    def c(cls):
+        return cls
+
+    def __private(self):
+        return self.__x
+def after_class_at_column_0():
+    return 1
+
+
+def make_closure(n):
+    def closure():
+        return n
+    return closure
+
+
+lam = lambda x: x
+
+
+def last_without_newline():
+    return 9'''
+
+
+def whole_file_fingerprint(src, fn):
+    """The reference: the def in the whole parsed file that starts (decorators included) at the code
+    object's first line, with its name."""
+    code = fn.__code__
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
+                min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
+            return fingerprint_node(node)
+    raise AssertionError(f"no def of {fn.__qualname__}")
+
+
+def _tricky(upstream, src=TRICKY_SRC, name="tricky"):
+    (upstream.root / upstream.pkg / f"{name}.py").write_text(src)   # as is: no dedent, no trailing newline
+    return upstream.load(name)
+
+
+def _tricky_functions(mod):
+    O = mod.Outer
+    return {
+        "decorated": mod.decorated, "one_liner": mod.one_liner, "column_0_continuations": mod.column_0_continuations,
+        "in_if": mod.in_if, "in_try": mod.in_try, "Inner.mangled": O.Inner.__dict__["mangled"],
+        "Deepest.am": O.Inner.Deepest.__dict__["am"], "conditional": O.__dict__["conditional"],
+        "prop.fget": O.__dict__["prop"].fget, "prop.fset": O.__dict__["prop"].fset, "s": O.__dict__["s"],
+        "c": O.__dict__["c"], "__private": O.__dict__["_Outer__private"],
+        "after_class_at_column_0": mod.after_class_at_column_0, "make_closure": mod.make_closure,
+        "last_without_newline": mod.last_without_newline,
+    }
+
+
+def test_fast_path_equals_the_whole_file_parse_on_tricky_definitions(upstream):
+    mod = _tricky(upstream)
+    path = inspect.getsourcefile(mod)
+    for label, obj in _tricky_functions(mod).items():
+        fn = underlying_function(obj)
+        assert R._function_fingerprint(fn, path) is not None, f"{label}: fast path not taken"
+        assert fingerprint_object(obj) == whole_file_fingerprint(TRICKY_SRC, fn), label
+    assert mod.in_if(1) == 2   # the `if` branch is the one that runs, and the one fingerprinted
+
+
+def test_tab_indented_methods_take_the_fast_path(upstream):
+    src = "class T:\n\tdef m(self):\n\t\treturn '''a\nb'''\n\n\tdef n(self):\n\t\treturn 2\n"
+    mod = _tricky(upstream, src, "tabs")
+    for name in ("m", "n"):
+        fn = mod.T.__dict__[name]
+        assert R._function_fingerprint(fn, inspect.getsourcefile(mod)) is not None
+        assert fingerprint_object(fn) == fingerprint_source(src, f"T.{name}")
+
+
+def test_closures_and_lambdas_use_the_whole_file_as_before(upstream):
+    mod = _tricky(upstream)
+    closure = mod.make_closure(3)
+    assert R._function_fingerprint(closure, inspect.getsourcefile(mod)) is None   # its free variable needs the enclosing scope
+    assert fingerprint_object(closure) == whole_file_fingerprint(TRICKY_SRC, closure)
+    with pytest.raises(PatchError, match="cannot locate the definition"):
+        fingerprint_object(mod.lam)
+
+
+# --- a source file that changed after the import must not vouch for the running code ----------------------
+
+GOOD = "class Runner:\n    def step(self, x):\n        return x + 1\n\n    def other(self):\n        return 0\n"
+DRIFTED = GOOD.replace("x + 1", "x + 2")
+
+
+def _rewrite(mod, src):
+    path = inspect.getsourcefile(mod)
+    with open(path, "w") as fh:
+        fh.write(src)
+    linecache.checkcache(path)   # as in a fresh process: the lines are read from the file as it is now
+    return path
+
+
+def test_body_changed_after_import_raises(upstream):
+    mod = _tricky(upstream, GOOD, "changed")
+    before = fingerprint_object(mod.Runner.__dict__["step"])
+    _rewrite(mod, DRIFTED)
+    with pytest.raises(PatchError, match="is not the code running in this process"):
+        fingerprint_object(mod.Runner.__dict__["step"])
+    assert fingerprint_object(mod.Runner.__dict__["other"]) == fingerprint_source(GOOD, "Runner.other")
+    assert before == fingerprint_source(GOOD, "Runner.step")
+
+
+def test_file_restored_to_the_recorded_code_does_not_let_running_drifted_code_pass(upstream):
+    """The running code drifted; the file on disk now holds the recorded version: refused, nothing applied."""
+    mod = _tricky(upstream, DRIFTED, "restored")
+    running = mod.Runner.__dict__["step"]
+    _rewrite(mod, GOOD)
+    patch = Patch(id="p", target=upstream.target("Runner.step", "restored"), make=lambda orig: orig,
+                  fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")}, why="t", upstream=("#0",),
+                  remove_when="never")
+    report = PatchSet("t", [patch]).apply()
+    assert report.verdict == R.REFUSED
+    assert "is not the code running in this process" in report.reason
+    assert mod.Runner.__dict__["step"] is running
+
+
+def test_lines_shifted_after_import_refuse(upstream):
+    mod = _tricky(upstream, GOOD, "shifted")
+    _rewrite(mod, "# a new first line\n" + GOOD)
+    with pytest.raises(PatchError, match="cannot locate the definition"):
+        fingerprint_object(mod.Runner.__dict__["step"])
+
+
+def test_drifted_function_is_refused_by_fingerprint(upstream):
+    mod = _tricky(upstream, DRIFTED, "drifted")
+    patch = Patch(id="p", target=upstream.target("Runner.step", "drifted"), make=lambda orig: orig,
+                  fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")}, why="t", upstream=("#0",),
+                  remove_when="never")
+    report = PatchSet("t", [patch]).apply()
+    assert report.verdict == R.REFUSED and "fingerprint mismatch" in report.reason
+    assert R._function_fingerprint(mod.Runner.__dict__["step"], inspect.getsourcefile(mod)) is not None
+
+
+# --- the fingerprint cache --------------------------------------------------------------------------------
+
+
+def _cache_file():
+    return R.fingerprint_cache_path()
+
+
+def test_cache_hit_skips_parsing_and_gives_the_same_fingerprint(upstream, monkeypatch):
+    mod = _tricky(upstream)
+    fn = mod.Outer.__dict__["c"]
+    computed = fingerprint_object(fn)
+    with open(_cache_file()) as fh:
+        assert computed in json.load(fh).values()
+    R._CACHE = None   # as a fresh process: read from the file
+
+    parsed = []
+    with monkeypatch.context() as m:
+        m.setattr(R, "fingerprint_node", lambda node: parsed.append(node))
+        assert fingerprint_object(fn) == computed
+    assert parsed == []   # nothing parsed and dumped: read from the cache
+    assert computed == whole_file_fingerprint(TRICKY_SRC, underlying_function(fn))
+    assert oct(os.stat(_cache_file()).st_mode & 0o777) == "0o600"
+
+
+def test_cache_entry_never_vouches_for_changed_code(upstream):
+    """The recorded fingerprint is cached; the file then changes: a new key, computed, refused."""
+    mod = _tricky(upstream, GOOD, "cached_then_changed")
+    step = mod.Runner.__dict__["step"]
+    assert fingerprint_object(step) == fingerprint_source(GOOD, "Runner.step")
+    _rewrite(mod, DRIFTED)
+    R._CACHE = None
+    with pytest.raises(PatchError, match="is not the code running in this process"):
+        fingerprint_object(step)
+
+
+def test_cache_key_covers_the_code_the_text_compiled_to():
+    text = "def f():\n    return 1\n"
+    one, two = compile(text, "a.py", "exec").co_consts[0], compile("\n" + text, "a.py", "exec").co_consts[0]
+    assert R._code_digest(one) == R._code_digest(compile(text, "b.py", "exec").co_consts[0])
+    assert R._cache_key(text, R._code_digest(one)) != R._cache_key(text, R._code_digest(two))  # line numbers
+    other = compile(text.replace("1", "2"), "a.py", "exec").co_consts[0]
+    assert R._code_digest(one) != R._code_digest(other)
+
+
+def test_unwritable_cache_directory_only_means_no_caching(upstream, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "below-a-file"))   # makedirs fails, even as root
+    mod = _tricky(upstream, GOOD, "uncached")
+    assert fingerprint_object(mod.Runner.__dict__["step"]) == fingerprint_source(GOOD, "Runner.step")
+    assert not os.path.exists(R.fingerprint_cache_path())
+
+
+def test_corrupt_cache_file_counts_as_empty_and_is_rewritten(upstream):
+    path = R.fingerprint_cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as fh:
+        fh.write('{"truncated": ')
+    mod = _tricky(upstream, GOOD, "corrupt")
+    assert fingerprint_object(mod.Runner.__dict__["step"]) == fingerprint_source(GOOD, "Runner.step")
+    with open(path) as fh:
+        assert list(json.load(fh).values()) == [fingerprint_source(GOOD, "Runner.step")]
+
+
+def test_concurrent_writers_leave_a_valid_file(tmp_path):
+    """Processes that write at the same moment: the file is always complete JSON, each entry one of theirs."""
+    script = (
+        "import sys\n"
+        "from zb_patch import registry as R\n"
+        "cache = R._FingerprintCache(sys.argv[1])\n"
+        "for i in range(40):\n"
+        "    cache.put(f'{sys.argv[2]}{i:02d}'.ljust(64, '0'), f'{i:016x}')\n"
+    )
+    path = str(tmp_path / "zb-patch" / "fingerprints.json")
+    procs = [subprocess.Popen([sys.executable, "-c", script, path, str(n)]) for n in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    with open(path) as fh:
+        entries = json.load(fh)
+    assert entries and all(k[0] in "0123" and v == f"{int(k[1:3]):016x}" for k, v in entries.items())
+    assert not [f for f in os.listdir(os.path.dirname(path)) if f.startswith(".fingerprints-")]

@@ -1,0 +1,197 @@
+"""Host cost of zb-patch's activation: ``register()`` with ``ZB_PATCH=1`` in a worker-like process.
+
+vLLM calls ``register()`` in every process it starts (front end, EngineCore, each worker), so its cost is paid
+once per process. This script starts ``--runs`` FRESH interpreters (default 5); each one
+
+1. installs the NPU stand-in (this machine has no torch_npu / CANN) and imports what an NPU worker has imported
+   before vLLM loads its general plugins: the selected adapter's ``preload`` modules, then the modules of every
+   patch / guard target (vllm-ascend's runner, the proposer, vLLM's GPU runner, ...);
+2. imports ``zb_patch.plugin`` (what vLLM's entry-point loading does), timed on its own;
+3. times ``register()`` with ``ZB_PATCH=1`` (wall time, and the process's CPU time: on a shared, loaded
+   machine the wall time mostly measures waiting for a core) -- the activation: settings, version detection, adapter selection,
+   verification of every target by fingerprint, and the patching itself.
+
+The activation is split into the zb-patch modules ``register()`` imports (``zb_patch.registry``, ``.detect``,
+``.versions`` and the adapters, imported explicitly first so they can be timed), the time spent inside
+``registry.fingerprint_object`` (wrapped to sum its calls), and the rest. ``activation_ms`` = imports + register.
+
+    .tox/va018/bin/python benchmarks/bench_activation.py            # PYTHONPATH must hold tests/support
+    python3 -m tox -e va023 --  ...   (tox.ini runs pytest; use the env's python as above)
+    .tox/va018/bin/python benchmarks/bench_activation.py --json out.json --runs 5
+    .tox/va018/bin/python benchmarks/bench_activation.py --zb-patch-from /tmp/base   # another revision
+
+Prints one line per process and the medians; ``--json`` also writes every value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SUPPORT = os.path.join(ROOT, "tests", "support")
+
+
+def worker_modules() -> list[str]:
+    """The modules a worker has imported before register(): the adapter's preload list, then its targets'."""
+    from zb_patch.detect import detect
+    from zb_patch.versions import select
+
+    selection = select(detect())
+    if not selection.candidates:
+        raise SystemExit(f"no adapter to activate here: {selection.reason}")
+    mods: list[str] = []
+    for adapter in selection.candidates:
+        for name in (*adapter.preload, *adapter.patch_set.modules()):
+            if name not in mods:
+                mods.append(name)
+    return mods
+
+
+def use_zb_patch_from(tree: str) -> None:
+    """Import zb_patch from ``tree`` (a copy of another revision) instead of the editable install of this one."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+    sys.path.insert(0, os.path.abspath(tree))
+
+
+def child(modules: list[str]) -> dict:
+    """One fresh process: import the worker modules, then time the activation."""
+    import importlib
+
+    import npu_standin
+
+    npu_standin.install()
+    t0 = time.perf_counter()
+    for name in modules:
+        importlib.import_module(name)
+    worker_import_s = time.perf_counter() - t0
+    loaded = set(sys.modules)
+
+    t0 = time.perf_counter()
+    from zb_patch import plugin
+    plugin_import_s = time.perf_counter() - t0
+
+    # what register() imports itself, timed apart so fingerprint_object can be wrapped before register() runs
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    import zb_patch.detect  # noqa: F401
+    from zb_patch import registry
+    from zb_patch.versions import adapters
+
+    adapters()
+    zb_import_s = time.perf_counter() - t0
+
+    spent = {"fingerprint_s": 0.0, "fingerprints": 0}
+    original = registry.fingerprint_object
+
+    def timed_fingerprint(obj):
+        start = time.perf_counter()
+        try:
+            return original(obj)
+        finally:
+            spent["fingerprint_s"] += time.perf_counter() - start
+            spent["fingerprints"] += 1
+
+    registry.fingerprint_object = timed_fingerprint
+    os.environ["ZB_PATCH"] = "1"
+    t0 = time.perf_counter()
+    plugin.register()
+    register_s = time.perf_counter() - t0
+    cpu_s = time.process_time() - c0
+    registry.fingerprint_object = original
+
+    act = plugin.current()
+    ms = 1000.0
+    return {
+        "zb_patch": os.path.dirname(plugin.__file__),
+        "state": act.state if act else "off",
+        "adapter": act.adapter_id if act else None,
+        "reason": act.reason if act else "register() did not activate",
+        "worker_import_ms": worker_import_s * ms,
+        "plugin_import_ms": plugin_import_s * ms,
+        "zb_import_ms": zb_import_s * ms,
+        "register_ms": register_s * ms,
+        "fingerprint_ms": spent["fingerprint_s"] * ms,
+        "fingerprints": spent["fingerprints"],
+        "other_ms": (register_s - spent["fingerprint_s"]) * ms,
+        "activation_ms": (zb_import_s + register_s) * ms,
+        "activation_cpu_ms": cpu_s * ms,
+        "new_modules_in_register": sorted(m for m in set(sys.modules) - loaded
+                                          if not m.startswith("zb_patch")),
+    }
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help="fresh processes (default 5)")
+    ap.add_argument("--json", help="write every value to this file")
+    ap.add_argument("--zb-patch-from", metavar="DIR",
+                    help="measure the zb_patch package under DIR instead of this checkout, e.g. the base revision: "
+                         "git archive main zb_patch | tar -x -C DIR")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="warm (default): the processes share one fingerprint cache, filled by an untimed first "
+                         "process (every start after the first on a host); cold: each starts with an empty one")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.zb_patch_from:
+        use_zb_patch_from(args.zb_patch_from)
+    if args.child is not None:
+        print(json.dumps(child(args.child.split(","))))
+        return 0
+
+    modules = worker_modules()
+    env = dict(os.environ)
+    env.pop("ZB_PATCH", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, env.get("PYTHONPATH")) if p)
+    extra = ["--zb-patch-from", args.zb_patch_from] if args.zb_patch_from else []
+    command = [sys.executable, os.path.abspath(__file__), *extra, "--child", ",".join(modules)]
+    scratch = tempfile.mkdtemp(prefix="bench-activation-")
+    env["XDG_CACHE_HOME"] = os.path.join(scratch, "shared")
+    if args.cache == "warm":
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    runs = []
+    for i in range(args.runs):
+        if args.cache == "cold":
+            env["XDG_CACHE_HOME"] = os.path.join(scratch, f"run{i}")
+        out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+        run = json.loads(out.strip().splitlines()[-1])
+        runs.append(run)
+        print(f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
+              f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
+              f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
+              f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms", flush=True)
+        if run["state"] != "applied":
+            print(f"  not applied: {run['reason']}", flush=True)
+    keys = ("activation_ms", "activation_cpu_ms", "zb_import_ms", "register_ms", "fingerprint_ms", "other_ms", "plugin_import_ms")
+    medians = {k: statistics.median(r[k] for r in runs) for k in keys}
+    from importlib.metadata import version
+
+    summary = {
+        "zb_patch": runs[0]["zb_patch"], "vllm": version("vllm"), "vllm_ascend": version("vllm-ascend"), "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus", "load_average": os.getloadavg(),
+        "cache": args.cache, "modules": modules,
+        "medians": medians, "runs": runs,
+    }
+    print(f"zb_patch from {runs[0]['zb_patch']}")
+    print("median: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+    print("activation_ms values: " + ", ".join(f"{r['activation_ms']:.1f}" for r in runs))
+    print("activation_cpu_ms values: " + ", ".join(f"{r['activation_cpu_ms']:.1f}" for r in runs))
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+    if runs[0]["new_modules_in_register"]:
+        print("modules imported by the activation (not zb_patch): " + ", ".join(runs[0]["new_modules_in_register"]))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
