@@ -77,6 +77,28 @@ def test_every_request_generates_its_tokens(runs):
     assert sum(sync["drafted"].values()) > 0, "no draft token was verified: the EAGLE path did not run"
 
 
+def test_sync_tokens_equal_transformers_greedy(runs, tmp_path_factory):
+    """The engine's tokens (release code over the emulated NPU ops) equal transformers' own Llama, greedy, on the
+    same weights: the emulated attention / KV cache / norms compute what the model means."""
+    from test_tiny_model import reference_tokens
+    from transformers import LlamaForCausalLM
+
+    wl, res = runs
+    root = str(tmp_path_factory.mktemp("reference"))
+    target_dir, _ = tiny_model.write_models(root)
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype="float32").eval()
+    assert reference_tokens(model, wl) == res["sync"]["tokens"]
+
+
+def test_acceptance_is_partial_and_varies(runs):
+    _, res = runs
+    sync = res["sync"]
+    drafted, accepted = sum(sync["drafted"].values()), sum(sync["accepted"].values())
+    assert 0.2 <= accepted / drafted <= 0.8, (accepted, drafted)
+    rates = {r: sync["accepted"][r] / d for r, d in sync["drafted"].items() if d}
+    assert max(rates.values()) - min(rates.values()) >= 0.2, rates
+
+
 def test_runs_are_configured_as_named(runs):
     _, res = runs
     assert res["sync"]["async_scheduling"] is False
@@ -85,9 +107,10 @@ def test_runs_are_configured_as_named(runs):
 
 
 @pytest.mark.parametrize("name", ["async", "async+zb"])
-def test_async_tokens_and_acceptance_match_sync(runs, name):
+def test_async_matches_sync(runs, name):
+    """Token ids, drafted and accepted counts per request, equal to the sync run's."""
     _, res = runs
-    assert divergences(res["sync"], res[name], fields=("tokens", "accepted")) == []
+    assert divergences(res["sync"], res[name]) == []
 
 
 def test_zero_bubble_matches_classic_async_exactly(runs):
@@ -96,16 +119,3 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     assert (zb["state"], zb["adapter"]) == ("applied", "ascend-0.18"), {k: zb.get(k) for k in ("state", "adapter", "reason")}
     assert plain["state"] == "off"
     assert divergences(res["async"], res["async+zb"]) == []
-
-
-def test_async_drafted_counts_match_sync_below_max_model_len(runs):
-    """Requests that end at max_model_len are excluded: there vLLM 0.18's sync run verifies a few more draft
-    tokens than its async runs (e.g. 145 vs 142 for one request, with and without zb-patch alike;
-    docs/e2e.md, "Findings")."""
-    wl, res = runs
-    at_limit = wl.reaches_max_model_len(tiny_model.VOCAB)
-    assert at_limit, "the workload must contain requests that reach max_model_len"
-    for name in ("async", "async+zb"):
-        diffs = [d for d in divergences(res["sync"], res[name], fields=("drafted",))
-                 if d.split()[0] not in at_limit]
-        assert diffs == [], name

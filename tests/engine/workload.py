@@ -38,9 +38,6 @@ class Workload:
             out.append((prompt, min(want, self.max_model_len - n)))
         return out
 
-    def reaches_max_model_len(self, vocab: int) -> set[str]:
-        return {str(i) for i, (p, n) in enumerate(self.requests(vocab)) if len(p) + n == self.max_model_len}
-
     def to_json(self) -> dict:
         return asdict(self)
 
