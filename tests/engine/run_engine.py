@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
 
     target, draft = os.path.join(args.models, "target"), os.path.join(args.models, "eagle")
     llm = LLM(model=target, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
-              max_model_len=wl.max_model_len, block_size=wl.block_size, max_num_seqs=wl.max_num_seqs,
+              max_model_len=wl.max_model_len, max_num_seqs=wl.max_num_seqs,
               max_num_batched_tokens=wl.max_num_batched_tokens, enable_chunked_prefill=True,
               num_gpu_blocks_override=wl.num_gpu_blocks, enable_prefix_caching=False,
               async_scheduling=args.async_scheduling, distributed_executor_backend="uni",

@@ -24,8 +24,8 @@ from workload import Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = Workload()
-BIG = Workload(num_requests=48, max_prompt=300, max_tokens=40, max_model_len=384, max_num_batched_tokens=64,
-               max_num_seqs=8, num_gpu_blocks=48)
+BIG = Workload(num_requests=48, max_prompt=300, max_tokens=60, max_model_len=384, max_num_batched_tokens=64,
+               max_num_seqs=8, num_gpu_blocks=6)
 CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"], {"ZB_PATCH": "1"})}
 TIMEOUT_S = 1500
 
@@ -99,6 +99,12 @@ def test_acceptance_is_partial_and_varies(runs):
     assert max(rates.values()) - min(rates.values()) >= 0.2, rates
 
 
+def test_preemption_happens(runs):
+    _, res = runs
+    for name, r in res.items():
+        assert sum(r["preemptions"].values()) > 0, name
+
+
 def test_runs_are_configured_as_named(runs):
     _, res = runs
     assert res["sync"]["async_scheduling"] is False
@@ -108,9 +114,17 @@ def test_runs_are_configured_as_named(runs):
 
 @pytest.mark.parametrize("name", ["async", "async+zb"])
 def test_async_matches_sync(runs, name):
-    """Token ids, drafted and accepted counts per request, equal to the sync run's."""
-    _, res = runs
-    assert divergences(res["sync"], res[name]) == []
+    """Token ids per request equal to the sync run's; drafted and accepted counts too, except for requests that
+    end at max_model_len: there vLLM 0.18's sync run verifies (and accepts) one draft more than its async runs,
+    with and without zb-patch alike (docs/e2e.md, "Findings"; test_zero_bubble_matches_classic_async_exactly
+    holds zb-patch to classic async exactly)."""
+    wl, res = runs
+    at_limit = wl.reaches_max_model_len(tiny_model.VOCAB)
+    assert at_limit, "the workload must contain requests that reach max_model_len"
+    assert divergences(res["sync"], res[name], fields=("tokens",)) == []
+    counts = [d for d in divergences(res["sync"], res[name], fields=("drafted", "accepted"))
+              if d.split()[0] not in at_limit]
+    assert counts == []
 
 
 def test_zero_bubble_matches_classic_async_exactly(runs):

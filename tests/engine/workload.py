@@ -12,17 +12,18 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class Workload:
-    num_requests: int = 6
+    num_requests: int = 8
     min_prompt: int = 1
     max_prompt: int = 50
     min_tokens: int = 4
-    max_tokens: int = 20
+    max_tokens: int = 60
     num_speculative_tokens: int = 2
-    max_model_len: int = 80
+    max_model_len: int = 160
     max_num_batched_tokens: int = 32  # small: long prompts are prefilled in chunks
     max_num_seqs: int = 6
-    block_size: int = 16
-    num_gpu_blocks: int = 10  # small: requests get preempted
+    # vllm-ascend 0.18 sets 128-token KV blocks: 3 blocks (384 tokens) make requests that grow past 128 tokens
+    # preempt others
+    num_gpu_blocks: int = 3
     seed: int = 0
 
     def requests(self, vocab: int, first_id: int = 3) -> list[tuple[list[int], int]]:
@@ -37,6 +38,9 @@ class Workload:
                 want = self.max_model_len
             out.append((prompt, min(want, self.max_model_len - n)))
         return out
+
+    def reaches_max_model_len(self, vocab: int) -> set[str]:
+        return {str(i) for i, (p, n) in enumerate(self.requests(vocab)) if len(p) + n == self.max_model_len}
 
     def to_json(self) -> dict:
         return asdict(self)
