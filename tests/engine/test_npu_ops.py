@@ -1,0 +1,164 @@
+"""The emulated NPU ops (tests/support/npu_ops) against naive loop references, and their refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from npu_ops import activation, attention, kv_cache, norm
+from npu_ops.triton_ascend import get_element
+
+g = torch.Generator().manual_seed(0)
+
+
+def rnd(*shape):
+    return torch.randn(*shape, generator=g)
+
+
+def test_rms_norm_matches_loop():
+    x, w = rnd(5, 8), rnd(8)
+    y, rstd = norm.npu_rms_norm(x, w, 1e-5)
+    for t in range(5):
+        r = 1.0 / math.sqrt(sum(float(v) ** 2 for v in x[t]) / 8 + 1e-5)
+        assert rstd[t, 0].item() == pytest.approx(r, rel=1e-5)
+        for i in range(8):
+            assert y[t, i].item() == pytest.approx(float(x[t, i]) * r * float(w[i]), rel=1e-4, abs=1e-6)
+
+
+def test_add_rms_norm_returns_sum_as_residual():
+    x1, x2, w = rnd(3, 8), rnd(3, 8), rnd(8)
+    y, rstd, x = norm.npu_add_rms_norm(x1, x2, w, 1e-6)
+    assert torch.equal(x, x1 + x2)
+    y_ref, rstd_ref = norm.npu_rms_norm(x1 + x2, w, 1e-6)
+    assert torch.equal(y, y_ref) and torch.equal(rstd, rstd_ref)
+
+
+def test_rms_norm_refuses_mismatched_gamma():
+    with pytest.raises(NotImplementedError, match="npu_rms_norm: gamma shape"):
+        norm.npu_rms_norm(rnd(3, 8), rnd(4))
+
+
+def test_swiglu_matches_loop():
+    x = rnd(4, 6)
+    out = activation.npu_swiglu(x)
+    for t in range(4):
+        for i in range(3):
+            a, b = float(x[t, i]), float(x[t, i + 3])
+            assert out[t, i].item() == pytest.approx(a / (1 + math.exp(-a)) * b, rel=1e-5, abs=1e-6)
+    with pytest.raises(NotImplementedError, match="npu_swiglu: odd split"):
+        activation.npu_swiglu(rnd(2, 5))
+
+
+def test_reshape_and_cache_writes_slots_and_skips_padding():
+    blocks, bs, kvh, d = 3, 4, 2, 2
+    kc, vc = torch.full((blocks, bs, kvh, d), 7.0), torch.full((blocks, bs, kvh, d), 7.0)
+    k, v = rnd(4, kvh, d), rnd(4, kvh, d)
+    slots = torch.tensor([5, 0, -1, 11], dtype=torch.int32)
+    kv_cache._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slot_indices=slots)
+    expected_k, expected_v = torch.full_like(kc, 7.0), torch.full_like(vc, 7.0)
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            expected_k[s // bs, s % bs] = k[t]
+            expected_v[s // bs, s % bs] = v[t]
+    assert torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
+    with pytest.raises(NotImplementedError, match="_npu_reshape_and_cache: layout"):
+        kv_cache._npu_reshape_and_cache(key=k.flatten(1), value=v.flatten(1), key_cache=kc, value_cache=vc,
+                                        slot_indices=slots)
+
+
+def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):
+    """q_rows [q, N, D]; keys/values [kv, KVN, D]; causal with the diagonal at the bottom right."""
+    q_len, kv_len = q_rows.shape[0], keys.shape[0]
+    out = torch.zeros_like(q_rows)
+    for i in range(q_len):
+        for h in range(n_heads):
+            kh = h // (n_heads // kv_heads)
+            visible = range(kv_len - q_len + i + 1)
+            scores = [float(q_rows[i, h] @ keys[j, kh]) * scale for j in visible]
+            m = max(scores)
+            w = [math.exp(s - m) for s in scores]
+            tot = sum(w)
+            for j, wj in zip(visible, w):
+                out[i, h] += values[j, kh] * (wj / tot)
+    return out
+
+
+MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+
+
+def test_fia_prefill_without_cache_matches_loop():
+    n, kvn, d = 4, 2, 8
+    lens = [3, 5]
+    q, k, v = rnd(8, n, d), rnd(8, kvn, d), rnd(8, kvn, d)
+    ends = [3, 8]
+    out, lse = attention.npu_fused_infer_attention_score(
+        q, k, v, atten_mask=MASK, actual_seq_lengths=ends, actual_seq_lengths_kv=ends, num_heads=n,
+        num_key_value_heads=kvn, scale=0.3, input_layout="TND", sparse_mode=3)
+    start = 0
+    for L in lens:
+        ref = _naive_attention(q[start:start + L], k[start:start + L], v[start:start + L], 0.3, n, kvn)
+        torch.testing.assert_close(out[start:start + L], ref, rtol=1e-4, atol=1e-5)
+        start += L
+    assert lse.shape == (8, n, 1)
+
+
+def test_fia_paged_chunked_and_decode_match_loop():
+    """Request 0: chunk of 3 new tokens over 7 cached+new KV; request 1: 1 decode token over 10 KV; request 2: a
+    spec-decode verify of 3 tokens over 6 KV. KV lives in scattered blocks of a paged cache."""
+    n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
+    kc, vc = rnd(nblocks, bs, kvn, d), rnd(nblocks, bs, kvn, d)
+    table = torch.tensor([[7, 2, 0], [1, 9, 4], [5, 3, 0]], dtype=torch.int32)
+    q_lens, kv_lens = [3, 1, 3], [7, 10, 6]
+    q = rnd(sum(q_lens), n, d)
+    ends = [3, 4, 7]
+    out, _ = attention.npu_fused_infer_attention_score(
+        q, kc.view(nblocks, bs, -1), vc.view(nblocks, bs, -1), atten_mask=MASK, block_table=table,
+        input_layout="TND", block_size=bs, actual_seq_lengths=ends, actual_seq_lengths_kv=kv_lens,
+        num_key_value_heads=kvn, num_heads=n, scale=0.25, sparse_mode=3)
+    start = 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        keys = torch.stack([kc[table[b, j // bs], j % bs] for j in range(kl)])
+        vals = torch.stack([vc[table[b, j // bs], j % bs] for j in range(kl)])
+        ref = _naive_attention(q[start:start + ql], keys, vals, 0.25, n, kvn)
+        torch.testing.assert_close(out[start:start + ql], ref, rtol=1e-4, atol=1e-5)
+        start += ql
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"input_layout": "BSH"}, "input_layout='BSH'"),
+    ({"sparse_mode": 0}, "sparse_mode=0"),
+    ({"atten_mask": None}, "without atten_mask"),
+    ({"pre_tokens": 128}, "pre_tokens=128"),
+    ({"antiquant_scale": torch.ones(1)}, "antiquant_scale"),
+])
+def test_fia_refuses_other_modes(kwargs, message):
+    n, d = 2, 4
+    args = dict(atten_mask=MASK, actual_seq_lengths=[2], actual_seq_lengths_kv=[2], num_heads=n,
+                num_key_value_heads=n, scale=1.0, input_layout="TND", sparse_mode=3)
+    args.update(kwargs)
+    with pytest.raises(NotImplementedError, match="npu_fused_infer_attention_score: .*" + message.replace("(", r"\(")):
+        attention.npu_fused_infer_attention_score(rnd(2, n, d), rnd(2, n, d), rnd(2, n, d), **args)
+
+
+@triton.jit
+def _reverse_by_get_element(src_ptr, out_ptr, N: tl.constexpr):
+    block = tl.load(src_ptr + tl.arange(0, N))
+    for i in range(N):
+        tl.store(out_ptr + i, get_element(block, ((N - 1 - i),)))
+
+
+def test_get_element_in_a_kernel():
+    """triton-ascend's get_element, run inside a Triton kernel (TRITON_INTERPRET=1), against indexing."""
+    pick = _reverse_by_get_element
+    src = torch.tensor([3, -1, 40, 7, 0, 12, 5, 9], dtype=torch.int64)
+    out = torch.empty_like(src)
+    pick[(1,)](src, out, N=8)
+    assert out.tolist() == src.flip(0).tolist()
+    f = torch.tensor([0.5, -2.25, 1e-8, 3.0])
+    fo = torch.empty_like(f)
+    pick[(1,)](f, fo, N=4)
+    assert fo.tolist() == f.flip(0).tolist()

@@ -1,0 +1,89 @@
+"""The engine workload and the comparison of runs -- plain data, independent of the NPU emulation (a real-NPU
+self test can reuse it).
+
+A run's result is ``{"tokens": {req: [ids]}, "drafted": {req: n}, "accepted": {req: n}, "preemptions": {req: n}}``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    num_requests: int = 8
+    min_prompt: int = 1
+    max_prompt: int = 50
+    min_tokens: int = 4
+    max_tokens: int = 60
+    num_speculative_tokens: int = 2
+    max_model_len: int = 160
+    max_num_batched_tokens: int = 32  # small: long prompts are prefilled in chunks
+    max_num_seqs: int = 6
+    # vllm-ascend 0.18 sets 128-token KV blocks: 3 blocks (384 tokens) make requests that grow past 128 tokens
+    # preempt others
+    num_gpu_blocks: int = 3
+    seed: int = 0
+
+    def requests(self, vocab: int, first_id: int = 3) -> list[tuple[list[int], int]]:
+        """(prompt token ids, max_tokens) per request; a few ask for more than max_model_len allows."""
+        rng = random.Random(self.seed)
+        out = []
+        for i in range(self.num_requests):
+            n = rng.randint(self.min_prompt, self.max_prompt)
+            prompt = [rng.randrange(first_id, vocab) for _ in range(n)]
+            want = rng.randint(self.min_tokens, self.max_tokens)
+            if i % 5 == 4:  # runs into max_model_len
+                want = self.max_model_len
+            out.append((prompt, min(want, self.max_model_len - n)))
+        return out
+
+    def reaches_max_model_len(self, vocab: int) -> set[str]:
+        return {str(i) for i, (p, n) in enumerate(self.requests(vocab)) if len(p) + n == self.max_model_len}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def summarize(name: str, result: dict) -> dict:
+    drafted = sum(result["drafted"].values())
+    accepted = sum(result["accepted"].values())
+    return {
+        "run": name,
+        "requests": len(result["tokens"]),
+        "tokens": sum(len(t) for t in result["tokens"].values()),
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance %": round(100.0 * accepted / drafted, 1) if drafted else 0.0,
+        "preemptions": sum(result["preemptions"].values()),
+    }
+
+
+def divergences(reference: dict, other: dict, fields=("tokens", "drafted", "accepted")) -> list[str]:
+    """Per-request differences of ``other`` from ``reference``: one line per (request, field)."""
+    out = []
+    for field in fields:
+        ref, got = reference[field], other[field]
+        for req in sorted(set(ref) | set(got), key=_req_order):
+            a, b = ref.get(req), got.get(req)
+            if a != b:
+                if field == "tokens" and a is not None and b is not None:
+                    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                    out.append(f"{req} tokens: first difference at output index {first} "
+                               f"({a[first:first + 3]} vs {b[first:first + 3]}, lengths {len(a)}/{len(b)})")
+                else:
+                    out.append(f"{req} {field}: {a} vs {b}")
+    return out
+
+
+def table(rows: list[dict], divs: dict[str, int]) -> str:
+    cols = ["run", "requests", "tokens", "drafted", "accepted", "acceptance %", "preemptions", "divergences"]
+    lines = [" | ".join(cols)]
+    for r in rows:
+        lines.append(" | ".join(str(divs.get(r["run"], 0) if c == "divergences" else r[c]) for c in cols))
+    return "\n".join(lines)
+
+
+def _req_order(req: str):
+    return int(req) if req.isdigit() else req

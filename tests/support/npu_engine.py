@@ -1,0 +1,68 @@
+"""Wiring for running vLLM's engine on the vllm-ascend platform on CPU: the NPU stand-in, the emulated NPU ops
+(npu_ops) bound where vllm-ascend looks them up, and the worker double (npu_worker_double).
+
+``install()`` must run before anything imports vllm / vllm_ascend. Engine processes set
+``worker_cls=WORKER_CLS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (one process; see docs/e2e.md).
+"""
+
+from __future__ import annotations
+
+WORKER_CLS = "npu_worker_double.CpuNPUWorker"
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    import npu_standin
+
+    npu_standin.install()
+    import npu_ops
+    import npu_ops.triton_ascend
+
+    # before vllm_ascend.ops.triton resolves the triton-ascend extension ops (at import)
+    npu_ops.triton_ascend.bind()
+    import torch
+    import torch_npu  # the stand-in
+
+    # The real `import torch_npu` names the PrivateUse1 backend "npu" (so torch.device("npu") parses, as vLLM's
+    # DeviceConfig needs for the platform's device_type). No tensor is ever placed there: the worker double runs
+    # on CPU.
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    # Python custom ops (vLLM's and vllm-ascend's `direct_register_custom_op`) register their kernels under the
+    # platform's dispatch key, or "PrivateUse1" (the NPU) by name; the tensors here are CPU tensors.
+    import vllm.utils.torch_utils as torch_utils
+
+    torch_utils.direct_register_custom_op = _on_cpu(torch_utils.direct_register_custom_op)
+    from vllm_ascend.platform import NPUPlatform
+
+    NPUPlatform.dispatch_key = "CPU"
+    # Page-locked host memory needs the device driver. CPU tensors stay pageable: the platform says pinning is not
+    # available, and the unconditional `.pin_memory()` calls (e.g. the runner's spec-decode metadata) keep the tensor.
+
+    NPUPlatform.is_pin_memory_available = classmethod(lambda cls: False)
+    torch.Tensor.pin_memory = _pageable
+    # Device memory accounting (load_model's DeviceMemoryProfiler): nothing lives in device memory here.
+    NPUPlatform.get_current_memory_usage = classmethod(lambda cls, device=None: 0.0)
+    npu_ops.bind(torch_npu)
+    # vLLM inspects model classes in a fresh interpreter, which needs the stand-in too (it loads all plugins).
+    import sys
+
+    import vllm.model_executor.models.registry as model_registry
+
+    model_registry._SUBPROCESS_COMMAND = [sys.executable, "-m", "npu_standin", "vllm.model_executor.models.registry"]
+    _installed = True
+
+
+def _pageable(self, *args, **kwargs):
+    return self
+
+
+def _on_cpu(register):
+    def direct_register_custom_op(*args, dispatch_key=None, **kwargs):
+        return register(*args, dispatch_key="CPU" if dispatch_key == "PrivateUse1" else dispatch_key, **kwargs)
+
+    return direct_register_custom_op

@@ -1,0 +1,34 @@
+"""triton-ascend language extensions (``triton.language.extra.cann.extension``) that vllm-ascend's Triton kernels
+call, written with plain Triton language ops so the kernels run under ``TRITON_INTERPRET=1`` on CPU.
+
+- ``get_element(src, indice)``: the scalar ``src[indice]`` of a 1-D block ``src`` (triton-ascend: "get a single
+  element from a tensor by index"). vllm-ascend 0.18's rejection sampler (``ops/triton/reject_sample.py``) reads
+  per-request counts, start offsets and draft / target ids from 1-D blocks with ``get_element(x, (pos,))``.
+  Emulated as a masked sum over the block (exact: every other lane contributes 0). Only 1-D blocks.
+- ``insert_slice`` / ``extract_slice`` are not on the eager Llama + EAGLE path (used by swiglu_quant and the
+  FLA kernels); they stay the stand-in's raising functions.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def get_element(src, indice):
+    tl.static_assert(len(src.shape) == 1, "emulated get_element: only 1-D blocks are implemented")
+    tl.static_assert(len(indice) == 1, "emulated get_element: only a 1-tuple index is implemented")
+    lanes = tl.arange(0, src.shape[0])
+    return tl.sum(tl.where(lanes == indice[0], src, tl.zeros_like(src)), axis=0)
+
+
+EXTENSION_OPS = {"get_element": get_element}
+
+
+def bind() -> None:
+    """Replace the stand-in's raising functions; must run before vllm_ascend.ops.triton is imported."""
+    import triton.language.extra.cann.extension as extension  # the stand-in module
+
+    for name, fn in EXTENSION_OPS.items():
+        setattr(extension, name, fn)

@@ -1,0 +1,68 @@
+"""Test double for the device-bound start-up parts of vllm-ascend's ``NPUWorker`` (CPU tensors, no CANN).
+
+Only what cannot exist without an NPU is replaced; the model runner, model, attention backend, sampler,
+rejection sampler and proposer are the release's own code. Replaced (each listed in docs/e2e.md):
+- device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> CPU device, gloo world of one
+  built with vLLM's own ``GroupCoordinator`` (vllm-ascend's replacement builds HCCL groups);
+- ATB extension registration (a CANN library load) and the SoC check (``torch_npu.npu.get_soc_version``)
+  -> skipped in ``__init__``; the build's own device type (``_build_info``) stays what the code branches on;
+- the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
+- KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
+- the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+"""
+
+from __future__ import annotations
+
+import socket
+from unittest import mock
+
+import torch
+import vllm_ascend.ops.triton.triton_utils as triton_utils
+import vllm_ascend.worker.worker as ascend_worker
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
+from vllm.utils.torch_utils import set_random_seed
+
+KV_CACHE_BYTES = 1 << 30  # ample; num_gpu_blocks_override sizes the cache
+A2_AICORES, A2_VECTORCORES = 24, 48
+
+
+class CpuNPUWorker(ascend_worker.NPUWorker):
+    def __init__(self, *args, **kwargs):
+        with mock.patch.object(ascend_worker, "_register_atb_extensions", _no_atb), \
+                mock.patch.object(ascend_worker, "check_ascend_device_type", _no_soc_check):
+            super().__init__(*args, **kwargs)
+
+    def _init_device(self):
+        device = torch.device("cpu")
+        self.vllm_config.device_config.device = device
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # vllm-ascend's GroupCoordinator builds HCCL process groups; a world of one on gloo uses vLLM's own.
+        patched = parallel_state.GroupCoordinator
+        with mock.patch.object(parallel_state, "GroupCoordinator", patched.__mro__[1]):
+            init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
+            ensure_model_parallel_initialized(1, 1)
+            ascend_worker.init_ascend_model_parallel(self.parallel_config)
+        # init_device_properties_triton() asks the NPU driver for its core counts (the Triton kernels size their
+        # grids with them); these are an Atlas A2's (24 AI cores, 48 vector cores).
+        triton_utils._NUM_AICORE, triton_utils._NUM_VECTORCORE = A2_AICORES, A2_VECTORCORES
+        set_random_seed(self.model_config.seed)
+        return device
+
+    def determine_available_memory(self) -> int:
+        self.model_runner.profile_run()
+        return KV_CACHE_BYTES
+
+    def compile_or_warm_up_model(self) -> float:
+        assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
+        set_random_seed(self.model_config.seed)
+        return 0.0
+
+
+def _no_atb() -> None:
+    """ATB extensions are a CANN op library; nothing to register on CPU."""
+
+
+def _no_soc_check() -> None:
+    """No SoC to read on CPU; the build's device type (vllm_ascend._build_info) is used as is."""
