@@ -77,6 +77,7 @@ def child(modules: list[str]) -> dict:
 
     t0 = time.perf_counter()
     from zb_patch import plugin
+
     plugin_import_s = time.perf_counter() - t0
 
     # what register() imports itself, timed apart so fingerprint_object can be wrapped before register() runs
@@ -124,8 +125,7 @@ def child(modules: list[str]) -> dict:
         "other_ms": (register_s - spent["fingerprint_s"]) * ms,
         "activation_ms": (zb_import_s + register_s) * ms,
         "activation_cpu_ms": cpu_s * ms,
-        "new_modules_in_register": sorted(m for m in set(sys.modules) - loaded
-                                          if not m.startswith("zb_patch")),
+        "new_modules_in_register": sorted(m for m in set(sys.modules) - loaded if not m.startswith("zb_patch")),
     }
 
 
@@ -133,12 +133,19 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="fresh processes (default 5)")
     ap.add_argument("--json", help="write every value to this file")
-    ap.add_argument("--zb-patch-from", metavar="DIR",
-                    help="measure the zb_patch package under DIR instead of this checkout, e.g. the base revision: "
-                         "git archive main zb_patch | tar -x -C DIR")
-    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
-                    help="warm (default): the processes share one fingerprint cache, filled by an untimed first "
-                         "process (every start after the first on a host); cold: each starts with an empty one")
+    ap.add_argument(
+        "--zb-patch-from",
+        metavar="DIR",
+        help="measure the zb_patch package under DIR instead of this checkout, e.g. the base revision: "
+        "git archive main zb_patch | tar -x -C DIR",
+    )
+    ap.add_argument(
+        "--cache",
+        choices=("warm", "cold"),
+        default="warm",
+        help="warm (default): the processes share one fingerprint cache, filled by an untimed first "
+        "process (every start after the first on a host); cold: each starts with an empty one",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.zb_patch_from:
@@ -164,21 +171,38 @@ def main(argv: list[str]) -> int:
         out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
         run = json.loads(out.strip().splitlines()[-1])
         runs.append(run)
-        print(f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
-              f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
-              f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
-              f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms", flush=True)
+        print(
+            f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
+            f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
+            f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
+            f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms",
+            flush=True,
+        )
         if run["state"] != "applied":
             print(f"  not applied: {run['reason']}", flush=True)
-    keys = ("activation_ms", "activation_cpu_ms", "zb_import_ms", "register_ms", "fingerprint_ms", "other_ms", "plugin_import_ms")
+    keys = (
+        "activation_ms",
+        "activation_cpu_ms",
+        "zb_import_ms",
+        "register_ms",
+        "fingerprint_ms",
+        "other_ms",
+        "plugin_import_ms",
+    )
     medians = {k: statistics.median(r[k] for r in runs) for k in keys}
     from importlib.metadata import version
 
     summary = {
-        "zb_patch": runs[0]["zb_patch"], "vllm": version("vllm"), "vllm_ascend": version("vllm-ascend"), "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus", "load_average": os.getloadavg(),
-        "cache": args.cache, "modules": modules,
-        "medians": medians, "runs": runs,
+        "zb_patch": runs[0]["zb_patch"],
+        "vllm": version("vllm"),
+        "vllm_ascend": version("vllm-ascend"),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "load_average": os.getloadavg(),
+        "cache": args.cache,
+        "modules": modules,
+        "medians": medians,
+        "runs": runs,
     }
     print(f"zb_patch from {runs[0]['zb_patch']}")
     print("median: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))

@@ -163,8 +163,10 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
     qsl = torch.from_numpy(qsl_np).to(dev)
     positions = torch.from_numpy(positions_np).to(dev)
     slot_dtype = torch.int32  # vllm-ascend's slot_mapping buffer
-    out = {name: torch.full((MAX_NUM_TOKENS,), -7, dtype=slot_dtype, device=dev) for name in
-           ("np", "generic", "zb", "zbjit")}
+    out = {
+        name: torch.full((MAX_NUM_TOKENS,), -7, dtype=slot_dtype, device=dev)
+        for name in ("np", "generic", "zb", "zbjit")
+    }
     slot_cpu = torch.zeros(MAX_NUM_TOKENS, dtype=slot_dtype, pin_memory=pin)
     slot_np = slot_cpu.numpy()
     bt_np = bt_pinned.numpy()
@@ -180,13 +182,25 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
 
     def generic():
         upstream._compute_slot_mapping_kernel[(num_reqs + 1,)](
-            T, MAX_NUM_TOKENS, qsl, positions, bt, bt.stride(0), BLOCK, out["generic"],
-            TOTAL_CP_WORLD_SIZE=1, TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=1, PAD_ID=-1, BLOCK_SIZE=1024,
+            T,
+            MAX_NUM_TOKENS,
+            qsl,
+            positions,
+            bt,
+            bt.stride(0),
+            BLOCK,
+            out["generic"],
+            TOTAL_CP_WORLD_SIZE=1,
+            TOTAL_CP_RANK=0,
+            CP_KV_CACHE_INTERLEAVE_SIZE=1,
+            PAD_ID=-1,
+            BLOCK_SIZE=1024,
         )
 
     zb_mapper = kernels.slot_mapper(bt, out["zb"], block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS)
-    zb_jit_mapper = kernels.slot_mapper(bt, out["zbjit"], block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS,
-                                        direct_launch=False)
+    zb_jit_mapper = kernels.slot_mapper(
+        bt, out["zbjit"], block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, direct_launch=False
+    )
 
     def zb():
         zb_mapper(num_reqs, qsl, positions)
@@ -197,13 +211,18 @@ def slot_case(b: Bench, num_reqs: int, per_req: int, upstream) -> dict:
     fns = {"numpy+H2D": numpy_h2d, "generic": generic, "zb": zb, "zb-jitrun": zbjit}
     # launch-shape variants of our kernel (JSON only): warps per program, the NPU window path
     variants = {}
-    for label, shape in (("zb-w1", dict(num_warps=1)), ("zb-w2", dict(num_warps=2)), ("zb-w8", dict(num_warps=8)),
-                         ("zb-window", dict(windowed=True)), ("zb-tile256", dict(tile=256))):
+    for label, shape in (
+        ("zb-w1", dict(num_warps=1)),
+        ("zb-w2", dict(num_warps=2)),
+        ("zb-w8", dict(num_warps=8)),
+        ("zb-window", dict(windowed=True)),
+        ("zb-tile256", dict(tile=256)),
+    ):
         if b.dry and label != "zb-window":
             continue
         out[label] = torch.full((MAX_NUM_TOKENS,), -7, dtype=slot_dtype, device=dev)
         m = kernels.slot_mapper(bt, out[label], block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, **shape)
-        variants[label] = (lambda m=m: m(num_reqs, qsl, positions))
+        variants[label] = lambda m=m: m(num_reqs, qsl, positions)
     for fn in list(fns.values()) + list(variants.values()):
         fn()
     b.sync()
@@ -258,18 +277,29 @@ def launch_breakdown(b: Bench) -> dict:
         "1 zb call (SlotMappingLauncher.__call__, direct)": b.host_us(lambda: mapper(256, qsl, pos), n),
         "2 direct closure, int pointers": b.host_us(lambda: fast(grid, *ints), n),
         "3 CompiledKernel.run only, int pointers, fixed stream": b.host_us(
-            lambda: run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                        *ints, *const), n),
+            lambda: run(
+                grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *ints, *const
+            ),
+            n,
+        ),
         "4 CompiledKernel.run only, tensor pointers": b.host_us(
-            lambda: run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                        *tensors, *const), n),
+            lambda: run(
+                grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *tensors, *const
+            ),
+            n,
+        ),
         "5 get_current_stream(0)": b.host_us(lambda: driver.active.get_current_stream(0), n),
         "6 two data_ptr() calls": b.host_us(lambda: (qsl.data_ptr(), pos.data_ptr()), n),
         "7 Triton normal path kernel[grid](...) (JITFunction.run)": b.host_us(
-            lambda: _slot_mapping_kernel[(grid,)](*tensors, **fl._constexprs, num_warps=4), n),
-        "8 zb call with direct_launch=False": b.host_us(
-            lambda: jit_mapper(256, qsl, pos), n) if (jit_mapper := kernels.slot_mapper(
-                bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, direct_launch=False)) else None,
+            lambda: _slot_mapping_kernel[(grid,)](*tensors, **fl._constexprs, num_warps=4), n
+        ),
+        "8 zb call with direct_launch=False": b.host_us(lambda: jit_mapper(256, qsl, pos), n)
+        if (
+            jit_mapper := kernels.slot_mapper(
+                bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS, direct_launch=False
+            )
+        )
+        else None,
         "direct_launches": mapper.direct_launches,
     }
 
@@ -291,8 +321,12 @@ def correction_case(b: Bench, num_reqs: int, per_req: int, upstream_fn, compiled
     sched = torch.full((n,), per_req, dtype=torch.int32)
     req_idx = torch.repeat_interleave(torch.arange(n), per_req).to(torch.int64)
     qpos = torch.arange(per_req).repeat(n).to(torch.int64)
-    t = {k: v.to(dev) for k, v in dict(nc=nc0, prev=prev, valid=valid, drafts=drafts, cpu=cpu_vals, sched=sched,
-                                          req=req_idx, qpos=qpos).items()}
+    t = {
+        k: v.to(dev)
+        for k, v in dict(
+            nc=nc0, prev=prev, valid=valid, drafts=drafts, cpu=cpu_vals, sched=sched, req=req_idx, qpos=qpos
+        ).items()
+    }
     acc = torch.ones(MAX_NUM_REQS, dtype=torch.int32, device=dev)
     positions = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=dev)
     seq_lens = torch.zeros(MAX_NUM_REQS, dtype=torch.int32, device=dev)
@@ -311,37 +345,93 @@ def correction_case(b: Bench, num_reqs: int, per_req: int, upstream_fn, compiled
         seq_lens[n:].fill_(0)
 
     def zb_functional():
-        kernels.update_token_counts(nc, acc[:n], t["prev"], t["valid"], t["drafts"], t["cpu"], t["sched"], seq_lens,
-                                    num_reqs=n, req_indices=t["req"], query_pos=t["qpos"], positions=positions,
-                                    num_tokens=T)
+        kernels.update_token_counts(
+            nc,
+            acc[:n],
+            t["prev"],
+            t["valid"],
+            t["drafts"],
+            t["cpu"],
+            t["sched"],
+            seq_lens,
+            num_reqs=n,
+            req_indices=t["req"],
+            query_pos=t["qpos"],
+            positions=positions,
+            num_tokens=T,
+        )
 
     prepared = kernels.token_counts_launcher(
-        num_computed_tokens=nc, seq_lens=seq_lens, num_scheduled_tokens=t["sched"], prev_positions=t["prev"],
-        prev_num_draft_tokens=t["drafts"], num_accepted_tokens=acc, req_indices=t["req"], query_pos=t["qpos"],
-        positions=positions)
+        num_computed_tokens=nc,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=t["sched"],
+        prev_positions=t["prev"],
+        prev_num_draft_tokens=t["drafts"],
+        num_accepted_tokens=acc,
+        req_indices=t["req"],
+        query_pos=t["qpos"],
+        positions=positions,
+    )
 
     def zb_fused():  # the hot-path form: buffers bound once, per step only what changes
         prepared(n, t["cpu"], t["valid"], num_tokens=T)
 
     # correctness of the fused kernel on this case (fresh state) against the reference
     k_state = [t["nc"].clone(), acc.clone(), seq_lens.clone(), positions.clone()]
-    kernels.update_token_counts(k_state[0], k_state[1][:n], t["prev"], t["valid"], t["drafts"], t["cpu"], t["sched"],
-                                k_state[2], num_reqs=n, req_indices=t["req"], query_pos=t["qpos"],
-                                positions=k_state[3], num_tokens=T)
-    r_state = [nc0.clone(), torch.ones(MAX_NUM_REQS, dtype=torch.int32), torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
-               torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64)]
-    token_counts_reference(r_state[0], r_state[1][:n], prev, valid, drafts, cpu_vals, sched, r_state[2], num_reqs=n,
-                           req_indices=req_idx, query_pos=qpos, positions=r_state[3], num_tokens=T)
+    kernels.update_token_counts(
+        k_state[0],
+        k_state[1][:n],
+        t["prev"],
+        t["valid"],
+        t["drafts"],
+        t["cpu"],
+        t["sched"],
+        k_state[2],
+        num_reqs=n,
+        req_indices=t["req"],
+        query_pos=t["qpos"],
+        positions=k_state[3],
+        num_tokens=T,
+    )
+    r_state = [
+        nc0.clone(),
+        torch.ones(MAX_NUM_REQS, dtype=torch.int32),
+        torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
+        torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64),
+    ]
+    token_counts_reference(
+        r_state[0],
+        r_state[1][:n],
+        prev,
+        valid,
+        drafts,
+        cpu_vals,
+        sched,
+        r_state[2],
+        num_reqs=n,
+        req_indices=req_idx,
+        query_pos=qpos,
+        positions=r_state[3],
+        num_tokens=T,
+    )
     equal = all(torch.equal(a.cpu(), r) for a, r in zip(k_state, r_state))
 
-    fns = {"upstream-compiled": up_compiled, "upstream-eager": up_eager, "upstream-prep": up_prep,
-           "zb-fused": zb_fused, "zb-fused-functional": zb_functional}
+    fns = {
+        "upstream-compiled": up_compiled,
+        "upstream-eager": up_eager,
+        "upstream-prep": up_prep,
+        "zb-fused": zb_fused,
+        "zb-fused-functional": zb_functional,
+    }
     res = {"case": f"{num_reqs}x{per_req}", "equal_to_reference": equal}
     for name, fn in fns.items():
         fn()
         b.sync()
-        res[name] = b.measure(fn, calls=None if name.startswith("zb") else max(1, b.calls // 4),
-                              graph=name.startswith("zb") or name == "upstream-eager")
+        res[name] = b.measure(
+            fn,
+            calls=None if name.startswith("zb") else max(1, b.calls // 4),
+            graph=name.startswith("zb") or name == "upstream-eager",
+        )
     res["zb_direct_launches"] = getattr(prepared, "direct_launches", None)
     return res
 
@@ -369,32 +459,56 @@ def sync_check(b: Bench) -> dict:
     valid_gpu = valid_host[:n].to(dev)
     nc = torch.zeros(MAX_NUM_REQS, dtype=torch.int32, device=dev)
     acc = torch.ones(MAX_NUM_REQS, dtype=torch.int32, device=dev)
-    bufs = {name: torch.zeros_like(x, device=dev) for name, x in
-            dict(prev=prev_cpu, drafts=drafts_cpu, cpu=cpu_vals, sched=sched_cpu, req=req_cpu, qpos=qpos_cpu,
-                 qsl=qsl_cpu).items()}
+    bufs = {
+        name: torch.zeros_like(x, device=dev)
+        for name, x in dict(
+            prev=prev_cpu, drafts=drafts_cpu, cpu=cpu_vals, sched=sched_cpu, req=req_cpu, qpos=qpos_cpu, qsl=qsl_cpu
+        ).items()
+    }
     positions = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=dev)
     seq_lens = torch.zeros(MAX_NUM_REQS, dtype=torch.int32, device=dev)
     bt = torch.randint(0, 1000, (MAX_NUM_REQS, MAX_BLOCKS), dtype=torch.int32, device=dev)
     slot = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int32, device=dev)
     mapper = kernels.slot_mapper(bt, slot, block_size=BLOCK, max_num_tokens=MAX_NUM_TOKENS)
     counts = kernels.token_counts_launcher(
-        num_computed_tokens=nc, seq_lens=seq_lens, num_scheduled_tokens=bufs["sched"], prev_positions=bufs["prev"],
-        prev_num_draft_tokens=bufs["drafts"], num_accepted_tokens=acc, req_indices=bufs["req"],
-        query_pos=bufs["qpos"], positions=positions)
+        num_computed_tokens=nc,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=bufs["sched"],
+        prev_positions=bufs["prev"],
+        prev_num_draft_tokens=bufs["drafts"],
+        num_accepted_tokens=acc,
+        req_indices=bufs["req"],
+        query_pos=bufs["qpos"],
+        positions=positions,
+    )
     cpu_dev = torch.zeros(n, dtype=torch.int32, device=dev)
 
     def step():
         # CPU: exact seq_lens for Ascend attention (numpy, no device access)
-        kernels.correct_optimistic_seq_lens_cpu(opt_seq.numpy(), prev_cpu.numpy(), drafts_cpu.numpy(),
-                                                valid_host.numpy(), n)
-        for name, src in dict(prev=prev_cpu, drafts=drafts_cpu, cpu=cpu_vals, sched=sched_cpu, req=req_cpu,
-                              qpos=qpos_cpu, qsl=qsl_cpu).items():
+        kernels.correct_optimistic_seq_lens_cpu(
+            opt_seq.numpy(), prev_cpu.numpy(), drafts_cpu.numpy(), valid_host.numpy(), n
+        )
+        for name, src in dict(
+            prev=prev_cpu, drafts=drafts_cpu, cpu=cpu_vals, sched=sched_cpu, req=req_cpu, qpos=qpos_cpu, qsl=qsl_cpu
+        ).items():
             bufs[name].copy_(src, non_blocking=True)  # pinned H2D: asynchronous
         cpu_dev.copy_(cpu_vals, non_blocking=True)
         counts(n, cpu_dev, valid_gpu, num_tokens=T)  # hot-path form
-        kernels.update_token_counts(nc, acc[:n], bufs["prev"], valid_gpu, bufs["drafts"], bufs["cpu"], bufs["sched"],
-                                    seq_lens, num_reqs=n, req_indices=bufs["req"], query_pos=bufs["qpos"],
-                                    positions=positions, num_tokens=T)  # functional form
+        kernels.update_token_counts(
+            nc,
+            acc[:n],
+            bufs["prev"],
+            valid_gpu,
+            bufs["drafts"],
+            bufs["cpu"],
+            bufs["sched"],
+            seq_lens,
+            num_reqs=n,
+            req_indices=bufs["req"],
+            query_pos=bufs["qpos"],
+            positions=positions,
+            num_tokens=T,
+        )  # functional form
         mapper(n, bufs["qsl"], positions[:T])
 
     results = {}
@@ -439,9 +553,13 @@ def main() -> int:
 
     upstream_fn = upstream_vllm.update_num_computed_tokens_for_batch_change
     compiled_fn = upstream_fn if args.dry_run else torch.compile(upstream_fn, dynamic=True, backend="inductor")
-    env = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-           "device": torch.cuda.get_device_name() if b.cuda else "cpu (dry run)",
-           "date": time.strftime("%Y-%m-%d")}
+    env = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if b.cuda else "cpu (dry run)",
+        "date": time.strftime("%Y-%m-%d"),
+    }
     print(json.dumps(env))
     results = {"env": env, "trivial": trivial_rows(b), "slot": [], "correction": []}
     print("trivial:", json.dumps(results["trivial"]))
@@ -472,8 +590,10 @@ def main() -> int:
 
     # summary table
     triv = results["trivial"]["trivial"]
-    print("\nslot mapping (us)        gpu: np+H2D generic    zb  zb-jit trivial | host: np+H2D generic    zb  zb-jit"
-          " | graph: generic    zb trivial")
+    print(
+        "\nslot mapping (us)        gpu: np+H2D generic    zb  zb-jit trivial | host: np+H2D generic    zb  zb-jit"
+        " | graph: generic    zb trivial"
+    )
     for r in results["slot"]:
         if "error" in r:
             print(r["case"], "ERROR")
@@ -481,17 +601,30 @@ def main() -> int:
         g = [r[k]["gpu_us"] for k in ("numpy+H2D", "generic", "zb", "zb-jitrun")] + [triv["gpu_us"]]
         h = [r[k]["host_us"] for k in ("numpy+H2D", "generic", "zb", "zb-jitrun")]
         gr = [r["generic"]["graph_us"], r["zb"]["graph_us"], triv["graph_us"]]
-        print(f"{r['case']:>10} ok={all(r['equal_to_reference'].values())!s:5} " + " ".join(fmt(x) for x in g)
-              + " | " + " ".join(fmt(x) for x in h) + " | " + " ".join(fmt(x) for x in gr))
-    print("\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func | host: compiled  eager   prep  zb-fused zb-func")
+        print(
+            f"{r['case']:>10} ok={all(r['equal_to_reference'].values())!s:5} "
+            + " ".join(fmt(x) for x in g)
+            + " | "
+            + " ".join(fmt(x) for x in h)
+            + " | "
+            + " ".join(fmt(x) for x in gr)
+        )
+    print(
+        "\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func | host: compiled  eager   prep  zb-fused zb-func"
+    )
     for r in results["correction"]:
         if "error" in r:
             print(r["case"], "ERROR")
             continue
         names = ("upstream-compiled", "upstream-eager", "upstream-prep", "zb-fused", "zb-fused-functional")
-        print(f"{r['case']:>10} ok={r['equal_to_reference']!s:5} " + " ".join(fmt(r[k]["gpu_us"]) for k in names)
-              + " | " + " ".join(fmt(r[k]["host_us"]) for k in names)
-              + " | graph eager/zb: " + " ".join(fmt(r[k]["graph_us"]) for k in ("upstream-eager", "zb-fused")))
+        print(
+            f"{r['case']:>10} ok={r['equal_to_reference']!s:5} "
+            + " ".join(fmt(r[k]["gpu_us"]) for k in names)
+            + " | "
+            + " ".join(fmt(r[k]["host_us"]) for k in names)
+            + " | graph eager/zb: "
+            + " ".join(fmt(r[k]["graph_us"]) for k in ("upstream-eager", "zb-fused"))
+        )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:

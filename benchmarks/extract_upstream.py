@@ -50,15 +50,16 @@ def main() -> int:
     wheel = args.wheel
     if wheel is None:
         tmp = tempfile.mkdtemp()
-        subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-                               f"vllm=={args.version}"])
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, f"vllm=={args.version}"]
+        )
         wheel = glob.glob(os.path.join(tmp, "vllm-*.whl"))[0]
     digest = hashlib.sha256(open(wheel, "rb").read()).hexdigest()
     with zipfile.ZipFile(wheel) as zf:
         texts = {path: zf.read(path).decode() for path in SOURCES}
     parts = [
         f'"""Extracted from {os.path.basename(wheel)} (sha256 {digest[:16]}...) by benchmarks/extract_upstream.py.',
-        "Upstream code, Apache-2.0, copyright the vLLM project. Benchmark use only; never committed.\"\"\"",
+        'Upstream code, Apache-2.0, copyright the vLLM project. Benchmark use only; never committed."""',
         "import torch",
         "import triton",
         "import triton.language as tl",
@@ -67,8 +68,9 @@ def main() -> int:
         _function_source(texts["vllm/v1/worker/block_table.py"], "_compute_slot_mapping_kernel", keep_decorators=True),
         "",
         "# torch.compile is applied by the benchmark (vLLM: dynamic=True, backend=simple_compile_backend)",
-        _function_source(texts["vllm/v1/spec_decode/utils.py"], "update_num_computed_tokens_for_batch_change",
-                         keep_decorators=False),
+        _function_source(
+            texts["vllm/v1/spec_decode/utils.py"], "update_num_computed_tokens_for_batch_change", keep_decorators=False
+        ),
     ]
     os.makedirs(OUT_DIR, exist_ok=True)
     out = os.path.join(OUT_DIR, "upstream_vllm.py")

@@ -10,8 +10,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from typing import Callable, Optional
+from collections.abc import Callable, Iterator
 
 from . import __version__
 
@@ -40,8 +39,10 @@ def _entry_point_info() -> dict:
     elif "zb_patch" in allowed:
         effect = f"VLLM_PLUGINS={plugins_env!r} includes zb_patch: vLLM loads it"
     else:
-        effect = (f"VLLM_PLUGINS={plugins_env!r} does not include zb_patch: vLLM will NOT load zb-patch "
-                  f"(add zb_patch to the list)")
+        effect = (
+            f"VLLM_PLUGINS={plugins_env!r} does not include zb_patch: vLLM will NOT load zb-patch "
+            f"(add zb_patch to the list)"
+        )
     return {
         "group": "vllm.general_plugins",
         "visible": bool(eps),
@@ -96,9 +97,17 @@ def doctor_data(import_targets: bool = True) -> dict:
                 d["in_range"] = in_range
                 d["fingerprint_ok"] = item.matched is not None if item.kind != "advisory" else None
                 items.append(d)
-            data["adapters"].append({"id": adapter.id, "title": adapter.title, "range": adapter.range_text,
-                                     "in_range": in_range, "verdict": report.verdict,
-                                     "reason": report.reason, "items": items})
+            data["adapters"].append(
+                {
+                    "id": adapter.id,
+                    "title": adapter.title,
+                    "range": adapter.range_text,
+                    "in_range": in_range,
+                    "verdict": report.verdict,
+                    "reason": report.reason,
+                    "items": items,
+                }
+            )
             if chosen is None and report.verdict in (R.OK, R.ALREADY):
                 chosen = adapter
                 if selection.verdict == V.SELECTED:
@@ -156,9 +165,11 @@ def _print_doctor(d: dict, out) -> None:
         w(f"\n  {a['id']}  [{a['range']}]  in range: {'yes' if a['in_range'] else 'no'}  -> {a['verdict']}\n")
         w(f"  {'kind':<8} {'verdict':<16} {'found':<6} {'fp ok':<6} {'fingerprint':<17} target\n")
         for it in a["items"]:
-            w(f"  {it['kind']:<8} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
-              f"{ {True: 'yes', False: 'no', None: '-'}[it['fingerprint_ok']]:<6} {it['fingerprint'] or '-':<17} "
-              f"{it['target'] if it['kind'] == 'guard' else it['id'] + ' -> ' + it['target']}\n")
+            w(
+                f"  {it['kind']:<8} {it['verdict']:<16} {'yes' if it['found'] else 'no':<6} "
+                f"{ {True: 'yes', False: 'no', None: '-'}[it['fingerprint_ok']]:<6} {it['fingerprint'] or '-':<17} "
+                f"{it['target'] if it['kind'] == 'guard' else it['id'] + ' -> ' + it['target']}\n"
+            )
             if it["reason"] and it["verdict"] not in ("ok",):
                 w(f"  {'':<8} {it['reason']}\n")
     w("\n")
@@ -210,8 +221,9 @@ def patches_markdown(adapter_id: str) -> str:
         out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
         out.append("- **replaces** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.fingerprints.items()))
         if p.native_fingerprints:
-            out.append("- **native in** " + ", ".join(f"`{fp}` ({label})"
-                                                      for label, fp in p.native_fingerprints.items()))
+            out.append(
+                "- **native in** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.native_fingerprints.items())
+            )
         out.append(f"- **why** {p.why}")
         if p.how:
             out.append(f"- **how** {p.how}")
@@ -219,15 +231,23 @@ def patches_markdown(adapter_id: str) -> str:
         out.append(f"- **remove when** {p.remove_when}")
         out.append("")
     if a.patch_set.guards:
-        out += [f"#### Guards ({len(a.patch_set.guards)}): verified by fingerprint, never replaced", "",
-                "| target | fingerprints | why relied upon |", "|---|---|---|"]
+        out += [
+            f"#### Guards ({len(a.patch_set.guards)}): verified by fingerprint, never replaced",
+            "",
+            "| target | fingerprints | why relied upon |",
+            "|---|---|---|",
+        ]
         for g in a.patch_set.guards:
             fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
             out.append(f"| `{g.target}` | {fps} | {g.why} |")
         out.append("")
     if a.patch_set.advisories:
-        out += [f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)", "",
-                "| id | target | affected | message | upstream |", "|---|---|---|---|---|"]
+        out += [
+            f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)",
+            "",
+            "| id | target | affected | message | upstream |",
+            "|---|---|---|---|---|",
+        ]
         for adv in a.patch_set.advisories:
             fps = ", ".join(f"`{fp}` ({label})" for label, fp in adv.affected.items())
             out.append(f"| `{adv.id}` | `{adv.target}` | {fps} | {adv.message} | {', '.join(adv.upstream)} |")
@@ -244,8 +264,10 @@ def cmd_supported(args) -> int:
         rows = V.supported_table()
         w = {k: max(len(r[k]) for r in rows) for k in ("vllm_ascend", "vllm", "verdict", "adapter")}
         for r in rows:
-            print(f"{r['vllm_ascend']:<{w['vllm_ascend']}}  {r['vllm']:<{w['vllm']}}  {r['verdict']:<{w['verdict']}}  "
-                  f"{r['adapter']:<{w['adapter']}}  {r['patches']}")
+            print(
+                f"{r['vllm_ascend']:<{w['vllm_ascend']}}  {r['vllm']:<{w['vllm']}}  {r['verdict']:<{w['verdict']}}  "
+                f"{r['adapter']:<{w['adapter']}}  {r['patches']}"
+            )
     return 0
 
 
@@ -312,16 +334,19 @@ def cmd_fingerprints(args) -> int:
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
     root = args.root
-    recorded_for = []            # adapters (and "native") whose every target in this tree is recorded
+    recorded_for = []  # adapters (and "native") whose every target in this tree is recorded
     for a in adapters:
         bad = 0
         print(f"# {a.id}  (source tree: {root})")
         specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
-        specs += [("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in
-                                                             p.native_fingerprints.items()}})
-                  for p in a.patch_set.patches]
-        specs += [("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()})
-                  for adv in a.patch_set.advisories]
+        specs += [
+            ("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in p.native_fingerprints.items()}})
+            for p in a.patch_set.patches
+        ]
+        specs += [
+            ("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()})
+            for adv in a.patch_set.advisories
+        ]
         for kind, target, expected in specs:
             module = target.split(":")[0]
             if args.only and not module.startswith(tuple(args.only)):
@@ -410,32 +435,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zb-patch",
         description="Zero-bubble async scheduling + speculative decoding patches for vLLM-Ascend. "
-                    "Activate in every vLLM process with ZB_PATCH=1; `zb-patch doctor` shows what that does here.")
+        "Activate in every vLLM process with ZB_PATCH=1; `zb-patch doctor` shows what that does here.",
+    )
     parser.add_argument("--version", action="version", version=f"zb-patch {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    d = sub.add_parser("doctor", help="show versions, the adapter ZB_PATCH=1 selects, and every patch's verdict",
-                       description="Detect installed versions, select the adapter, import the target modules and "
-                                   "verify every fingerprint, without patching anything. Exit 0 when ZB_PATCH=1 "
-                                   "would apply (or is off), 1 on invalid ZB_PATCH* settings, 2 when ZB_PATCH=1 "
-                                   "is set and would be refused.")
+    d = sub.add_parser(
+        "doctor",
+        help="show versions, the adapter ZB_PATCH=1 selects, and every patch's verdict",
+        description="Detect installed versions, select the adapter, import the target modules and "
+        "verify every fingerprint, without patching anything. Exit 0 when ZB_PATCH=1 "
+        "would apply (or is off), 1 on invalid ZB_PATCH* settings, 2 when ZB_PATCH=1 "
+        "is set and would be refused.",
+    )
     d.add_argument("--json", action="store_true", help="stable JSON output (schema zb-patch-doctor/1)")
-    d.add_argument("--no-import", action="store_true",
-                   help="do not import vLLM / vllm-ascend modules (only what is already imported is verified)")
-    d.add_argument("--probe", action="store_true",
-                   help="start the smallest engine the installed vLLM allows (tiny random model, no "
-                        "download) and report what zb-patch did in each of its processes (front end, "
-                        "EngineCore, workers); see docs/probe.md for its cost")
-    d.add_argument("--probe-tp", type=int, default=1, metavar="N",
-                   help="--probe: tensor-parallel size (N worker processes)")
+    d.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import vLLM / vllm-ascend modules (only what is already imported is verified)",
+    )
+    d.add_argument(
+        "--probe",
+        action="store_true",
+        help="start the smallest engine the installed vLLM allows (tiny random model, no "
+        "download) and report what zb-patch did in each of its processes (front end, "
+        "EngineCore, workers); see docs/probe.md for its cost",
+    )
+    d.add_argument(
+        "--probe-tp", type=int, default=1, metavar="N", help="--probe: tensor-parallel size (N worker processes)"
+    )
     d.add_argument("--timeout", type=float, default=300.0, help="--probe: give up after this many seconds")
     d.set_defaults(func=cmd_doctor)
 
-    st = sub.add_parser("selftest", help="prove the zero-bubble bookkeeping against vLLM's real scheduler",
-                        description="Drive the installed vLLM's real AsyncScheduler with a deterministic fake "
-                                    "model, once synchronously and once zero-bubble (optimistic CPU counts + "
-                                    "device-side corrections), and compare every step. Exit 1 on any divergence.")
+    st = sub.add_parser(
+        "selftest",
+        help="prove the zero-bubble bookkeeping against vLLM's real scheduler",
+        description="Drive the installed vLLM's real AsyncScheduler with a deterministic fake "
+        "model, once synchronously and once zero-bubble (optimistic CPU counts + "
+        "device-side corrections), and compare every step. Exit 1 on any divergence.",
+    )
     st.add_argument("--steps", type=int, default=2000, help="engine steps per mode (default 2000)")
     st.add_argument("--seed", type=int, default=0, help="workload / acceptance seed")
     st.add_argument("--json", action="store_true", help="JSON report")
@@ -446,27 +485,37 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--markdown", action="store_true", help="markdown table (as in README.md)")
     t.set_defaults(func=cmd_supported)
 
-    lp = sub.add_parser("patches", help="list every adapter's patches and guards: target, why, how, upstream, "
-                                        "remove-when, fingerprints")
+    lp = sub.add_parser(
+        "patches", help="list every adapter's patches and guards: target, why, how, upstream, remove-when, fingerprints"
+    )
     lp.add_argument("--adapter", help="only this adapter id")
-    lp.add_argument("--markdown", action="store_true",
-                    help="the reference block docs/releases/<adapter>.md embeds (generated from the specs)")
+    lp.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the reference block docs/releases/<adapter>.md embeds (generated from the specs)",
+    )
     lp.set_defaults(func=cmd_patches)
 
-    f = sub.add_parser("fingerprints", help="(maintainers) recompute adapter fingerprints from a source tree",
-                       description="Compute the fingerprint of every adapter target from a source tree that is "
-                                   "never imported (site-packages, an unpacked wheel, a git checkout) and say "
-                                   "whether it is recorded.")
+    f = sub.add_parser(
+        "fingerprints",
+        help="(maintainers) recompute adapter fingerprints from a source tree",
+        description="Compute the fingerprint of every adapter target from a source tree that is "
+        "never imported (site-packages, an unpacked wheel, a git checkout) and say "
+        "whether it is recorded.",
+    )
     f.add_argument("--root", required=True, help="directory that contains the vllm / vllm_ascend packages")
     f.add_argument("--adapter", help="only this adapter id")
     f.add_argument("--only", nargs="*", help="only targets in modules with these prefixes (e.g. vllm_ascend)")
-    f.add_argument("--check", action="store_true",
-                   help="exit 3 unless every target of one adapter (or every native form) is recorded in the tree")
+    f.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 3 unless every target of one adapter (or every native form) is recorded in the tree",
+    )
     f.set_defaults(func=cmd_fingerprints)
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

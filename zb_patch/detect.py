@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import re
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from packaging.version import InvalidVersion, Version
 
@@ -36,28 +36,28 @@ _COMMIT_RE = re.compile(r"^g?([0-9a-f]{7,40})$")
 class PackageInfo:
     """One package as installed (or not)."""
 
-    name: str                      # logical name, e.g. "vllm_ascend"
-    dist: Optional[str] = None     # distribution that provided it, e.g. "vllm-ascend"
-    raw: Optional[str] = None      # version string from metadata, None when not installed
+    name: str  # logical name, e.g. "vllm_ascend"
+    dist: str | None = None  # distribution that provided it, e.g. "vllm-ascend"
+    raw: str | None = None  # version string from metadata, None when not installed
     release: tuple[int, ...] = ()
-    pre: Optional[tuple[str, int]] = None
-    post: Optional[int] = None
-    dev: Optional[int] = None
-    local: Optional[str] = None
-    commit: Optional[str] = None
-    error: Optional[str] = None    # set when the metadata version could not be parsed
+    pre: tuple[str, int] | None = None
+    post: int | None = None
+    dev: int | None = None
+    local: str | None = None
+    commit: str | None = None
+    error: str | None = None  # set when the metadata version could not be parsed
 
     @property
     def installed(self) -> bool:
         return self.raw is not None
 
     @property
-    def base(self) -> Optional[str]:
+    def base(self) -> str | None:
         """Release part only, e.g. ``0.18.1`` for ``0.18.1.dev45+g35141a7``."""
         return ".".join(str(p) for p in self.release) if self.release else None
 
     @property
-    def version(self) -> Optional[Version]:
+    def version(self) -> Version | None:
         if self.raw is None or self.error:
             return None
         return Version(self.raw)
@@ -106,7 +106,7 @@ def _pad(parts: Iterable[int], n: int = 4) -> tuple[int, ...]:
     return parts + (0,) * (n - len(parts)) if len(parts) < n else parts
 
 
-def parse(name: str, raw: Optional[str], dist: Optional[str] = None) -> PackageInfo:
+def parse(name: str, raw: str | None, dist: str | None = None) -> PackageInfo:
     """Parse a version string as found in metadata. ``raw=None`` means not installed."""
     if raw is None:
         return PackageInfo(name=name)
@@ -162,9 +162,7 @@ class Versions:
         return {f.name: getattr(self, f.name).as_dict() for f in dataclasses.fields(self)}
 
     def summary(self) -> str:
-        return ", ".join(
-            f"{f.name}={getattr(self, f.name).raw or '-'}" for f in dataclasses.fields(self)
-        )
+        return ", ".join(f"{f.name}={getattr(self, f.name).raw or '-'}" for f in dataclasses.fields(self))
 
 
 def detect() -> Versions:

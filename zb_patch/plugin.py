@@ -27,9 +27,9 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
-LOGGER_NAME = "vllm.zb_patch"   # a child of vLLM's logger: vLLM's handler, format and VLLM_LOGGING_LEVEL apply
+LOGGER_NAME = "vllm.zb_patch"  # a child of vLLM's logger: vLLM's handler, format and VLLM_LOGGING_LEVEL apply
 
 ENV_VARS = {
     "ZB_PATCH": "1 to switch zb-patch on; 0 or unset leaves vLLM untouched",
@@ -55,8 +55,11 @@ class _FallbackHandler(logging.StreamHandler):
 
 def _other_handlers() -> bool:
     own = logging.getLogger(LOGGER_NAME).handlers
-    return bool(logging.getLogger("vllm").handlers or logging.getLogger().handlers
-                or any(not isinstance(h, _FallbackHandler) for h in own))
+    return bool(
+        logging.getLogger("vllm").handlers
+        or logging.getLogger().handlers
+        or any(not isinstance(h, _FallbackHandler) for h in own)
+    )
 
 
 def _logger():
@@ -66,7 +69,7 @@ def _logger():
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
     if not _other_handlers():
-        logger.setLevel(logging.INFO)    # vLLM's default level, while only the fallback handler exists
+        logger.setLevel(logging.INFO)  # vLLM's default level, while only the fallback handler exists
     elif logger.level == logging.INFO and logger.propagate:
         logger.setLevel(logging.NOTSET)  # vLLM configured logging since: its level (VLLM_LOGGING_LEVEL) rules
     return logger
@@ -80,7 +83,7 @@ def _logger():
 class Settings:
     """Parsed ``ZB_PATCH*`` environment. ``errors`` lists every invalid value, each naming the variable."""
 
-    def __init__(self, environ: Optional[dict] = None):
+    def __init__(self, environ: dict | None = None):
         env = os.environ if environ is None else environ
         self.raw = {k: v for k, v in env.items() if k.startswith("ZB_PATCH")}
         self.errors: list[str] = []
@@ -101,7 +104,8 @@ class Settings:
                 if unknown:
                     self.errors.append(
                         f"ZB_PATCH_DISABLE={value!r}: unknown patch id(s) {', '.join(unknown)} "
-                        f"(valid: * or {', '.join(known) if known else '(no patches defined)'})")
+                        f"(valid: * or {', '.join(known) if known else '(no patches defined)'})"
+                    )
             self.disabled = ids
 
     def _bool(self, key: str) -> bool:
@@ -114,8 +118,13 @@ class Settings:
         return value == "1"
 
     def as_dict(self) -> dict:
-        return {"enabled": self.enabled, "strict": self.strict, "disabled": sorted(self.disabled),
-                "errors": list(self.errors), "raw": dict(self.raw)}
+        return {
+            "enabled": self.enabled,
+            "strict": self.strict,
+            "disabled": sorted(self.disabled),
+            "errors": list(self.errors),
+            "raw": dict(self.raw),
+        }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -159,7 +168,7 @@ def detect_role() -> str:
     return "frontend" if name == "MainProcess" else f"unknown({name})"
 
 
-def _role_from_process_name(name: str) -> Optional[str]:
+def _role_from_process_name(name: str) -> str | None:
     """The role the multiprocessing process name vLLM gives its processes states, else None."""
     if name.startswith("EngineCore"):
         return "engine"
@@ -187,9 +196,9 @@ class Activation:
         self.settings = settings
         self.versions = versions if versions is not None else detect()
         self.selection = selection if selection is not None else select(self.versions)
-        self.state = "armed"            # armed / applied / refused / native / not-applicable / off
-        self.adapter_id: Optional[str] = None
-        self.report: Any = None         # registry.SetReport of the adapter finally used
+        self.state = "armed"  # armed / applied / refused / native / not-applicable / off
+        self.adapter_id: str | None = None
+        self.report: Any = None  # registry.SetReport of the adapter finally used
         self.tried: dict[str, Any] = {}  # adapter id -> SetReport of a refused candidate
         self.reason = self.selection.reason
         self._lock = threading.RLock()
@@ -244,8 +253,13 @@ class Activation:
         with self._lock:
             if self.state == "armed":
                 cands = ", ".join(a.id for a in sel.candidates)
-                _logger().info("%s armed %s (%s); applies when %s are imported", self._prefix(), cands,
-                               sel.reason, ", ".join(m for m in modules if m not in sys.modules) or "-")
+                _logger().info(
+                    "%s armed %s (%s); applies when %s are imported",
+                    self._prefix(),
+                    cands,
+                    sel.reason,
+                    ", ".join(m for m in modules if m not in sys.modules) or "-",
+                )
 
     def _arm(self, modules: list[str]) -> None:
         missing = [m for m in modules if m not in sys.modules]
@@ -282,7 +296,8 @@ class Activation:
                 if self.selection.verdict == V.SELECTED:
                     break
             if all(a.id in self.tried for a in self.selection.candidates) or (
-                    self.selection.verdict == V.SELECTED and self.tried):
+                self.selection.verdict == V.SELECTED and self.tried
+            ):
                 first = next(iter(self.tried.values()))
                 if self.selection.verdict == V.PROBE:
                     detail = "; ".join(f"{aid}: {r.reason}" for aid, r in self.tried.items())
@@ -315,13 +330,25 @@ class Activation:
         self.reason = f"{adapter.id} {how}"
         for item in report.items:
             if item.kind == "advisory" and item.verdict == R.ADVISORY:
-                _logger().warning("%s adapter=%s known issue %s not fixed by zb-patch (%s): %s",
-                                  self._prefix(), adapter.id, item.id, item.matched, item.reason)
-        _logger().info("%s adapter=%s %s: %s; versions %s", self._prefix(), adapter.id, how, "; ".join(parts),
-                       self.versions.summary())
+                _logger().warning(
+                    "%s adapter=%s known issue %s not fixed by zb-patch (%s): %s",
+                    self._prefix(),
+                    adapter.id,
+                    item.id,
+                    item.matched,
+                    item.reason,
+                )
+        _logger().info(
+            "%s adapter=%s %s: %s; versions %s",
+            self._prefix(),
+            adapter.id,
+            how,
+            "; ".join(parts),
+            self.versions.summary(),
+        )
 
 
-_HOOKED: set[str] = set()          # module names with a post-import hook (inherited over fork, like wrapt's)
+_HOOKED: set[str] = set()  # module names with a post-import hook (inherited over fork, like wrapt's)
 _ACTIVATIONS: dict[int, Activation] = {}
 
 
@@ -337,7 +364,7 @@ def _post_import_hook(module) -> None:
 def _activate(settings: Settings, role: str, selection: Any = None, versions: Any = None) -> Activation:
     """Create and start this process's activation. ``selection`` / ``versions`` are injected by tests only."""
     act = Activation(settings, role, selection, versions)
-    _ACTIVATIONS.clear()              # states of other pids (a parent before fork) are not ours
+    _ACTIVATIONS.clear()  # states of other pids (a parent before fork) are not ours
     _ACTIVATIONS[act.pid] = act
     _watch_forks()
     act.start()
@@ -349,7 +376,7 @@ class _ForkWatch:
 
 
 _FORK_WATCH = _ForkWatch()
-_FORK_WATCHED = False               # inherited over fork together with multiprocessing's registry
+_FORK_WATCHED = False  # inherited over fork together with multiprocessing's registry
 
 
 def _watch_forks() -> None:
@@ -374,11 +401,15 @@ def _after_fork_in_child(_token) -> None:
 
         name = multiprocessing.current_process().name
         parent = next(iter(_ACTIVATIONS.values()))
-        _activate(parent.settings, role=_role_from_process_name(name) or f"unknown({name})",
-                  selection=parent._inherited_selection(), versions=parent.versions)
+        _activate(
+            parent.settings,
+            role=_role_from_process_name(name) or f"unknown({name})",
+            selection=parent._inherited_selection(),
+            versions=parent.versions,
+        )
 
 
-def current() -> Optional[Activation]:
+def current() -> Activation | None:
     """This process's activation (None when zb-patch is off or register() never ran here).
 
     A forked child inherits its parent's activation object and vLLM's ``plugins_loaded`` flag, so vLLM does
@@ -388,8 +419,9 @@ def current() -> Optional[Activation]:
     act = _ACTIVATIONS.get(os.getpid())
     if act is None and _ACTIVATIONS:
         parent = next(iter(_ACTIVATIONS.values()))
-        act = _activate(parent.settings, role=detect_role(), selection=parent._inherited_selection(),
-                        versions=parent.versions)
+        act = _activate(
+            parent.settings, role=detect_role(), selection=parent._inherited_selection(), versions=parent.versions
+        )
     return act
 
 

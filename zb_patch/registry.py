@@ -21,8 +21,8 @@ on the replacement), never from a process-global flag, so it stays true after ``
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import contextlib
 import copy
@@ -36,7 +36,8 @@ import linecache
 import os
 import sys
 import types
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 FINGERPRINT_ALGO = "ast-sha256-16"
 
@@ -154,8 +155,10 @@ def fingerprint_object(obj: Any) -> str:
     if isinstance(fn, types.FunctionType):
         node = _node_at(tree, fn.__code__)
         if node is not None and not _file_compiles_to(fn.__code__, filename, linecache.getlines(filename)):
-            raise PatchError(f"the source of {fn.__qualname__} in {filename} is not the code running in this "
-                             f"process (the file changed after it was imported)")
+            raise PatchError(
+                f"the source of {fn.__qualname__} in {filename} is not the code running in this "
+                f"process (the file changed after it was imported)"
+            )
     elif isinstance(fn, type):
         node = find_node(tree, fn.__qualname__.split("."))
     if node is None:
@@ -163,21 +166,25 @@ def fingerprint_object(obj: Any) -> str:
     return fingerprint_node(copy.deepcopy(node))
 
 
-def _node_at(tree: ast.AST, code: types.CodeType) -> Optional[ast.AST]:
+def _node_at(tree: ast.AST, code: types.CodeType) -> ast.AST | None:
     """The def node whose first line (decorators included) is the code object's, with its name."""
     for sub in ast.walk(tree):
-        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _first_line(sub) == code.co_firstlineno \
-                and sub.name == code.co_name:
+        if (
+            isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _first_line(sub) == code.co_firstlineno
+            and sub.name == code.co_name
+        ):
             return sub
     return None
 
 
 _MAX_BLOCK_TRIES = 64
-_FUTURE_FLAGS = functools.reduce(lambda acc, name: acc | getattr(__future__, name).compiler_flag,
-                                 __future__.all_feature_names, 0)
+_FUTURE_FLAGS = functools.reduce(
+    lambda acc, name: acc | getattr(__future__, name).compiler_flag, __future__.all_feature_names, 0
+)
 
 
-def _function_fingerprint(fn: types.FunctionType, filename: str) -> Optional[str]:
+def _function_fingerprint(fn: types.FunctionType, filename: str) -> str | None:
     """The fingerprint of ``fn`` from the function's own lines, or None when they cannot be isolated (the
     caller then parses the whole file).
 
@@ -198,7 +205,7 @@ def _function_fingerprint(fn: types.FunctionType, filename: str) -> Optional[str
     """
     code = fn.__code__
     if set(code.co_freevars) - {"__class__"}:
-        return None   # a closure: its free variables need the enclosing function's scope
+        return None  # a closure: its free variables need the enclosing function's scope
     lines = linecache.getlines(filename)
     first = code.co_firstlineno
     if not 0 < first <= len(lines):
@@ -219,11 +226,11 @@ def _function_fingerprint(fn: types.FunctionType, filename: str) -> Optional[str
     cache = _fingerprint_cache()
     code_digest = _code_digest(code)
     tries = 0
-    end = max(first, _last_code_line(code))   # the block ends after the last line holding code
+    end = max(first, _last_code_line(code))  # the block ends after the last line holding code
     while end <= len(lines) and tries < _MAX_BLOCK_TRIES:
         end = _next_statement_at_or_left_of(lines, end, indent)
         tries += 1
-        block = "".join(lines[first - 1:end - 1])
+        block = "".join(lines[first - 1 : end - 1])
         key = _cache_key(header + block, code_digest)
         fp = cache.get(key)
         if fp is not None:
@@ -231,24 +238,32 @@ def _function_fingerprint(fn: types.FunctionType, filename: str) -> Optional[str
         try:
             tree = ast.parse(padding + header + block)
         except SyntaxError:
-            continue   # cut inside a string, a bracket or a continuation: try the next candidate line
+            continue  # cut inside a string, a bracket or a continuation: try the next candidate line
         body = tree.body[0].body if header else tree.body
         node = body[0] if len(body) == 1 else None
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != code.co_name \
-                or _first_line(node) != first:
+        if (
+            not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            or node.name != code.co_name
+            or _first_line(node) != first
+        ):
             return None
-        if not (_block_compiles_to(code, filename, lines, padding, header, block)
-                or _file_compiles_to(code, filename, lines)):
-            raise PatchError(f"the source of {fn.__qualname__} in {filename} is not the code running in this "
-                             f"process (the file changed after it was imported)")
+        if not (
+            _block_compiles_to(code, filename, lines, padding, header, block)
+            or _file_compiles_to(code, filename, lines)
+        ):
+            raise PatchError(
+                f"the source of {fn.__qualname__} in {filename} is not the code running in this "
+                f"process (the file changed after it was imported)"
+            )
         fp = fingerprint_node(node)
         cache.put(key, fp)
         return fp
     return None
 
 
-def _block_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str], padding: str, header: str,
-                       block: str) -> bool:
+def _block_compiles_to(
+    code: types.CodeType, filename: str, lines: Sequence[str], padding: str, header: str, block: str
+) -> bool:
     """Whether the def's own lines compile to ``code``.
 
     What the compiler emits for ``name.attr(...)`` also depends on whether a module-level import binds
@@ -269,18 +284,18 @@ def _block_compiles_to(code: types.CodeType, filename: str, lines: Sequence[str]
     return _find_code(compiled, code.co_name, code.co_firstlineno) == code
 
 
-_IMPORTED: dict[str, tuple[Sequence[str], frozenset[str]]] = {}   # filename -> (its lines, the names)
+_IMPORTED: dict[str, tuple[Sequence[str], frozenset[str]]] = {}  # filename -> (its lines, the names)
 
 
 def _imported_names(filename: str, lines: Sequence[str]) -> frozenset[str]:
     """Names bound by the import statements of a file (anywhere in it: a hint for the compile only)."""
     cached = _IMPORTED.get(filename)
-    if cached is not None and cached[0] is lines:   # the very list linecache holds: same text
+    if cached is not None and cached[0] is lines:  # the very list linecache holds: same text
         return cached[1]
     names = set()
     statement = ""
     for line in lines:
-        if statement:                                # inside `from x import (...)`
+        if statement:  # inside `from x import (...)`
             statement += line
         else:
             stripped = line.lstrip()
@@ -302,8 +317,13 @@ def _imported_names(filename: str, lines: Sequence[str]) -> frozenset[str]:
         for item in items.split(";", 1)[0].split(","):
             parts = item.split()
             if parts and parts[0] != "*":
-                names.add(parts[-1] if len(parts) == 3 and parts[1] == "as"
-                          else parts[0].split(".")[0] if first_word else parts[0])
+                names.add(
+                    parts[-1]
+                    if len(parts) == 3 and parts[1] == "as"
+                    else parts[0].split(".")[0]
+                    if first_word
+                    else parts[0]
+                )
     found = frozenset(n for n in names if n.isidentifier())
     _IMPORTED[filename] = (lines, found)
     return found
@@ -342,7 +362,7 @@ def _next_statement_at_or_left_of(lines: Sequence[str], start: int, indent: int)
     return len(lines) + 1
 
 
-def _find_code(code: types.CodeType, name: str, first: int) -> Optional[types.CodeType]:
+def _find_code(code: types.CodeType, name: str, first: int) -> types.CodeType | None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             if const.co_name == name and const.co_firstlineno == first:
@@ -359,10 +379,22 @@ def _code_digest(code: types.CodeType) -> str:
 
 
 def _code_fields(code: types.CodeType) -> tuple:
-    return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
-            code.co_firstlineno, code.co_code, code.co_names, code.co_varnames, code.co_freevars,
-            code.co_cellvars, code.co_linetable, getattr(code, "co_exceptiontable", b""),
-            tuple(_const_fields(c) for c in code.co_consts))
+    return (
+        code.co_name,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_firstlineno,
+        code.co_code,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+        code.co_linetable,
+        getattr(code, "co_exceptiontable", b""),
+        tuple(_const_fields(c) for c in code.co_consts),
+    )
 
 
 def _const_fields(const: Any) -> tuple:
@@ -370,7 +402,7 @@ def _const_fields(const: Any) -> tuple:
         return ("code", _code_fields(const))
     if isinstance(const, tuple):
         return ("tuple", tuple(_const_fields(c) for c in const))
-    if isinstance(const, frozenset):   # iteration order depends on the hash seed
+    if isinstance(const, frozenset):  # iteration order depends on the hash seed
         return ("frozenset", tuple(sorted(repr(_const_fields(c)) for c in const)))
     return (type(const).__name__, repr(const))
 
@@ -394,9 +426,9 @@ class _FingerprintCache:
     later). An unreadable or corrupt file counts as empty; an unwritable directory only means no caching.
     """
 
-    MAX_ENTRIES = 4096   # beyond this (many releases or source trees seen), the file restarts from this process's
+    MAX_ENTRIES = 4096  # beyond this (many releases or source trees seen), the file restarts from this process's
 
-    def __init__(self, path: Optional[str]):
+    def __init__(self, path: str | None):
         self.path = path
         self.entries = self._read()
         self.new: dict[str, str] = {}
@@ -411,10 +443,11 @@ class _FingerprintCache:
             return {}
         if not isinstance(data, dict):
             return {}
-        return {k: v for k, v in data.items() if isinstance(k, str) and len(k) == 64
-                and isinstance(v, str) and len(v) == 16}
+        return {
+            k: v for k, v in data.items() if isinstance(k, str) and len(k) == 64 and isinstance(v, str) and len(v) == 16
+        }
 
-    def get(self, key: str) -> Optional[str]:
+    def get(self, key: str) -> str | None:
         return self.entries.get(key)
 
     def put(self, key: str, fingerprint: str) -> None:
@@ -422,7 +455,7 @@ class _FingerprintCache:
         self.new[key] = fingerprint
         if self.path is None:
             return
-        import tempfile   # here: its import costs more than a process that finds everything cached needs
+        import tempfile  # here: its import costs more than a process that finds everything cached needs
 
         try:
             directory = os.path.dirname(self.path)
@@ -430,7 +463,7 @@ class _FingerprintCache:
             merged = {**self._read(), **self.new}
             if len(merged) > self.MAX_ENTRIES:
                 merged = dict(self.new)
-            fd, tmp = tempfile.mkstemp(prefix=".fingerprints-", dir=directory)   # mode 0600
+            fd, tmp = tempfile.mkstemp(prefix=".fingerprints-", dir=directory)  # mode 0600
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     json.dump(merged, fh)
@@ -440,13 +473,13 @@ class _FingerprintCache:
                     os.unlink(tmp)
                 raise
         except OSError:
-            pass   # a read-only home or a full disk: fingerprints are computed, just not remembered
+            pass  # a read-only home or a full disk: fingerprints are computed, just not remembered
 
 
-_CACHE: Optional[_FingerprintCache] = None
+_CACHE: _FingerprintCache | None = None
 
 
-def fingerprint_cache_path() -> Optional[str]:
+def fingerprint_cache_path() -> str | None:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     if not os.path.isabs(base):
         return None
@@ -461,10 +494,10 @@ def _fingerprint_cache() -> _FingerprintCache:
     return _CACHE
 
 
-def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:
+def find_node(tree: ast.Module, qualname: Sequence[str]) -> ast.AST | None:
     """Find a def/class by qualified name in a module AST (last definition wins, as at run time)."""
     scope: list[ast.stmt] = tree.body
-    node: Optional[ast.AST] = None
+    node: ast.AST | None = None
     for part in qualname:
         found = None
         for stmt in scope:
@@ -477,7 +510,7 @@ def find_node(tree: ast.Module, qualname: Sequence[str]) -> Optional[ast.AST]:
     return node
 
 
-def fingerprint_source(source: str, qualname: str | Sequence[str]) -> Optional[str]:
+def fingerprint_source(source: str, qualname: str | Sequence[str]) -> str | None:
     """Fingerprint of ``qualname`` in a module's source text, without importing it. None if absent."""
     parts = tuple(qualname.split(".")) if isinstance(qualname, str) else tuple(qualname)
     node = find_node(ast.parse(source), parts)
@@ -494,7 +527,7 @@ class Guard:
     """A target the adapter relies on and verifies, but does not replace."""
 
     target: str
-    fingerprints: Mapping[str, str]   # label (where it was computed) -> fingerprint
+    fingerprints: Mapping[str, str]  # label (where it was computed) -> fingerprint
     why: str = ""
 
     @property
@@ -509,7 +542,7 @@ class Advisory:
 
     id: str
     target: str
-    affected: Mapping[str, str]        # label -> fingerprint of the target in releases with the bug
+    affected: Mapping[str, str]  # label -> fingerprint of the target in releases with the bug
     message: str
     upstream: tuple[str, ...] = ()
 
@@ -532,8 +565,8 @@ class Patch:
     remove_when: str
     how: str = ""
     roles: tuple[str, ...] = ("worker",)
-    aliases: tuple[str, ...] = ()           # "module:name" bindings made by ``from x import f``
-    native: Optional[Callable[[Any], Optional[str]]] = None
+    aliases: tuple[str, ...] = ()  # "module:name" bindings made by ``from x import f``
+    native: Callable[[Any], str | None] | None = None
     # fingerprints of the target in releases that already carry the fix: verdict "native", nothing applied
     # (decided by the code actually installed, so a nightly that picked the fix up is recognised too)
     native_fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -565,11 +598,11 @@ class Resolved:
     found: bool
     owner: Any = None
     attr: str = ""
-    raw: Any = None                  # the value in owner.__dict__ (possibly our replacement)
-    original: Any = None             # the upstream object (unwrapped from our replacement if patched)
-    patched_by: Optional[str] = None  # patch id when our replacement is live
-    patched_pid: Optional[int] = None
-    fingerprint: Optional[str] = None
+    raw: Any = None  # the value in owner.__dict__ (possibly our replacement)
+    original: Any = None  # the upstream object (unwrapped from our replacement if patched)
+    patched_by: str | None = None  # patch id when our replacement is live
+    patched_pid: int | None = None
+    fingerprint: str | None = None
     reason: str = ""
 
     @property
@@ -628,16 +661,22 @@ def resolve(target: str, *, import_missing: bool = False) -> Resolved:
                 if attr in base.__dict__:
                     inherited = f" (inherited from {base.__module__}.{base.__qualname__})"
                     break
-        return Resolved(target, False, owner=owner, attr=attr,
-                        reason=f"{attr!r} not defined in {target.split(':')[1].rsplit('.', 1)[0] if len(parts) > 1 else module_name}{inherited}")
+        return Resolved(
+            target,
+            False,
+            owner=owner,
+            attr=attr,
+            reason=f"{attr!r} not defined in {target.split(':')[1].rsplit('.', 1)[0] if len(parts) > 1 else module_name}{inherited}",
+        )
     raw = d[attr]
     original = raw
     patched_by = getattr(raw, MARK_ID, None)
     patched_pid = getattr(raw, MARK_PID, None)
     if patched_by is not None:
         original = getattr(raw, MARK_ORIGINAL)
-    res = Resolved(target, True, owner=owner, attr=attr, raw=raw, original=original,
-                   patched_by=patched_by, patched_pid=patched_pid)
+    res = Resolved(
+        target, True, owner=owner, attr=attr, raw=raw, original=original, patched_by=patched_by, patched_pid=patched_pid
+    )
     try:
         res.fingerprint = fingerprint_object(original)
     except Exception as exc:
@@ -656,26 +695,26 @@ DISABLED = "disabled"
 REFUSED = "refused"
 PENDING = "pending"
 OK = "ok"
-ADVISORY = "advisory"      # a known bug of the installed release that zb-patch does not fix
+ADVISORY = "advisory"  # a known bug of the installed release that zb-patch does not fix
 
 
 @dataclasses.dataclass
 class ItemReport:
     id: str
     target: str
-    kind: str                         # "patch" | "guard"
-    verdict: str                      # ok / applied / already-applied / native / disabled / refused / pending
+    kind: str  # "patch" | "guard"
+    verdict: str  # ok / applied / already-applied / native / disabled / refused / pending
     found: bool = False
-    fingerprint: Optional[str] = None
+    fingerprint: str | None = None
     expected: dict = dataclasses.field(default_factory=dict)
-    matched: Optional[str] = None     # label of the matching fingerprint
+    matched: str | None = None  # label of the matching fingerprint
     reason: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def check_fingerprint(res: Resolved, expected: Mapping[str, str]) -> tuple[Optional[str], str]:
+def check_fingerprint(res: Resolved, expected: Mapping[str, str]) -> tuple[str | None, str]:
     """Return (matching label, "") or (None, reason)."""
     if not res.found:
         return None, f"target not found: {res.reason}"
@@ -724,7 +763,7 @@ class SetReport:
     """Outcome of verifying or applying one adapter's patch set in this process."""
 
     name: str
-    verdict: str                       # ok / applied / already-applied / refused / pending / disabled
+    verdict: str  # ok / applied / already-applied / refused / pending / disabled
     items: list[ItemReport]
     reason: str = ""
     pid: int = dataclasses.field(default_factory=os.getpid)
@@ -733,15 +772,21 @@ class SetReport:
         return [i.id for i in self.items if i.kind == "patch" and i.verdict == verdict]
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "verdict": self.verdict, "reason": self.reason, "pid": self.pid,
-                "items": [i.as_dict() for i in self.items]}
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "pid": self.pid,
+            "items": [i.as_dict() for i in self.items],
+        }
 
 
 class PatchSet:
     """The patches and guards of one adapter, applied together or not at all."""
 
-    def __init__(self, name: str, patches: Iterable[Patch], guards: Iterable[Guard] = (),
-                 advisories: Iterable[Advisory] = ()):
+    def __init__(
+        self, name: str, patches: Iterable[Patch], guards: Iterable[Guard] = (), advisories: Iterable[Advisory] = ()
+    ):
         self.name = name
         self.patches = tuple(patches)
         self.guards = tuple(guards)
@@ -754,7 +799,7 @@ class PatchSet:
             raise ValueError(f"{name}: two patches replace the same target")
 
     # -- what is needed --------------------------------------------------------------------------
-    def modules(self, enabled: Optional[Iterable[str]] = None) -> list[str]:
+    def modules(self, enabled: Iterable[str] | None = None) -> list[str]:
         enabled = None if enabled is None else set(enabled)
         mods = []
         for p in self.patches:
@@ -774,8 +819,10 @@ class PatchSet:
                 skipped[p.id] = (DISABLED, "disabled by ZB_PATCH_DISABLE")
                 continue
             if p.group in off_groups:
-                skipped[p.id] = (DISABLED, f"disabled with {off_groups[p.group]} (group {p.group!r}: these patches "
-                                           f"only work together)")
+                skipped[p.id] = (
+                    DISABLED,
+                    f"disabled with {off_groups[p.group]} (group {p.group!r}: these patches only work together)",
+                )
                 continue
             why_native = p.native(versions) if (p.native and versions is not None) else None
             if why_native:
@@ -785,8 +832,9 @@ class PatchSet:
         return chosen, skipped
 
     # -- verification --------------------------------------------------------------------------
-    def verify(self, versions: Any = None, disabled: Iterable[str] = (), *,
-               import_missing: bool = False) -> tuple[SetReport, list[tuple[Patch, Resolved]]]:
+    def verify(
+        self, versions: Any = None, disabled: Iterable[str] = (), *, import_missing: bool = False
+    ) -> tuple[SetReport, list[tuple[Patch, Resolved]]]:
         chosen, skipped = self.select(versions, disabled)
         items: list[ItemReport] = []
         resolved: list[tuple[Patch, Resolved]] = []
@@ -802,23 +850,45 @@ class PatchSet:
                 verdict = OK if label else REFUSED
                 if not label:
                     problems.append(f"{g.target}: {why}")
-            items.append(ItemReport(g.id, g.target, "guard", verdict, res.found, res.fingerprint,
-                                    dict(g.fingerprints), label, why))
+            items.append(
+                ItemReport(
+                    g.id, g.target, "guard", verdict, res.found, res.fingerprint, dict(g.fingerprints), label, why
+                )
+            )
         for p in self.patches:
             if p.id in skipped:
                 verdict, why = skipped[p.id]
                 res = resolve(p.target, import_missing=import_missing)
-                items.append(ItemReport(p.id, p.target, "patch", verdict, res.found, res.fingerprint,
-                                        dict(p.fingerprints), None, why))
+                items.append(
+                    ItemReport(
+                        p.id, p.target, "patch", verdict, res.found, res.fingerprint, dict(p.fingerprints), None, why
+                    )
+                )
                 continue
             res = resolve(p.target, import_missing=import_missing)
             label, why = check_fingerprint(res, p.fingerprints)
-            native_label = next((lb for lb, fp in p.native_fingerprints.items()
-                                 if res.found and fp == res.fingerprint and res.patched_by is None), None)
+            native_label = next(
+                (
+                    lb
+                    for lb, fp in p.native_fingerprints.items()
+                    if res.found and fp == res.fingerprint and res.patched_by is None
+                ),
+                None,
+            )
             if native_label is not None:
-                items.append(ItemReport(p.id, p.target, "patch", NATIVE, True, res.fingerprint,
-                                        dict(p.fingerprints), native_label,
-                                        f"the installed code already carries the fix ({native_label})"))
+                items.append(
+                    ItemReport(
+                        p.id,
+                        p.target,
+                        "patch",
+                        NATIVE,
+                        True,
+                        res.fingerprint,
+                        dict(p.fingerprints),
+                        native_label,
+                        f"the installed code already carries the fix ({native_label})",
+                    )
+                )
                 continue
             if not res.found and "is not imported" in res.reason:
                 verdict = PENDING
@@ -837,8 +907,11 @@ class PatchSet:
                 except PatchError as exc:
                     verdict, why = REFUSED, str(exc)
                     problems.append(f"{p.target}: {why}")
-            items.append(ItemReport(p.id, p.target, "patch", verdict, res.found, res.fingerprint,
-                                    dict(p.fingerprints), label, why))
+            items.append(
+                ItemReport(
+                    p.id, p.target, "patch", verdict, res.found, res.fingerprint, dict(p.fingerprints), label, why
+                )
+            )
             resolved.append((p, res))
         for adv in self.advisories:
             res = resolve(adv.target, import_missing=import_missing)
@@ -849,13 +922,17 @@ class PatchSet:
                 verdict, why = PENDING, res.reason
             else:
                 verdict, why = OK, "not affected" if res.found else res.reason
-            items.append(ItemReport(adv.id, adv.target, "advisory", verdict, res.found, res.fingerprint,
-                                    dict(adv.affected), hit, why))
+            items.append(
+                ItemReport(
+                    adv.id, adv.target, "advisory", verdict, res.found, res.fingerprint, dict(adv.affected), hit, why
+                )
+            )
         if problems:
             report = SetReport(self.name, REFUSED, items, "; ".join(problems))
         elif pending:
-            report = SetReport(self.name, PENDING, items, "waiting for " + ", ".join(sorted(set(
-                split_target(t)[0] for t in pending))))
+            report = SetReport(
+                self.name, PENDING, items, "waiting for " + ", ".join(sorted(set(split_target(t)[0] for t in pending)))
+            )
         else:
             report = SetReport(self.name, OK, items)
         return report, resolved
@@ -870,7 +947,7 @@ class PatchSet:
                     item.verdict = REFUSED if report.verdict == REFUSED else PENDING
                     item.reason = item.reason or f"not applied: {report.reason}"
             return report
-        done: list[tuple[Any, str, Any, list]] = []   # (owner, attr, raw original, [(mod, name, old)])
+        done: list[tuple[Any, str, Any, list]] = []  # (owner, attr, raw original, [(mod, name, old)])
         items = {i.id: i for i in report.items}
         try:
             for patch, res in resolved:
@@ -878,8 +955,10 @@ class PatchSet:
                     items[patch.id].verdict = ALREADY
                     pid = res.patched_pid
                     items[patch.id].reason = (
-                        f"applied earlier in this process" if pid == os.getpid()
-                        else f"inherited from parent process {pid}")
+                        "applied earlier in this process"
+                        if pid == os.getpid()
+                        else f"inherited from parent process {pid}"
+                    )
                     continue
                 aliases = _check_aliases(patch, res.original)
                 replacement = _mark(patch.make(res.original), patch, res.raw)

@@ -24,13 +24,13 @@ import argparse
 import json
 import sys
 
-from zb_patch.versions import fingerprint_in_tree, module_file
 from zb_patch.registry import split_target
+from zb_patch.versions import fingerprint_in_tree, module_file
 
 RUNNER = "vllm_ascend.worker.model_runner_v1:NPUModelRunner"
 BT = "vllm_ascend.worker.block_table"
-PROP_OLD = "vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer"      # <= v0.19.1rc1
-PROP_NEW = "vllm_ascend.spec_decode.llm_base_proposer:AscendSpecDecodeBaseProposer"   # >= v0.20.2rc1 (#9251)
+PROP_OLD = "vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer"  # <= v0.19.1rc1
+PROP_NEW = "vllm_ascend.spec_decode.llm_base_proposer:AscendSpecDecodeBaseProposer"  # >= v0.20.2rc1 (#9251)
 GMR = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
 # (group, target, role) -- role: "core" = the function a backport replaces; "also" = touched by the same
@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.json, json.dumps(matrix, indent=2) + "\n")
     if args.md:
         labels = [label for label, _ in trees]
-        lines = ["| fix | role | target | " + " | ".join(labels) + " |",
-                 "|---|---|---|" + "---|" * len(labels)]
+        lines = ["| fix | role | target | " + " | ".join(labels) + " |", "|---|---|---|" + "---|" * len(labels)]
         for group, target, role in targets:
             cells = [matrix[target][label] or "—" for label in labels]
             lines.append(f"| {group} | {role} | `{target}` | " + " | ".join(cells) + " |")

@@ -16,7 +16,6 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 from npu_standin.ascend_imports import import_worker_modules  # noqa: E402
-
 from zb_patch import registry as R  # noqa: E402
 from zb_patch import versions as V  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
@@ -27,8 +26,9 @@ EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": 
 
 FAMILY = npu_standin.detect_family()
 if FAMILY is None:
-    pytest.skip("vllm-ascend is not installed in this env (contract tests need a va0xx tox env)",
-                allow_module_level=True)
+    pytest.skip(
+        "vllm-ascend is not installed in this env (contract tests need a va0xx tox env)", allow_module_level=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,9 @@ def _own_adapter():
 
 def _items(adapter):
     # a patch target must have either a form the patch replaces or a form that already carries the fix
-    return [("guard", g.target, g.fingerprints) for g in adapter.patch_set.guards] + \
-           [("patch", p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches]
+    return [("guard", g.target, g.fingerprints) for g in adapter.patch_set.guards] + [
+        ("patch", p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches
+    ]
 
 
 OWN = _own_adapter()
@@ -111,8 +112,18 @@ def _passthrough(orig):
 def test_apply_and_unpatch_every_real_target_restores_identity(worker_modules):
     """Every target of the adapter (guards included) can be replaced and restored exactly, on the real classes."""
     originals = {t: R.resolve(t).raw for _, t, _ in OWN_ITEMS}
-    patches = [Patch(id=f"contract-{i}", target=t, make=_passthrough, fingerprints=dict(fps), why="contract",
-                     upstream=("-",), remove_when="-") for i, (_, t, fps) in enumerate(OWN_ITEMS)]
+    patches = [
+        Patch(
+            id=f"contract-{i}",
+            target=t,
+            make=_passthrough,
+            fingerprints=dict(fps),
+            why="contract",
+            upstream=("-",),
+            remove_when="-",
+        )
+        for i, (_, t, fps) in enumerate(OWN_ITEMS)
+    ]
     ps = PatchSet("contract", patches)
     report = ps.apply()
     try:
@@ -141,10 +152,15 @@ def test_other_families_are_refused(worker_modules, versions, adapter):
 def _doctor(env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZB_PATCH")}
     env.update(env_extra)
-    r = subprocess.run([sys.executable, "-m", "npu_standin", "zb_patch.cli", "doctor", "--json"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "npu_standin", "zb_patch.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.stdout.strip(), r.stderr
-    return r.returncode, json.loads(r.stdout[r.stdout.index("{"):])
+    return r.returncode, json.loads(r.stdout[r.stdout.index("{") :])
 
 
 def test_doctor_with_zb_patch_on():

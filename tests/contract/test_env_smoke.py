@@ -19,14 +19,19 @@ npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be o
 
 FAMILY = npu_standin.detect_family()
 if FAMILY is None:
-    pytest.skip("vllm-ascend is not installed in this env (smoke test of the va0xx tox envs)",
-                allow_module_level=True)
+    pytest.skip("vllm-ascend is not installed in this env (smoke test of the va0xx tox envs)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 # installed vllm-ascend release -> (tox env, the vLLM release it is pinned with). Several envs can share a
 # stand-in family (va019, va023 and va025 all use the "0.23" surface).
-ENVS = {"0.11.0": ("va011", "0.11.0"), "0.13.0": ("va013", "0.13.0"), "0.18.0": ("va018", "0.18.0"),
-        "0.19.1rc1": ("va019", "0.19.1"), "0.23.0": ("va023", "0.23.0"), "0.25.1rc1": ("va025", "0.25.1")}
+ENVS = {
+    "0.11.0": ("va011", "0.11.0"),
+    "0.13.0": ("va013", "0.13.0"),
+    "0.18.0": ("va018", "0.18.0"),
+    "0.19.1rc1": ("va019", "0.19.1"),
+    "0.23.0": ("va023", "0.23.0"),
+    "0.25.1rc1": ("va025", "0.25.1"),
+}
 ASCEND_RELEASE = importlib.metadata.version("vllm-ascend")
 ENV, VLLM_RELEASE = ENVS[ASCEND_RELEASE]
 LOCK = ROOT / "requirements" / f"{ENV}.txt"
@@ -67,8 +72,11 @@ def test_every_installed_distribution_matches_the_lock():
 
 def test_excluded_packages_are_absent():
     """The CUDA/NPU-only packages of requirements/excludes.txt must not sneak in."""
-    excluded = [ln.strip() for ln in (ROOT / "requirements" / "excludes.txt").read_text().splitlines()
-                if ln.strip() and not ln.startswith("#")]
+    excluded = [
+        ln.strip()
+        for ln in (ROOT / "requirements" / "excludes.txt").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     present = []
     for name in excluded:
         try:
@@ -100,10 +108,15 @@ def test_real_worker_modules_import():
         path = Path(mod.__file__).resolve()
         assert "site-packages" in path.parts, f"{name} is not the installed release: {path}"
     # the worker-side targets every adapter needs
-    for name in ("vllm_ascend.worker.model_runner_v1", "vllm_ascend.worker.block_table",
-                 "vllm_ascend.spec_decode.eagle_proposer", "vllm.v1.worker.gpu_model_runner",
-                 "vllm.v1.worker.block_table", "vllm.v1.spec_decode.utils",
-                 "vllm.v1.core.sched.async_scheduler"):
+    for name in (
+        "vllm_ascend.worker.model_runner_v1",
+        "vllm_ascend.worker.block_table",
+        "vllm_ascend.spec_decode.eagle_proposer",
+        "vllm.v1.worker.gpu_model_runner",
+        "vllm.v1.worker.block_table",
+        "vllm.v1.spec_decode.utils",
+        "vllm.v1.core.sched.async_scheduler",
+    ):
         assert name in mods
     assert mods["vllm_ascend.worker.model_runner_v1"].NPUModelRunner
     assert set(UPSTREAM_WORKER_MODULES) <= set(mods)
@@ -137,12 +150,22 @@ def test_vllm_plugin_loading_in_a_fresh_process():
 
 # --- the stand-in's own contract (cheap: no vLLM import) ----------------------------------------------
 
-@pytest.mark.parametrize("version, family", [
-    ("0.11.0", "0.11"), ("0.13.0rc2", "0.13"), ("0.18.0", "0.18"), ("0.18.1", "0.18"),
-    # 0.19-0.22 need the transformers-5 surface (docs/releases/ascend-0.19-0.25.md section 7.3)
-    ("0.19.1rc1", "0.23"), ("0.20.2rc1", "0.23"), ("0.22.1rc1", "0.23"),
-    ("0.23.0.post1", "0.23"), ("0.27.1+empty", "0.23"),
-])
+
+@pytest.mark.parametrize(
+    "version, family",
+    [
+        ("0.11.0", "0.11"),
+        ("0.13.0rc2", "0.13"),
+        ("0.18.0", "0.18"),
+        ("0.18.1", "0.18"),
+        # 0.19-0.22 need the transformers-5 surface (docs/releases/ascend-0.19-0.25.md section 7.3)
+        ("0.19.1rc1", "0.23"),
+        ("0.20.2rc1", "0.23"),
+        ("0.22.1rc1", "0.23"),
+        ("0.23.0.post1", "0.23"),
+        ("0.27.1+empty", "0.23"),
+    ],
+)
 def test_family_of(version, family):
     assert npu_standin.family_of(version) == family
 

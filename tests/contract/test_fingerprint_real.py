@@ -14,14 +14,14 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 from npu_standin.ascend_imports import import_worker_modules  # noqa: E402
-
 from zb_patch import registry as R  # noqa: E402
 from zb_patch import versions as V  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
 
 if npu_standin.detect_family() is None:
-    pytest.skip("vllm-ascend is not installed in this env (contract tests need a va0xx tox env)",
-                allow_module_level=True)
+    pytest.skip(
+        "vllm-ascend is not installed in this env (contract tests need a va0xx tox env)", allow_module_level=True
+    )
 
 
 def whole_file_fingerprint(fn: types.FunctionType) -> str:
@@ -30,8 +30,11 @@ def whole_file_fingerprint(fn: types.FunctionType) -> str:
     tree = ast.parse("".join(linecache.getlines(inspect.getsourcefile(fn))))
     code = fn.__code__
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
-                min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == code.co_name
+            and min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno
+        ):
             return R.fingerprint_node(node)
     raise AssertionError(f"no def of {fn.__qualname__} at line {code.co_firstlineno}")
 
@@ -56,6 +59,7 @@ def _targets(adapter):
 @pytest.fixture
 def no_whole_file_compile(monkeypatch):
     """The fast path must not need the whole-file compile (the exact but slow check) on real code."""
+
     def refuse(code, filename, lines):
         raise AssertionError(f"{code.co_name} ({filename}): its own lines did not compile to the running code")
 
@@ -91,8 +95,11 @@ def _functions_of(module: types.ModuleType):
             values = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [value]
             for v in values:
                 fn = R.underlying_function(v) if v is not None else None
-                if isinstance(fn, types.FunctionType) and id(fn) not in seen and \
-                        fn.__code__.co_filename == module.__file__:   # not dataclass-generated code
+                if (
+                    isinstance(fn, types.FunctionType)
+                    and id(fn) not in seen
+                    and fn.__code__.co_filename == module.__file__
+                ):  # not dataclass-generated code
                     seen.add(id(fn))
                     yield fn
 

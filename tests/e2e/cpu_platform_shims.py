@@ -27,5 +27,7 @@ def keep_fork_and_async_scheduling() -> list[str]:
 
     cls.check_and_update_config = classmethod(check_and_update_config)
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    return [f"{cls.__name__}.check_and_update_config keeps VLLM_WORKER_MULTIPROC_METHOD=fork",
-            f"{cls.__name__}.check_and_update_config keeps async_scheduling=True"]
+    return [
+        f"{cls.__name__}.check_and_update_config keeps VLLM_WORKER_MULTIPROC_METHOD=fork",
+        f"{cls.__name__}.check_and_update_config keeps async_scheduling=True",
+    ]

@@ -19,9 +19,9 @@ import json
 import re
 
 import pytest
-
 from cpu_platform_shims import FORK_AND_ASYNC
 from e2e_support import base_env, save, zb_patch_cli
+
 from zb_patch.check import probe
 
 pytestmark = pytest.mark.engine
@@ -43,8 +43,9 @@ def fork_tp2() -> dict:
 
 @pytest.fixture(scope="module")
 def cli_spawn() -> tuple[int, dict]:
-    p = zb_patch_cli("doctor", "--probe", "--json", "--timeout", str(TIMEOUT), env=base_env(ZB_PATCH="1"),
-                     timeout=TIMEOUT + 60)
+    p = zb_patch_cli(
+        "doctor", "--probe", "--json", "--timeout", str(TIMEOUT), env=base_env(ZB_PATCH="1"), timeout=TIMEOUT + 60
+    )
     assert p.stdout.strip(), p.stderr[-3000:]
     r = json.loads(p.stdout)
     save("cli-spawn-on", r, probe.render_text(r))
@@ -60,8 +61,14 @@ def off() -> dict:
 
 @pytest.fixture(scope="module")
 def strict():
-    p = zb_patch_cli("doctor", "--probe", "--timeout", str(TIMEOUT), env=base_env(ZB_PATCH="1", ZB_PATCH_STRICT="1"),
-                     timeout=TIMEOUT + 60)
+    p = zb_patch_cli(
+        "doctor",
+        "--probe",
+        "--timeout",
+        str(TIMEOUT),
+        env=base_env(ZB_PATCH="1", ZB_PATCH_STRICT="1"),
+        timeout=TIMEOUT + 60,
+    )
     save("cli-strict", {"stdout": p.stdout, "stderr": p.stderr[-5000:], "exit": p.returncode}, p.stdout)
     return p
 
@@ -74,8 +81,12 @@ def test_fork_engine_topology(fork_tp2):
     eng = r["engine"]
     assert eng["ok"], eng["error"]
     cfg = eng["engine_config"]
-    assert (cfg["multiproc_method"], cfg["tensor_parallel_size"], cfg["executor"], cfg["async_scheduling"]) == \
-        ("fork", 2, "mp", True)
+    assert (cfg["multiproc_method"], cfg["tensor_parallel_size"], cfg["executor"], cfg["async_scheduling"]) == (
+        "fork",
+        2,
+        "mp",
+        True,
+    )
     assert len(eng["generated_token_ids"]) == probe.MAX_TOKENS
     assert _kinds(r) == ["frontend", "engine", "worker", "worker"]
     fe, core, w0, w1 = r["processes"]
@@ -84,7 +95,7 @@ def test_fork_engine_topology(fork_tp2):
     assert sorted(w["report"]["rank"] for w in (w0, w1)) == [0, 1]
     for w in (w0, w1):
         assert w["start_method"] == "fork"
-        assert w["report"]["ppid"] == core["pid"]          # forked by the EngineCore, as vLLM does
+        assert w["report"]["ppid"] == core["pid"]  # forked by the EngineCore, as vLLM does
 
 
 def test_fork_every_process_decided_exactly_once_on_its_own(fork_tp2):
@@ -146,9 +157,13 @@ def test_cli_probe_spawn_every_process(cli_spawn):
 def test_cli_probe_text_report(cli_spawn):
     _, r = cli_spawn
     text = probe.render_text(r)
-    for needle in ("front end (LLM)", "EngineCore", "worker rank 0 (VllmWorker-0)",
-                   "Checks: every process of the engine decided exactly once, on its own, and agrees",
-                   "Verdict: ZB_PATCH=1 but zb-patch not-applicable"):
+    for needle in (
+        "front end (LLM)",
+        "EngineCore",
+        "worker rank 0 (VllmWorker-0)",
+        "Checks: every process of the engine decided exactly once, on its own, and agrees",
+        "Verdict: ZB_PATCH=1 but zb-patch not-applicable",
+    ):
         assert needle in text, text
 
 
@@ -164,8 +179,8 @@ def test_off_leaves_no_trace(off):
     assert not [line for line in r["log"] if "zb-patch:" in line or "zb_patch" in line and "Traceback" in line]
     for p in (r["processes"][0], r["processes"][2]):
         rep = p["report"]
-        assert rep["entry_point_loaded"] is True            # vLLM imported the entry point ...
-        assert rep["status"]["state"] == "off"              # ... and register() returned at once
+        assert rep["entry_point_loaded"] is True  # vLLM imported the entry point ...
+        assert rep["status"]["state"] == "off"  # ... and register() returned at once
         assert rep["activation_pids"] == [] and rep["hooked_modules"] == []
         # the entry point, and in the front end the probe itself (in a worker: its extension class)
         assert set(rep["zb_patch_modules"]) <= {"zb_patch", "zb_patch.plugin", "zb_patch.check", "zb_patch.check.probe"}
@@ -180,7 +195,10 @@ def test_strict_refuses_to_start_the_engine(strict):
     assert strict.returncode == probe.EXIT_REFUSED, out + strict.stderr[-3000:]
     assert "the engine did NOT start" in out
     assert "ZB_PATCH_STRICT=1: the engine refused to start:" in out
-    assert re.search(r"zb-patch: pid=\d+ role=frontend REFUSED: vllm-ascend is not installed: .*; nothing applied "
-                     r"\(ZB_PATCH_STRICT=1\)", out), out
+    assert re.search(
+        r"zb-patch: pid=\d+ role=frontend REFUSED: vllm-ascend is not installed: .*; nothing applied "
+        r"\(ZB_PATCH_STRICT=1\)",
+        out,
+    ), out
     # refused in the front end, before any EngineCore or worker process existed
     assert "EngineCore" not in out and "worker rank" not in out

@@ -13,7 +13,7 @@ import textwrap
 
 from e2e_support import base_env
 
-CHILDREN = '''
+CHILDREN = """
 import logging, multiprocessing as mp, os, sys
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
 from zb_patch import plugin
@@ -36,12 +36,13 @@ if __name__ == "__main__":
     report("FRONTEND")
     p = mp.get_context("fork").Process(target=engine_core, name="EngineCore"); p.start(); p.join()
     p = mp.get_context("fork").Process(target=worker, name="SomethingElse-1"); p.start(); p.join()
-'''
+"""
 
 
 def _run(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(CHILDREN)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILDREN)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _by_tag(out: str, tag: str) -> list[list[str]]:
@@ -53,7 +54,7 @@ def test_forked_children_decide_once_at_start_with_their_role():
     assert r.returncode == 0, r.stderr + r.stdout
     decisions = [line for line in r.stdout.splitlines() if "zb-patch: pid=" in line]
     pids = [line.split("pid=")[1].split()[0] for line in decisions]
-    assert len(pids) == len(set(pids)) == 4, r.stdout           # front end, EngineCore, worker, other child
+    assert len(pids) == len(set(pids)) == 4, r.stdout  # front end, EngineCore, worker, other child
     fe, eng, wk, other = (_by_tag(r.stdout, t) for t in ("FRONTEND", "ENGINE", "WORKER", "WORKER"))
     assert fe[0][2:4] == ["decided", "frontend"]
     assert eng[0][2:4] == ["decided", "engine"]

@@ -42,14 +42,23 @@ def main(argv: list[str]) -> int:
     from vllm.inputs import TokensPrompt
 
     target, draft = os.path.join(args.models, "target"), os.path.join(args.models, "eagle")
-    llm = LLM(model=target, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
-              max_model_len=wl.max_model_len, max_num_seqs=wl.max_num_seqs,
-              max_num_batched_tokens=wl.max_num_batched_tokens, enable_chunked_prefill=True,
-              num_gpu_blocks_override=wl.num_gpu_blocks, enable_prefix_caching=False,
-              async_scheduling=args.async_scheduling, distributed_executor_backend="uni",
-              worker_cls=npu_engine.WORKER_CLS,
-              speculative_config={"method": "eagle", "model": draft,
-                                  "num_speculative_tokens": wl.num_speculative_tokens})
+    llm = LLM(
+        model=target,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=wl.max_model_len,
+        max_num_seqs=wl.max_num_seqs,
+        max_num_batched_tokens=wl.max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        num_gpu_blocks_override=wl.num_gpu_blocks,
+        enable_prefix_caching=False,
+        async_scheduling=args.async_scheduling,
+        distributed_executor_backend="uni",
+        worker_cls=npu_engine.WORKER_CLS,
+        speculative_config={"method": "eagle", "model": draft, "num_speculative_tokens": wl.num_speculative_tokens},
+    )
     reqs = wl.requests(tiny_model.VOCAB)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
@@ -80,8 +89,9 @@ def _observe_scheduler() -> dict:
     counts = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
 
-    def make_spec_decoding_stats(self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
-                                 request_id):
+    def make_spec_decoding_stats(
+        self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
+    ):
         invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
         counts["drafted"][request_id] += num_draft_tokens - invalid
         counts["accepted"][request_id] += num_accepted_tokens

@@ -24,8 +24,15 @@ from workload import Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = Workload()
-BIG = Workload(num_requests=48, max_prompt=300, max_tokens=60, max_model_len=384, max_num_batched_tokens=64,
-               max_num_seqs=8, num_gpu_blocks=6)
+BIG = Workload(
+    num_requests=48,
+    max_prompt=300,
+    max_tokens=60,
+    max_model_len=384,
+    max_num_batched_tokens=64,
+    max_num_seqs=8,
+    num_gpu_blocks=6,
+)
 CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"], {"ZB_PATCH": "1"})}
 TIMEOUT_S = 1500
 
@@ -36,9 +43,23 @@ def _run(name: str, models: str, out_dir: str, wl: Workload) -> tuple[str, dict,
     env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
     env.update(extra_env)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "run_engine.py"), "--models", models, "--out", out,
-                           "--workload", json.dumps(wl.to_json()), *flags],
-                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "run_engine.py"),
+            "--models",
+            models,
+            "--out",
+            out,
+            "--workload",
+            json.dumps(wl.to_json()),
+            *flags,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"engine run {name} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
     with open(out) as f:
@@ -122,14 +143,17 @@ def test_async_matches_sync(runs, name):
     at_limit = wl.reaches_max_model_len(tiny_model.VOCAB)
     assert at_limit, "the workload must contain requests that reach max_model_len"
     assert divergences(res["sync"], res[name], fields=("tokens",)) == []
-    counts = [d for d in divergences(res["sync"], res[name], fields=("drafted", "accepted"))
-              if d.split()[0] not in at_limit]
+    counts = [
+        d for d in divergences(res["sync"], res[name], fields=("drafted", "accepted")) if d.split()[0] not in at_limit
+    ]
     assert counts == []
 
 
 def test_zero_bubble_matches_classic_async_exactly(runs):
     _, res = runs
     zb, plain = res["async+zb"]["zb_patch_status"], res["async"]["zb_patch_status"]
-    assert (zb["state"], zb["adapter"]) == ("applied", "ascend-0.18"), {k: zb.get(k) for k in ("state", "adapter", "reason")}
+    assert (zb["state"], zb["adapter"]) == ("applied", "ascend-0.18"), {
+        k: zb.get(k) for k in ("state", "adapter", "reason")
+    }
     assert plain["state"] == "off"
     assert divergences(res["async"], res["async+zb"]) == []

@@ -66,8 +66,9 @@ def test_reshape_and_cache_writes_slots_and_skips_padding():
             expected_v[s // bs, s % bs] = v[t]
     assert torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
     with pytest.raises(NotImplementedError, match="_npu_reshape_and_cache: layout"):
-        kv_cache._npu_reshape_and_cache(key=k.flatten(1), value=v.flatten(1), key_cache=kc, value_cache=vc,
-                                        slot_indices=slots)
+        kv_cache._npu_reshape_and_cache(
+            key=k.flatten(1), value=v.flatten(1), key_cache=kc, value_cache=vc, slot_indices=slots
+        )
 
 
 def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):
@@ -96,12 +97,22 @@ def test_fia_prefill_without_cache_matches_loop():
     q, k, v = rnd(8, n, d), rnd(8, kvn, d), rnd(8, kvn, d)
     ends = [3, 8]
     out, lse = attention.npu_fused_infer_attention_score(
-        q, k, v, atten_mask=MASK, actual_seq_lengths=ends, actual_seq_lengths_kv=ends, num_heads=n,
-        num_key_value_heads=kvn, scale=0.3, input_layout="TND", sparse_mode=3)
+        q,
+        k,
+        v,
+        atten_mask=MASK,
+        actual_seq_lengths=ends,
+        actual_seq_lengths_kv=ends,
+        num_heads=n,
+        num_key_value_heads=kvn,
+        scale=0.3,
+        input_layout="TND",
+        sparse_mode=3,
+    )
     start = 0
     for L in lens:
-        ref = _naive_attention(q[start:start + L], k[start:start + L], v[start:start + L], 0.3, n, kvn)
-        torch.testing.assert_close(out[start:start + L], ref, rtol=1e-4, atol=1e-5)
+        ref = _naive_attention(q[start : start + L], k[start : start + L], v[start : start + L], 0.3, n, kvn)
+        torch.testing.assert_close(out[start : start + L], ref, rtol=1e-4, atol=1e-5)
         start += L
     assert lse.shape == (8, n, 1)
 
@@ -116,29 +127,51 @@ def test_fia_paged_chunked_and_decode_match_loop():
     q = rnd(sum(q_lens), n, d)
     ends = [3, 4, 7]
     out, _ = attention.npu_fused_infer_attention_score(
-        q, kc.view(nblocks, bs, -1), vc.view(nblocks, bs, -1), atten_mask=MASK, block_table=table,
-        input_layout="TND", block_size=bs, actual_seq_lengths=ends, actual_seq_lengths_kv=kv_lens,
-        num_key_value_heads=kvn, num_heads=n, scale=0.25, sparse_mode=3)
+        q,
+        kc.view(nblocks, bs, -1),
+        vc.view(nblocks, bs, -1),
+        atten_mask=MASK,
+        block_table=table,
+        input_layout="TND",
+        block_size=bs,
+        actual_seq_lengths=ends,
+        actual_seq_lengths_kv=kv_lens,
+        num_key_value_heads=kvn,
+        num_heads=n,
+        scale=0.25,
+        sparse_mode=3,
+    )
     start = 0
     for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
         keys = torch.stack([kc[table[b, j // bs], j % bs] for j in range(kl)])
         vals = torch.stack([vc[table[b, j // bs], j % bs] for j in range(kl)])
-        ref = _naive_attention(q[start:start + ql], keys, vals, 0.25, n, kvn)
-        torch.testing.assert_close(out[start:start + ql], ref, rtol=1e-4, atol=1e-5)
+        ref = _naive_attention(q[start : start + ql], keys, vals, 0.25, n, kvn)
+        torch.testing.assert_close(out[start : start + ql], ref, rtol=1e-4, atol=1e-5)
         start += ql
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"input_layout": "BSH"}, "input_layout='BSH'"),
-    ({"sparse_mode": 0}, "sparse_mode=0"),
-    ({"atten_mask": None}, "without atten_mask"),
-    ({"pre_tokens": 128}, "pre_tokens=128"),
-    ({"antiquant_scale": torch.ones(1)}, "antiquant_scale"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"input_layout": "BSH"}, "input_layout='BSH'"),
+        ({"sparse_mode": 0}, "sparse_mode=0"),
+        ({"atten_mask": None}, "without atten_mask"),
+        ({"pre_tokens": 128}, "pre_tokens=128"),
+        ({"antiquant_scale": torch.ones(1)}, "antiquant_scale"),
+    ],
+)
 def test_fia_refuses_other_modes(kwargs, message):
     n, d = 2, 4
-    args = dict(atten_mask=MASK, actual_seq_lengths=[2], actual_seq_lengths_kv=[2], num_heads=n,
-                num_key_value_heads=n, scale=1.0, input_layout="TND", sparse_mode=3)
+    args = dict(
+        atten_mask=MASK,
+        actual_seq_lengths=[2],
+        actual_seq_lengths_kv=[2],
+        num_heads=n,
+        num_key_value_heads=n,
+        scale=1.0,
+        input_layout="TND",
+        sparse_mode=3,
+    )
     args.update(kwargs)
     with pytest.raises(NotImplementedError, match="npu_fused_infer_attention_score: .*" + message.replace("(", r"\(")):
         attention.npu_fused_infer_attention_score(rnd(2, n, d), rnd(2, n, d), rnd(2, n, d), **args)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import tiny_model
+import torch
 from workload import Workload
 
 transformers = pytest.importorskip("transformers")
@@ -20,9 +19,10 @@ def target(tmp_path_factory):
 
 def greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                             eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_tokens_depend_on_attention_over_the_kv_cache(target):
@@ -33,8 +33,10 @@ def test_tokens_depend_on_attention_over_the_kv_cache(target):
     for prompt, n in reqs:
         if len(prompt) < 2:
             continue
-        other = [tiny_model.FIRST_ID + (prompt[0] - tiny_model.FIRST_ID + 1) % (tiny_model.VOCAB - tiny_model.FIRST_ID),
-                 *prompt[1:]]
+        other = [
+            tiny_model.FIRST_ID + (prompt[0] - tiny_model.FIRST_ID + 1) % (tiny_model.VOCAB - tiny_model.FIRST_ID),
+            *prompt[1:],
+        ]
         changed += greedy(target, prompt, n) != greedy(target, other, n)
     assert changed >= len(reqs) // 2, f"only {changed} of {len(reqs)} continuations depend on the first token"
 

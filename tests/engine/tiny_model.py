@@ -86,9 +86,11 @@ def _layer(prefix: str, g: torch.Generator, scale: float) -> dict[str, torch.Ten
 
 
 def target_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
-    w = {"model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g),
-         "model.norm.weight": torch.ones(HIDDEN),
-         "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g)}
+    w = {
+        "model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+        "model.norm.weight": torch.ones(HIDDEN),
+        "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+    }
     for i in range(TARGET_LAYERS):
         w.update(_layer(f"model.layers.{i}", g, TARGET_LAYER_SCALE))
     return w

@@ -70,8 +70,10 @@ def divergences(reference: dict, other: dict, fields=("tokens", "drafted", "acce
             if a != b:
                 if field == "tokens" and a is not None and b is not None:
                     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                    out.append(f"{req} tokens: first difference at output index {first} "
-                               f"({a[first:first + 3]} vs {b[first:first + 3]}, lengths {len(a)}/{len(b)})")
+                    out.append(
+                        f"{req} tokens: first difference at output index {first} "
+                        f"({a[first : first + 3]} vs {b[first : first + 3]}, lengths {len(a)}/{len(b)})"
+                    )
                 else:
                     out.append(f"{req} {field}: {a} vs {b}")
     return out

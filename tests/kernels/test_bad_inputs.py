@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,9 +26,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from zb_patch import kernels  # noqa: E402
-
 from kernel_env import KERNEL_DEVICE, KERNEL_SKIP_REASON  # noqa: E402
+
+from zb_patch import kernels  # noqa: E402
 
 POISON = -777
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
@@ -76,16 +77,18 @@ def _block_table(p: Probe) -> torch.Tensor:
     return (100 * torch.arange(1, 5, dtype=I32)[:, None] + torch.arange(8, dtype=I32)).to(p.dev)
 
 
-def slot_run(*, out: Callable | None = None, bt: Callable | None = None, cfg: dict | None = None,
-             call: Callable | None = None) -> Callable[[Probe], None]:
+def slot_run(
+    *, out: Callable | None = None, bt: Callable | None = None, cfg: dict | None = None, call: Callable | None = None
+) -> Callable[[Probe], None]:
     """A mapper built from (overridden) buffers / config, one valid call, then ``call(p)``'s arguments."""
 
     def run(p: Probe) -> None:
         slot_mapping = out(p) if out else torch.full((12,), POISON, dtype=I64, device=p.dev)
         p.watch(slot_mapping=slot_mapping._base if slot_mapping._base is not None else slot_mapping)
         p.arm()
-        mapper = kernels.slot_mapper(bt(p) if bt else _block_table(p), slot_mapping,
-                                     **{"block_size": 16, "max_num_tokens": 8, **(cfg or {})})
+        mapper = kernels.slot_mapper(
+            bt(p) if bt else _block_table(p), slot_mapping, **{"block_size": 16, "max_num_tokens": 8, **(cfg or {})}
+        )
         mapper(2, p.t(QSL, I32), p.t(POS))
         p.arm()
         mapper(*(call(p) if call else (2, p.t(QSL, I32), p.t(POS))))
@@ -98,8 +101,9 @@ def one_shot_run(out: Callable) -> Callable[[Probe], None]:
         slot_mapping = out(p)
         p.watch(slot_mapping=slot_mapping._base if slot_mapping._base is not None else slot_mapping)
         p.arm()
-        kernels.compute_slot_mapping(p.t(QSL, I32), p.t(POS), _block_table(p), slot_mapping, block_size=16,
-                                     max_num_tokens=8)
+        kernels.compute_slot_mapping(
+            p.t(QSL, I32), p.t(POS), _block_table(p), slot_mapping, block_size=16, max_num_tokens=8
+        )
 
     return run
 
@@ -116,71 +120,176 @@ def _offset_view(p: Probe, values: list, dtype: torch.dtype = I64) -> torch.Tens
 
 SLOT_CASES = [
     # --- buffers, checked when the mapper is built
-    Case("slot_mapper", "slot_mapping = base[::2] (non-contiguous)",
-         slot_run(out=lambda p: torch.full((24,), POISON, dtype=I64, device=p.dev)[::2]), "slot_mapping"),
-    Case("slot_mapper", "slot_mapping float32",
-         slot_run(out=lambda p: torch.zeros(12, dtype=F32, device=p.dev)), "slot_mapping"),
-    Case("slot_mapper", "slot_mapping 2-D (3, 4)",
-         slot_run(out=lambda p: torch.zeros(3, 4, dtype=I64, device=p.dev)), "slot_mapping"),
+    Case(
+        "slot_mapper",
+        "slot_mapping = base[::2] (non-contiguous)",
+        slot_run(out=lambda p: torch.full((24,), POISON, dtype=I64, device=p.dev)[::2]),
+        "slot_mapping",
+    ),
+    Case(
+        "slot_mapper",
+        "slot_mapping float32",
+        slot_run(out=lambda p: torch.zeros(12, dtype=F32, device=p.dev)),
+        "slot_mapping",
+    ),
+    Case(
+        "slot_mapper",
+        "slot_mapping 2-D (3, 4)",
+        slot_run(out=lambda p: torch.zeros(3, 4, dtype=I64, device=p.dev)),
+        "slot_mapping",
+    ),
     Case("slot_mapper", "block_table int64", slot_run(bt=lambda p: _block_table(p).long()), "block_table"),
-    Case("slot_mapper", "block_table column stride 2",
-         slot_run(bt=lambda p: torch.zeros(4, 16, dtype=I32, device=p.dev)[:, ::2]), "block_table"),
-    Case("slot_mapper", "max_num_tokens 13 > len(slot_mapping) 12", slot_run(cfg={"max_num_tokens": 13}),
-         "max_num_tokens"),
+    Case(
+        "slot_mapper",
+        "block_table column stride 2",
+        slot_run(bt=lambda p: torch.zeros(4, 16, dtype=I32, device=p.dev)[:, ::2]),
+        "block_table",
+    ),
+    Case(
+        "slot_mapper",
+        "max_num_tokens 13 > len(slot_mapping) 12",
+        slot_run(cfg={"max_num_tokens": 13}),
+        "max_num_tokens",
+    ),
     Case("slot_mapper", "max_num_tokens -1", slot_run(cfg={"max_num_tokens": -1}), "max_num_tokens"),
     Case("slot_mapper", "block_size 0", slot_run(cfg={"block_size": 0}), "block_size"),
     Case("slot_mapper", "block_size 16.0 (float)", slot_run(cfg={"block_size": 16.0}), "block_size"),
-    Case("slot_mapper", "block_table_stride 9 != stride(0) 8", slot_run(cfg={"block_table_stride": 9}),
-         "block_table_stride"),
-    Case("slot_mapper", "dcp_rank 2 of dcp_world_size 2", slot_run(cfg={"dcp_world_size": 2, "dcp_rank": 2}),
-         "dcp_rank"),
-    Case("slot_mapper", "physical_block_size 24 (block 16)", slot_run(cfg={"physical_block_size": 24}),
-         "physical_block_size"),
+    Case(
+        "slot_mapper",
+        "block_table_stride 9 != stride(0) 8",
+        slot_run(cfg={"block_table_stride": 9}),
+        "block_table_stride",
+    ),
+    Case(
+        "slot_mapper", "dcp_rank 2 of dcp_world_size 2", slot_run(cfg={"dcp_world_size": 2, "dcp_rank": 2}), "dcp_rank"
+    ),
+    Case(
+        "slot_mapper",
+        "physical_block_size 24 (block 16)",
+        slot_run(cfg={"physical_block_size": 24}),
+        "physical_block_size",
+    ),
     Case("slot_mapper", "pad_slot_id 2**40", slot_run(cfg={"pad_slot_id": 2**40}), "pad_slot_id"),
-    Case("compute_slot_mapping", "slot_mapping = base[::2] (one-shot API)",
-         one_shot_run(lambda p: torch.full((24,), POISON, dtype=I64, device=p.dev)[::2]), "slot_mapping"),
+    Case(
+        "compute_slot_mapping",
+        "slot_mapping = base[::2] (one-shot API)",
+        one_shot_run(lambda p: torch.full((24,), POISON, dtype=I64, device=p.dev)[::2]),
+        "slot_mapping",
+    ),
     # --- per-step arguments, checked at each call
-    Case("slot_mapper(...)()", "positions = base[::2] (non-contiguous)",
-         slot_run(call=lambda p: (2, p.t(QSL, I32), _strided(p, POS))), "positions"),
-    Case("slot_mapper(...)()", "query_start_loc = base[::2] (non-contiguous)",
-         slot_run(call=lambda p: (2, _strided(p, QSL, I32), p.t(POS))), "query_start_loc"),
-    Case("slot_mapper(...)()", "positions float32",
-         slot_run(call=lambda p: (2, p.t(QSL, I32), p.t(POS, F32))), "positions"),
-    Case("slot_mapper(...)()", "query_start_loc float32",
-         slot_run(call=lambda p: (2, p.t(QSL, F32), p.t(POS))), "query_start_loc"),
-    Case("slot_mapper(...)()", "positions 2-D (5, 1)",
-         slot_run(call=lambda p: (2, p.t(QSL, I32), p.t(POS)[:, None])), "positions"),
-    Case("slot_mapper(...)()", "positions a list",
-         slot_run(call=lambda p: (2, p.t(QSL, I32), list(POS))), "positions"),
+    Case(
+        "slot_mapper(...)()",
+        "positions = base[::2] (non-contiguous)",
+        slot_run(call=lambda p: (2, p.t(QSL, I32), _strided(p, POS))),
+        "positions",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "query_start_loc = base[::2] (non-contiguous)",
+        slot_run(call=lambda p: (2, _strided(p, QSL, I32), p.t(POS))),
+        "query_start_loc",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "positions float32",
+        slot_run(call=lambda p: (2, p.t(QSL, I32), p.t(POS, F32))),
+        "positions",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "query_start_loc float32",
+        slot_run(call=lambda p: (2, p.t(QSL, F32), p.t(POS))),
+        "query_start_loc",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "positions 2-D (5, 1)",
+        slot_run(call=lambda p: (2, p.t(QSL, I32), p.t(POS)[:, None])),
+        "positions",
+    ),
+    Case("slot_mapper(...)()", "positions a list", slot_run(call=lambda p: (2, p.t(QSL, I32), list(POS))), "positions"),
     Case("slot_mapper(...)()", "num_reqs -1", slot_run(call=lambda p: (-1, p.t(QSL, I32), p.t(POS))), "num_reqs"),
-    Case("slot_mapper(...)()", "num_reqs 5 > 4 block-table rows",
-         slot_run(call=lambda p: (5, p.t([0, 1, 2, 3, 4, 5], I32), p.t(POS))), "num_reqs"),
-    Case("slot_mapper(...)()", "num_reqs 2.0 (float)",
-         slot_run(call=lambda p: (2.0, p.t(QSL, I32), p.t(POS))), "num_reqs"),
-    Case("slot_mapper(...)()", "num_reqs 3, len(query_start_loc) 3",
-         slot_run(call=lambda p: (3, p.t(QSL, I32), p.t(POS))), "query_start_loc"),
-    Case("slot_mapper(...)()", "13 positions > len(slot_mapping) 12",
-         slot_run(call=lambda p: (2, p.t([0, 3, 13], I32), p.t(range(13)))), "positions"),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs 5 > 4 block-table rows",
+        slot_run(call=lambda p: (5, p.t([0, 1, 2, 3, 4, 5], I32), p.t(POS))),
+        "num_reqs",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs 2.0 (float)",
+        slot_run(call=lambda p: (2.0, p.t(QSL, I32), p.t(POS))),
+        "num_reqs",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs 3, len(query_start_loc) 3",
+        slot_run(call=lambda p: (3, p.t(QSL, I32), p.t(POS))),
+        "query_start_loc",
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "13 positions > len(slot_mapping) 12",
+        slot_run(call=lambda p: (2, p.t([0, 3, 13], I32), p.t(range(13)))),
+        "positions",
+    ),
     # --- valid edge cases: identical results
-    Case("slot_mapper(...)()", "positions 2**31 - 1, 2**31, 2**32 + 5, -2**32 + 5, -1 (int64)",
-         slot_run(call=lambda p: (2, p.t(QSL, I32), p.t([2**31 - 1, 2**31, 2**32 + 5, -2**32 + 5, -1]))), None,
-         {"slot_mapping": [PAD] * 8}),
-    Case("slot_mapper(...)()", "positions int32, query_start_loc int64",
-         slot_run(call=lambda p: (2, p.t(QSL), p.t(POS, I32))), None, {"slot_mapping": SLOTS + [PAD] * 3}),
-    Case("slot_mapper(...)()", "positions / query_start_loc 8 bytes past their allocation",
-         slot_run(call=lambda p: (2, _offset_view(p, QSL, I32), _offset_view(p, POS))), None,
-         {"slot_mapping": SLOTS + [PAD] * 3}),
-    Case("slot_mapper(...)()", "num_reqs numpy.int64(2)",
-         slot_run(call=lambda p: (np.int64(2), p.t(QSL, I32), p.t(POS))), None, {"slot_mapping": SLOTS}),
-    Case("slot_mapper(...)()", "num_reqs 0 (all padding)",
-         slot_run(call=lambda p: (0, p.t([0], I32), p.t(POS))), None, {"slot_mapping": [PAD] * 8}),
-    Case("slot_mapper(...)()", "no tokens", slot_run(call=lambda p: (0, p.t([0], I32), p.t([]))), None,
-         {"slot_mapping": [PAD] * 8 + [POISON] * 4}),
-    Case("slot_mapper(...)()", "10 tokens > max_num_tokens 8 (<= len(slot_mapping))",
-         slot_run(call=lambda p: (1, p.t([0, 10], I32), p.t(range(10)))), None,
-         {"slot_mapping": list(range(1600, 1610)) + [POISON] * 2}),
-    Case("slot_mapper(...)()", "num_reqs 1 < len(query_start_loc) - 1",
-         slot_run(call=lambda p: (1, p.t(QSL, I32), p.t(POS))), None, {"slot_mapping": SLOTS[:3] + [PAD] * 5}),
+    Case(
+        "slot_mapper(...)()",
+        "positions 2**31 - 1, 2**31, 2**32 + 5, -2**32 + 5, -1 (int64)",
+        slot_run(call=lambda p: (2, p.t(QSL, I32), p.t([2**31 - 1, 2**31, 2**32 + 5, -(2**32) + 5, -1]))),
+        None,
+        {"slot_mapping": [PAD] * 8},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "positions int32, query_start_loc int64",
+        slot_run(call=lambda p: (2, p.t(QSL), p.t(POS, I32))),
+        None,
+        {"slot_mapping": SLOTS + [PAD] * 3},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "positions / query_start_loc 8 bytes past their allocation",
+        slot_run(call=lambda p: (2, _offset_view(p, QSL, I32), _offset_view(p, POS))),
+        None,
+        {"slot_mapping": SLOTS + [PAD] * 3},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs numpy.int64(2)",
+        slot_run(call=lambda p: (np.int64(2), p.t(QSL, I32), p.t(POS))),
+        None,
+        {"slot_mapping": SLOTS},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs 0 (all padding)",
+        slot_run(call=lambda p: (0, p.t([0], I32), p.t(POS))),
+        None,
+        {"slot_mapping": [PAD] * 8},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "no tokens",
+        slot_run(call=lambda p: (0, p.t([0], I32), p.t([]))),
+        None,
+        {"slot_mapping": [PAD] * 8 + [POISON] * 4},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "10 tokens > max_num_tokens 8 (<= len(slot_mapping))",
+        slot_run(call=lambda p: (1, p.t([0, 10], I32), p.t(range(10)))),
+        None,
+        {"slot_mapping": list(range(1600, 1610)) + [POISON] * 2},
+    ),
+    Case(
+        "slot_mapper(...)()",
+        "num_reqs 1 < len(query_start_loc) - 1",
+        slot_run(call=lambda p: (1, p.t(QSL, I32), p.t(POS))),
+        None,
+        {"slot_mapping": SLOTS[:3] + [PAD] * 5},
+    ),
 ]
 
 
@@ -189,12 +298,22 @@ SLOT_CASES = [
 # ------------------------------------------------------------------------------------------------
 def _counts_args(p: Probe) -> dict:
     args = dict(
-        num_computed_tokens=p.t(range(500, 508), I32), num_accepted_tokens=p.t([1] * 8, I32),
-        prev_positions=p.t([1, 0, -1, 2, 0, 0, 0, 0]), valid_sampled_token_count=p.t([2, 3, 1]),
-        prev_num_draft_tokens=p.t([2, 2, 0, 0, 0, 0, 0, 0], I32), cpu_num_computed_tokens=p.t([50, 60, 70, 80], I32),
-        num_scheduled_tokens=p.t([2, 1, 3, 1, 0, 0, 0, 0], I32), seq_lens=p.t([POISON] * 8, I32),
-        req_indices=p.t([0, 0, 1, 2, 2, 2, 3] + [0] * 9), query_pos=p.t([0, 1, 0, 0, 1, 2, 0] + [0] * 9),
-        positions=p.t([POISON] * 16), num_reqs=4, num_tokens=7, num_positions=9, num_prev_reqs=3)
+        num_computed_tokens=p.t(range(500, 508), I32),
+        num_accepted_tokens=p.t([1] * 8, I32),
+        prev_positions=p.t([1, 0, -1, 2, 0, 0, 0, 0]),
+        valid_sampled_token_count=p.t([2, 3, 1]),
+        prev_num_draft_tokens=p.t([2, 2, 0, 0, 0, 0, 0, 0], I32),
+        cpu_num_computed_tokens=p.t([50, 60, 70, 80], I32),
+        num_scheduled_tokens=p.t([2, 1, 3, 1, 0, 0, 0, 0], I32),
+        seq_lens=p.t([POISON] * 8, I32),
+        req_indices=p.t([0, 0, 1, 2, 2, 2, 3] + [0] * 9),
+        query_pos=p.t([0, 1, 0, 0, 1, 2, 0] + [0] * 9),
+        positions=p.t([POISON] * 16),
+        num_reqs=4,
+        num_tokens=7,
+        num_positions=9,
+        num_prev_reqs=3,
+    )
     p.watch(**{k: args[k] for k in ("num_computed_tokens", "num_accepted_tokens", "seq_lens", "positions")})
     return args
 
@@ -212,12 +331,22 @@ def counts_run(change: Callable[[Probe, dict], None] | None = None) -> Callable[
     return run
 
 
-_BOUND = ("num_computed_tokens", "seq_lens", "num_scheduled_tokens", "prev_positions", "prev_num_draft_tokens",
-          "num_accepted_tokens", "req_indices", "query_pos", "positions")
+_BOUND = (
+    "num_computed_tokens",
+    "seq_lens",
+    "num_scheduled_tokens",
+    "prev_positions",
+    "prev_num_draft_tokens",
+    "num_accepted_tokens",
+    "req_indices",
+    "query_pos",
+    "positions",
+)
 
 
-def launcher_run(change: Callable[[Probe, dict], None] | None = None, *,
-                 call: Callable[[Probe, dict], dict] | None = None) -> Callable[[Probe], None]:
+def launcher_run(
+    change: Callable[[Probe, dict], None] | None = None, *, call: Callable[[Probe, dict], dict] | None = None
+) -> Callable[[Probe], None]:
     """``token_counts_launcher`` bound to the buffers above (``change``d), one valid call, then the call
     ``call(p, args)`` returns the keyword arguments of."""
 
@@ -227,8 +356,17 @@ def launcher_run(change: Callable[[Probe, dict], None] | None = None, *,
             change(p, args)
         p.arm()
         launcher = kernels.token_counts_launcher(**{k: args[k] for k in _BOUND})
-        step = {k: args[k] for k in ("num_reqs", "cpu_num_computed_tokens", "valid_sampled_token_count",
-                                     "num_tokens", "num_positions", "num_prev_reqs")}
+        step = {
+            k: args[k]
+            for k in (
+                "num_reqs",
+                "cpu_num_computed_tokens",
+                "valid_sampled_token_count",
+                "num_tokens",
+                "num_positions",
+                "num_prev_reqs",
+            )
+        }
         launcher(**step)
         p.arm()
         launcher(**(call(p, args) if call else step))
@@ -237,8 +375,17 @@ def launcher_run(change: Callable[[Probe, dict], None] | None = None, *,
 
 
 def _step(args: dict, **changes: Any) -> dict:
-    step = {k: args[k] for k in ("num_reqs", "cpu_num_computed_tokens", "valid_sampled_token_count",
-                                 "num_tokens", "num_positions", "num_prev_reqs")}
+    step = {
+        k: args[k]
+        for k in (
+            "num_reqs",
+            "cpu_num_computed_tokens",
+            "valid_sampled_token_count",
+            "num_tokens",
+            "num_positions",
+            "num_prev_reqs",
+        )
+    }
     step.update(changes)
     return step
 
@@ -258,89 +405,200 @@ def _int32_token_buffers(p: Probe, args: dict) -> None:
 
 
 # num_computed 500.., prev rows 1, 0, -, 2: rows 0 and 1 participate (drafts 2): 501 + 3, 500 + 2
-COUNTS_OK = {"num_computed_tokens": [504, 502, 70, 80, 504, 505, 506, 507],
-             "seq_lens": [506, 503, 73, 81, 0, 0, 0, 0],
-             "positions": [504, 505, 502, 70, 71, 72, 80, 0, 0, POISON]}
+COUNTS_OK = {
+    "num_computed_tokens": [504, 502, 70, 80, 504, 505, 506, 507],
+    "seq_lens": [506, 503, 73, 81, 0, 0, 0, 0],
+    "positions": [504, 505, 502, 70, 71, 72, 80, 0, 0, POISON],
+}
 
 COUNT_CASES = [
     # --- update_token_counts (every argument checked per call)
-    Case("update_token_counts", "num_computed / seq_lens / num_accepted = 2-element views of 8, num_reqs 4",
-         counts_run(_set(num_computed_tokens=lambda p, a: a["num_computed_tokens"][:2],
-                         seq_lens=lambda p, a: a["seq_lens"][:2],
-                         num_accepted_tokens=lambda p, a: a["num_accepted_tokens"][:2])), "num_computed_tokens"),
-    Case("update_token_counts", "cpu_num_computed_tokens 2 elements, num_reqs 4",
-         counts_run(_set(cpu_num_computed_tokens=lambda p, a: a["cpu_num_computed_tokens"][:2])),
-         "cpu_num_computed_tokens"),
-    Case("update_token_counts", "prev_positions 2 elements, num_reqs 4",
-         counts_run(_set(prev_positions=lambda p, a: a["prev_positions"][:2])), "prev_positions"),
-    Case("update_token_counts", "num_scheduled_tokens 2 elements, num_reqs 4",
-         counts_run(_set(num_scheduled_tokens=lambda p, a: a["num_scheduled_tokens"][:2])), "num_scheduled_tokens"),
-    Case("update_token_counts", "num_tokens 20 > 16 (positions, req_indices, query_pos)",
-         counts_run(_set(num_tokens=lambda p, a: 20, num_positions=lambda p, a: None)), "num_tokens"),
-    Case("update_token_counts", "num_tokens 12 > len(positions) 10, num_positions default",
-         counts_run(_set(positions=lambda p, a: a["positions"][:10], num_tokens=lambda p, a: 12,
-                         num_positions=lambda p, a: None)), "num_tokens"),
-    Case("update_token_counts", "num_positions 20 > len(positions) 16",
-         counts_run(_set(num_positions=lambda p, a: 20)), "num_positions"),
-    Case("update_token_counts", "num_positions 5 < num_tokens 7", counts_run(_set(num_positions=lambda p, a: 5)),
-         "num_positions"),
+    Case(
+        "update_token_counts",
+        "num_computed / seq_lens / num_accepted = 2-element views of 8, num_reqs 4",
+        counts_run(
+            _set(
+                num_computed_tokens=lambda p, a: a["num_computed_tokens"][:2],
+                seq_lens=lambda p, a: a["seq_lens"][:2],
+                num_accepted_tokens=lambda p, a: a["num_accepted_tokens"][:2],
+            )
+        ),
+        "num_computed_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "cpu_num_computed_tokens 2 elements, num_reqs 4",
+        counts_run(_set(cpu_num_computed_tokens=lambda p, a: a["cpu_num_computed_tokens"][:2])),
+        "cpu_num_computed_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "prev_positions 2 elements, num_reqs 4",
+        counts_run(_set(prev_positions=lambda p, a: a["prev_positions"][:2])),
+        "prev_positions",
+    ),
+    Case(
+        "update_token_counts",
+        "num_scheduled_tokens 2 elements, num_reqs 4",
+        counts_run(_set(num_scheduled_tokens=lambda p, a: a["num_scheduled_tokens"][:2])),
+        "num_scheduled_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "num_tokens 20 > 16 (positions, req_indices, query_pos)",
+        counts_run(_set(num_tokens=lambda p, a: 20, num_positions=lambda p, a: None)),
+        "num_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "num_tokens 12 > len(positions) 10, num_positions default",
+        counts_run(
+            _set(
+                positions=lambda p, a: a["positions"][:10], num_tokens=lambda p, a: 12, num_positions=lambda p, a: None
+            )
+        ),
+        "num_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "num_positions 20 > len(positions) 16",
+        counts_run(_set(num_positions=lambda p, a: 20)),
+        "num_positions",
+    ),
+    Case(
+        "update_token_counts",
+        "num_positions 5 < num_tokens 7",
+        counts_run(_set(num_positions=lambda p, a: 5)),
+        "num_positions",
+    ),
     Case("update_token_counts", "num_reqs -1", counts_run(_set(num_reqs=lambda p, a: -1)), "num_reqs"),
     Case("update_token_counts", "num_reqs 4.0 (float)", counts_run(_set(num_reqs=lambda p, a: 4.0)), "num_reqs"),
-    Case("update_token_counts", "seq_lens = base[::2] (non-contiguous)",
-         counts_run(_set(seq_lens=lambda p, a: torch.zeros(16, dtype=I32, device=p.dev)[::2])), "seq_lens"),
-    Case("update_token_counts", "num_computed_tokens int64",
-         counts_run(_set(num_computed_tokens=lambda p, a: p.t(range(500, 508)))), "num_computed_tokens"),
-    Case("update_token_counts", "cpu_num_computed_tokens float32",
-         counts_run(_set(cpu_num_computed_tokens=lambda p, a: p.t([50, 60, 70, 80], F32))),
-         "cpu_num_computed_tokens"),
-    Case("update_token_counts", "valid_sampled_token_count 2-D (3, 1)",
-         counts_run(_set(valid_sampled_token_count=lambda p, a: a["valid_sampled_token_count"][:, None])),
-         "valid_sampled_token_count"),
-    Case("update_token_counts", "positions without query_pos", counts_run(_set(query_pos=lambda p, a: None)),
-         "query_pos"),
+    Case(
+        "update_token_counts",
+        "seq_lens = base[::2] (non-contiguous)",
+        counts_run(_set(seq_lens=lambda p, a: torch.zeros(16, dtype=I32, device=p.dev)[::2])),
+        "seq_lens",
+    ),
+    Case(
+        "update_token_counts",
+        "num_computed_tokens int64",
+        counts_run(_set(num_computed_tokens=lambda p, a: p.t(range(500, 508)))),
+        "num_computed_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "cpu_num_computed_tokens float32",
+        counts_run(_set(cpu_num_computed_tokens=lambda p, a: p.t([50, 60, 70, 80], F32))),
+        "cpu_num_computed_tokens",
+    ),
+    Case(
+        "update_token_counts",
+        "valid_sampled_token_count 2-D (3, 1)",
+        counts_run(_set(valid_sampled_token_count=lambda p, a: a["valid_sampled_token_count"][:, None])),
+        "valid_sampled_token_count",
+    ),
+    Case(
+        "update_token_counts", "positions without query_pos", counts_run(_set(query_pos=lambda p, a: None)), "query_pos"
+    ),
     Case("update_token_counts", "num_prev_reqs -1", counts_run(_set(num_prev_reqs=lambda p, a: -1)), "num_prev_reqs"),
     # --- token_counts_launcher: buffers when built, the step's arguments per call
-    Case("token_counts_launcher", "seq_lens = base[::2] (non-contiguous)",
-         launcher_run(_set(seq_lens=lambda p, a: torch.zeros(16, dtype=I32, device=p.dev)[::2])), "seq_lens"),
-    Case("token_counts_launcher", "req_indices float32",
-         launcher_run(_set(req_indices=lambda p, a: torch.zeros(16, dtype=F32, device=p.dev))), "req_indices"),
-    Case("token_counts_launcher(...)()", "num_reqs 9 > 8 rows",
-         launcher_run(call=lambda p, a: _step(a, num_reqs=9, cpu_num_computed_tokens=p.t(range(9), I32))),
-         "num_reqs"),
-    Case("token_counts_launcher(...)()", "num_reqs -1", launcher_run(call=lambda p, a: _step(a, num_reqs=-1)),
-         "num_reqs"),
-    Case("token_counts_launcher(...)()", "cpu_num_computed_tokens = base[::2]",
-         launcher_run(call=lambda p, a: _step(a, cpu_num_computed_tokens=_strided(p, [50, 60, 70, 80], I32))),
-         "cpu_num_computed_tokens"),
-    Case("token_counts_launcher(...)()", "cpu_num_computed_tokens a list",
-         launcher_run(call=lambda p, a: _step(a, cpu_num_computed_tokens=[50, 60, 70, 80])),
-         "cpu_num_computed_tokens"),
-    Case("token_counts_launcher(...)()", "num_tokens 17 > 16 (req_indices)",
-         launcher_run(call=lambda p, a: _step(a, num_tokens=17, num_positions=None)), "num_tokens"),
-    Case("token_counts_launcher(...)()", "valid_sampled_token_count float32",
-         launcher_run(call=lambda p, a: _step(a, valid_sampled_token_count=p.t([2, 3, 1], F32))),
-         "valid_sampled_token_count"),
+    Case(
+        "token_counts_launcher",
+        "seq_lens = base[::2] (non-contiguous)",
+        launcher_run(_set(seq_lens=lambda p, a: torch.zeros(16, dtype=I32, device=p.dev)[::2])),
+        "seq_lens",
+    ),
+    Case(
+        "token_counts_launcher",
+        "req_indices float32",
+        launcher_run(_set(req_indices=lambda p, a: torch.zeros(16, dtype=F32, device=p.dev))),
+        "req_indices",
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "num_reqs 9 > 8 rows",
+        launcher_run(call=lambda p, a: _step(a, num_reqs=9, cpu_num_computed_tokens=p.t(range(9), I32))),
+        "num_reqs",
+    ),
+    Case(
+        "token_counts_launcher(...)()", "num_reqs -1", launcher_run(call=lambda p, a: _step(a, num_reqs=-1)), "num_reqs"
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "cpu_num_computed_tokens = base[::2]",
+        launcher_run(call=lambda p, a: _step(a, cpu_num_computed_tokens=_strided(p, [50, 60, 70, 80], I32))),
+        "cpu_num_computed_tokens",
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "cpu_num_computed_tokens a list",
+        launcher_run(call=lambda p, a: _step(a, cpu_num_computed_tokens=[50, 60, 70, 80])),
+        "cpu_num_computed_tokens",
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "num_tokens 17 > 16 (req_indices)",
+        launcher_run(call=lambda p, a: _step(a, num_tokens=17, num_positions=None)),
+        "num_tokens",
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "valid_sampled_token_count float32",
+        launcher_run(call=lambda p, a: _step(a, valid_sampled_token_count=p.t([2, 3, 1], F32))),
+        "valid_sampled_token_count",
+    ),
     # --- valid edge cases: identical results
     Case("update_token_counts", "the batch as it is", counts_run(), None, COUNTS_OK),
     Case("token_counts_launcher(...)()", "the batch twice (bound buffers)", launcher_run(), None, None),
-    Case("update_token_counts", "num_reqs 0", counts_run(_set(num_reqs=lambda p, a: 0, num_tokens=lambda p, a: 0)),
-         None, {"seq_lens": [0] * 8, "positions": [0] * 9 + [POISON]}),
-    Case("update_token_counts", "req_indices -1 and 99 (outside the batch) -> position 0",
-         counts_run(_set(req_indices=lambda p, a: p.t([0, -1, 1, 2, 99, 2, 3] + [0] * 9))), None,
-         {"positions": [504, 0, 502, 70, 0, 72, 80, 0, 0, POISON]}),
-    Case("update_token_counts", "req_indices 2**32 (row 0 if cast to int32 first)",
-         counts_run(_set(req_indices=lambda p, a: p.t([0, 2**32, 1, 2, 2, 2, 3] + [0] * 9))), None,
-         {"positions": [504, 0, 502, 70, 71, 72, 80, 0, 0, POISON]}),
-    Case("update_token_counts", "int32 positions / req_indices / query_pos",
-         counts_run(_int32_token_buffers), None, {"positions": COUNTS_OK["positions"]}),
-    Case("update_token_counts", "num_prev_reqs 0 (nobody participates)",
-         counts_run(_set(num_prev_reqs=lambda p, a: 0)), None,
-         {"num_computed_tokens": [50, 60, 70, 80, 504, 505, 506, 507]}),
-    Case("update_token_counts", "empty valid_sampled_token_count",
-         counts_run(_set(valid_sampled_token_count=lambda p, a: p.t([]))), None,
-         {"num_computed_tokens": [50, 60, 70, 80, 504, 505, 506, 507]}),
-    Case("token_counts_launcher(...)()", "num_reqs numpy.int64(4), num_tokens numpy.int64(7)",
-         launcher_run(call=lambda p, a: _step(a, num_reqs=np.int64(4), num_tokens=np.int64(7))), None, None),
+    Case(
+        "update_token_counts",
+        "num_reqs 0",
+        counts_run(_set(num_reqs=lambda p, a: 0, num_tokens=lambda p, a: 0)),
+        None,
+        {"seq_lens": [0] * 8, "positions": [0] * 9 + [POISON]},
+    ),
+    Case(
+        "update_token_counts",
+        "req_indices -1 and 99 (outside the batch) -> position 0",
+        counts_run(_set(req_indices=lambda p, a: p.t([0, -1, 1, 2, 99, 2, 3] + [0] * 9))),
+        None,
+        {"positions": [504, 0, 502, 70, 0, 72, 80, 0, 0, POISON]},
+    ),
+    Case(
+        "update_token_counts",
+        "req_indices 2**32 (row 0 if cast to int32 first)",
+        counts_run(_set(req_indices=lambda p, a: p.t([0, 2**32, 1, 2, 2, 2, 3] + [0] * 9))),
+        None,
+        {"positions": [504, 0, 502, 70, 71, 72, 80, 0, 0, POISON]},
+    ),
+    Case(
+        "update_token_counts",
+        "int32 positions / req_indices / query_pos",
+        counts_run(_int32_token_buffers),
+        None,
+        {"positions": COUNTS_OK["positions"]},
+    ),
+    Case(
+        "update_token_counts",
+        "num_prev_reqs 0 (nobody participates)",
+        counts_run(_set(num_prev_reqs=lambda p, a: 0)),
+        None,
+        {"num_computed_tokens": [50, 60, 70, 80, 504, 505, 506, 507]},
+    ),
+    Case(
+        "update_token_counts",
+        "empty valid_sampled_token_count",
+        counts_run(_set(valid_sampled_token_count=lambda p, a: p.t([]))),
+        None,
+        {"num_computed_tokens": [50, 60, 70, 80, 504, 505, 506, 507]},
+    ),
+    Case(
+        "token_counts_launcher(...)()",
+        "num_reqs numpy.int64(4), num_tokens numpy.int64(7)",
+        launcher_run(call=lambda p, a: _step(a, num_reqs=np.int64(4), num_tokens=np.int64(7))),
+        None,
+        None,
+    ),
 ]
 
 
@@ -351,9 +609,13 @@ def seq_lens_run(**changes: Any) -> Callable[[Probe], None]:
     def run(p: Probe) -> None:
         seq = np.array([10, 20, 30, 0], dtype=np.int32)
         p.watch(optimistic_seq_lens=torch.from_numpy(seq))
-        args = dict(optimistic_seq_lens=seq, prev_positions=np.array([1, -1, 0]),
-                    prev_num_draft_tokens=np.array([2, 3], dtype=np.int32), valid_sampled_token_count=np.array([1, 4]),
-                    num_reqs=3)
+        args = dict(
+            optimistic_seq_lens=seq,
+            prev_positions=np.array([1, -1, 0]),
+            prev_num_draft_tokens=np.array([2, 3], dtype=np.int32),
+            valid_sampled_token_count=np.array([1, 4]),
+            num_reqs=3,
+        )
         args.update({k: (v(seq) if callable(v) else v) for k, v in changes.items()})
         p.arm()
         kernels.correct_optimistic_seq_lens_cpu(**args)
@@ -362,15 +624,27 @@ def seq_lens_run(**changes: Any) -> Callable[[Probe], None]:
 
 
 SEQ_LENS_CASES = [
-    Case("correct_optimistic_seq_lens_cpu", "optimistic_seq_lens a list",
-         seq_lens_run(optimistic_seq_lens=lambda seq: seq.tolist()), "optimistic_seq_lens"),
+    Case(
+        "correct_optimistic_seq_lens_cpu",
+        "optimistic_seq_lens a list",
+        seq_lens_run(optimistic_seq_lens=lambda seq: seq.tolist()),
+        "optimistic_seq_lens",
+    ),
     Case("correct_optimistic_seq_lens_cpu", "num_reqs 5 > len 4", seq_lens_run(num_reqs=5), "num_reqs"),
     Case("correct_optimistic_seq_lens_cpu", "num_reqs -1", seq_lens_run(num_reqs=-1), "num_reqs"),
-    Case("correct_optimistic_seq_lens_cpu", "prev_positions float", seq_lens_run(prev_positions=[1.0, -1.0, 0.0]),
-         "prev_positions"),
-    Case("correct_optimistic_seq_lens_cpu", "lists for the read-only arguments",
-         seq_lens_run(prev_positions=[1, -1, 0], prev_num_draft_tokens=[2, 3], valid_sampled_token_count=[1, 4]),
-         None, {"optimistic_seq_lens": [10, 20, 28, 0]}),
+    Case(
+        "correct_optimistic_seq_lens_cpu",
+        "prev_positions float",
+        seq_lens_run(prev_positions=[1.0, -1.0, 0.0]),
+        "prev_positions",
+    ),
+    Case(
+        "correct_optimistic_seq_lens_cpu",
+        "lists for the read-only arguments",
+        seq_lens_run(prev_positions=[1, -1, 0], prev_num_draft_tokens=[2, 3], valid_sampled_token_count=[1, 4]),
+        None,
+        {"optimistic_seq_lens": [10, 20, 28, 0]},
+    ),
 ]
 
 TABLE = SLOT_CASES + COUNT_CASES + SEQ_LENS_CASES
@@ -444,8 +718,9 @@ def test_both_paths_reject_or_agree(case: Case):
 
 def test_messages_name_value_and_allowed_range():
     with path(False), pytest.raises(ValueError) as info:
-        kernels.slot_mapper(_block_table(Probe("cpu")), torch.zeros(12, dtype=I64), block_size=16,
-                            max_num_tokens=8)(5, torch.zeros(6, dtype=I32), torch.zeros(3, dtype=I64))
+        kernels.slot_mapper(_block_table(Probe("cpu")), torch.zeros(12, dtype=I64), block_size=16, max_num_tokens=8)(
+            5, torch.zeros(6, dtype=I32), torch.zeros(3, dtype=I64)
+        )
     assert str(info.value) == "num_reqs=5: allowed: 0 <= num_reqs <= 4 (the block table's rows)"
 
 
@@ -462,8 +737,11 @@ def main() -> None:
             tri_text = "(no kernel device)"
         else:
             tri = run_case(case, triton=True)
-            tri_text = "identical" if case.rejects is None and tri.error is None and tri.outputs == ref.outputs \
+            tri_text = (
+                "identical"
+                if case.rejects is None and tri.error is None and tri.outputs == ref.outputs
                 else tri.summary()
+            )
         print(f"| {case.api} | {case.what} | {ref.summary()} | {tri_text} |")
 
 

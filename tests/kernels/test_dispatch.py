@@ -8,10 +8,9 @@ import sys
 import textwrap
 
 import torch
+from kernel_env import HAVE_TRITON, INTERPRET, requires_kernels
 
 from zb_patch import kernels
-
-from kernel_env import HAVE_TRITON, INTERPRET, requires_kernels
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,8 +19,9 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     full_env.update(env)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, full_env.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cpu_tensors_use_the_reference_without_importing_triton():

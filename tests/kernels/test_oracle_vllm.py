@@ -24,11 +24,10 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from kernel_env import INTERPRET
 
 from zb_patch import kernels
 from zb_patch.kernels.reference import PAD_SLOT_ID
-
-from kernel_env import INTERPRET
 
 
 def _import(module: str, attr: str):
@@ -79,8 +78,9 @@ def test_update_num_computed_tokens_for_batch_change_oracle(module):
         b_nc, b_acc = nc.clone(), acc.clone()
         n = prev.numel()
         seq = torch.zeros(20, dtype=torch.int32)
-        kernels.update_token_counts(b_nc, b_acc, prev, valid, drafts, cpu, torch.ones(n, dtype=torch.int32), seq,
-                                    num_reqs=n)
+        kernels.update_token_counts(
+            b_nc, b_acc, prev, valid, drafts, cpu, torch.ones(n, dtype=torch.int32), seq, num_reqs=n
+        )
         assert torch.equal(a_nc, b_nc), (i, a_nc.tolist(), b_nc.tolist())
         assert torch.equal(a_acc, b_acc), (i, a_acc.tolist(), b_acc.tolist())
 
@@ -116,11 +116,30 @@ def test_vllm_generic_slot_mapping_kernel_oracle(world, interleave, out_dtype):
     for rank in range(world):
         theirs = torch.full((max_num_tokens,), -7, dtype=out_dtype)
         upstream[(len(lens) + 1,)](
-            positions.numel(), max_num_tokens, qsl, positions, block_table, block_table.stride(0), 16, theirs,
-            TOTAL_CP_WORLD_SIZE=world, TOTAL_CP_RANK=rank, CP_KV_CACHE_INTERLEAVE_SIZE=interleave,
-            PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=1024,
+            positions.numel(),
+            max_num_tokens,
+            qsl,
+            positions,
+            block_table,
+            block_table.stride(0),
+            16,
+            theirs,
+            TOTAL_CP_WORLD_SIZE=world,
+            TOTAL_CP_RANK=rank,
+            CP_KV_CACHE_INTERLEAVE_SIZE=interleave,
+            PAD_ID=PAD_SLOT_ID,
+            BLOCK_SIZE=1024,
         )
         ours = torch.full((max_num_tokens,), -7, dtype=out_dtype)
-        kernels.compute_slot_mapping(qsl, positions, block_table, ours, block_size=16, max_num_tokens=max_num_tokens,
-                                     dcp_world_size=world, dcp_rank=rank, cp_kv_cache_interleave_size=interleave)
+        kernels.compute_slot_mapping(
+            qsl,
+            positions,
+            block_table,
+            ours,
+            block_size=16,
+            max_num_tokens=max_num_tokens,
+            dcp_world_size=world,
+            dcp_rank=rank,
+            cp_kv_cache_interleave_size=interleave,
+        )
         assert torch.equal(theirs, ours), (rank, (theirs != ours).nonzero().flatten().tolist()[:8])

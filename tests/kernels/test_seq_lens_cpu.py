@@ -52,8 +52,17 @@ def device_seq_lens(exact_prev, drafts, valid, prev, cpu, sched):
     drafts_t = torch.zeros(size, dtype=torch.int32)
     drafts_t[: len(drafts)] = torch.from_numpy(drafts)
     seq = torch.zeros(size, dtype=torch.int32)
-    token_counts_reference(nc, None, torch.from_numpy(prev), torch.from_numpy(valid), drafts_t,
-                           torch.from_numpy(cpu), torch.from_numpy(sched), seq, num_reqs=n)
+    token_counts_reference(
+        nc,
+        None,
+        torch.from_numpy(prev),
+        torch.from_numpy(valid),
+        drafts_t,
+        torch.from_numpy(cpu),
+        torch.from_numpy(sched),
+        seq,
+        num_reqs=n,
+    )
     return seq[:n].numpy()
 
 
@@ -84,8 +93,9 @@ def test_hypothesis_matches_vllm_ascend_and_device(n_prev, n, seed):
 
 def test_torch_tensors_are_corrected_in_place():
     opt = torch.tensor([10, 20, 30, 0], dtype=torch.int32)
-    correct_optimistic_seq_lens_cpu(opt, torch.tensor([1, -1, 0]), torch.tensor([2, 3], dtype=torch.int32),
-                                    torch.tensor([1, 4]), 3)
+    correct_optimistic_seq_lens_cpu(
+        opt, torch.tensor([1, -1, 0]), torch.tensor([2, 3], dtype=torch.int32), torch.tensor([1, 4]), 3
+    )
     # row 0 <- prev 1: drafts 3, valid 4 -> 0 rejected; row 2 <- prev 0: drafts 2, valid 1 -> 2 rejected
     assert opt.tolist() == [10, 20, 28, 0]
 
@@ -101,8 +111,9 @@ def test_no_participants_and_empty_counts_leave_values():
 def test_num_prev_hardening_and_partial_batch():
     opt = np.array([50, 60, 70, 80], dtype=np.int32)
     # prev row 2 exists in the (max_num_reqs) buffer but not in the previous batch of 2 rows
-    correct_optimistic_seq_lens_cpu(opt, np.array([2, 0, 1, 0]), np.array([3, 3, 3]), np.array([1, 2, 1]), 3,
-                                    num_prev=2)
+    correct_optimistic_seq_lens_cpu(
+        opt, np.array([2, 0, 1, 0]), np.array([3, 3, 3]), np.array([1, 2, 1]), 3, num_prev=2
+    )
     assert opt.tolist() == [50, 57, 68, 80]  # only the first 3 rows; row 0 (stale) untouched
 
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_env import KERNEL_DEVICE, examples, requires_kernels
 
 from zb_patch import kernels
 from zb_patch.kernels.reference import PAD_SLOT_ID, slot_mapping_reference, vllm_generic_slot_mapping
-
-from kernel_env import KERNEL_DEVICE, examples, requires_kernels
 
 GUARD = 8  # elements past the written range that must stay untouched
 POISON = -777
@@ -51,23 +50,30 @@ def make_batch(lens, starts, *, max_blocks=64, extra_rows=2, seed=0, shuffle=Fal
     return Batch(qsl, positions, block_table)
 
 
-def run_pair(batch: Batch, dev: str, *, out_dtype=torch.int64, max_num_tokens=None, shape=None, block_size=16,
-             **cfg):
+def run_pair(batch: Batch, dev: str, *, out_dtype=torch.int64, max_num_tokens=None, shape=None, block_size=16, **cfg):
     """Run the kernel (on ``dev``) and the reference (CPU); return both whole output buffers."""
     if max_num_tokens is None:
         max_num_tokens = batch.num_tokens + 5
     size = max(batch.num_tokens, max_num_tokens) + GUARD
     out_k = torch.full((size,), POISON, dtype=out_dtype, device=dev)
     out_r = torch.full((size,), POISON, dtype=out_dtype)
-    mapper = kernels.slot_mapper(batch.block_table.to(dev), out_k, block_size=block_size,
-                                 max_num_tokens=max_num_tokens, **cfg, **(shape or {}))
+    mapper = kernels.slot_mapper(
+        batch.block_table.to(dev), out_k, block_size=block_size, max_num_tokens=max_num_tokens, **cfg, **(shape or {})
+    )
     mapper(batch.num_reqs, batch.query_start_loc.to(dev), batch.positions.to(dev))
     world = cfg.get("pcp_world_size", 1) * cfg.get("dcp_world_size", 1)
     rank = cfg.get("pcp_rank", 0) * cfg.get("dcp_world_size", 1) + cfg.get("dcp_rank", 0)
     slot_mapping_reference(
-        batch.query_start_loc, batch.positions, batch.block_table, out_r,
-        block_size=block_size, max_num_tokens=max_num_tokens, num_reqs=batch.num_reqs,
-        physical_block_size=cfg.get("physical_block_size"), cp_world_size=world, cp_rank=rank,
+        batch.query_start_loc,
+        batch.positions,
+        batch.block_table,
+        out_r,
+        block_size=block_size,
+        max_num_tokens=max_num_tokens,
+        num_reqs=batch.num_reqs,
+        physical_block_size=cfg.get("physical_block_size"),
+        cp_world_size=world,
+        cp_rank=rank,
         cp_kv_cache_interleave_size=cfg.get("cp_kv_cache_interleave_size", 1),
         pad_slot_id=cfg.get("pad_slot_id", PAD_SLOT_ID),
     )
@@ -77,7 +83,9 @@ def run_pair(batch: Batch, dev: str, *, out_dtype=torch.int64, max_num_tokens=No
 def assert_same(out_k, out_r):
     if not torch.equal(out_k, out_r):
         bad = (out_k != out_r).nonzero().flatten()[:10].tolist()
-        raise AssertionError(f"kernel != reference at {bad}: kernel {out_k[bad].tolist()} reference {out_r[bad].tolist()}")
+        raise AssertionError(
+            f"kernel != reference at {bad}: kernel {out_k[bad].tolist()} reference {out_r[bad].tolist()}"
+        )
     assert (out_k[-GUARD:] == POISON).all(), "kernel wrote past its range"
 
 
@@ -134,8 +142,8 @@ def test_padding_tail(dev, max_num_tokens):
     out_k, out_r = run_pair(batch, dev, block_size=16, max_num_tokens=max_num_tokens, shape=dict(tile=16))
     assert_same(out_k, out_r)
     if max_num_tokens > batch.num_tokens:
-        assert (out_k[batch.num_tokens:max_num_tokens] == PAD_SLOT_ID).all()
-    assert (out_k[max(batch.num_tokens, max_num_tokens):] == POISON).all()
+        assert (out_k[batch.num_tokens : max_num_tokens] == PAD_SLOT_ID).all()
+    assert (out_k[max(batch.num_tokens, max_num_tokens) :] == POISON).all()
 
 
 @requires_kernels
@@ -177,8 +185,14 @@ def test_hybrid_block_sizes(dev, kernel_block, physical, world, interleave, wind
     batch = make_batch([7, 150, 1, 40], [0, 20, 500, 64], max_blocks=96)
     for rank in range(world):
         out_k, out_r = run_pair(
-            batch, dev, block_size=kernel_block, physical_block_size=physical, dcp_world_size=world, dcp_rank=rank,
-            cp_kv_cache_interleave_size=interleave, shape=dict(tile=32, max_programs=3, windowed=windowed),
+            batch,
+            dev,
+            block_size=kernel_block,
+            physical_block_size=physical,
+            dcp_world_size=world,
+            dcp_rank=rank,
+            cp_kv_cache_interleave_size=interleave,
+            shape=dict(tile=32, max_programs=3, windowed=windowed),
         )
         assert_same(out_k, out_r)
 
@@ -209,11 +223,19 @@ def test_offset_query_start_loc(dev):
 def test_one_shot_api_and_pad_id(dev):
     batch = make_batch([3, 2], [1, 5])
     out = torch.full((16,), POISON, dtype=torch.int32, device=dev)
-    kernels.compute_slot_mapping(batch.query_start_loc.to(dev), batch.positions.to(dev), batch.block_table.to(dev),
-                                 out, block_size=16, max_num_tokens=12, pad_slot_id=-5)
+    kernels.compute_slot_mapping(
+        batch.query_start_loc.to(dev),
+        batch.positions.to(dev),
+        batch.block_table.to(dev),
+        out,
+        block_size=16,
+        max_num_tokens=12,
+        pad_slot_id=-5,
+    )
     ref = torch.full((16,), POISON, dtype=torch.int32)
-    slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, ref, block_size=16,
-                           max_num_tokens=12, pad_slot_id=-5)
+    slot_mapping_reference(
+        batch.query_start_loc, batch.positions, batch.block_table, ref, block_size=16, max_num_tokens=12, pad_slot_id=-5
+    )
     assert torch.equal(out.cpu(), ref)
     assert (ref[5:12] == -5).all()
 
@@ -226,8 +248,9 @@ def test_one_mapper_many_batches(dev):
     bt = make_batch([1], [0], max_blocks=64, extra_rows=40).block_table
     out = torch.full((300,), POISON, dtype=torch.int32, device=dev)
     mapper = kernels.slot_mapper(bt.to(dev), out, block_size=16, max_num_tokens=256)
-    for seed, (lens, shift) in enumerate([([3, 9, 1], 0), ([1] * 30, 0), ([100, 28], 0), ([5], 1), ([2, 2], 1),
-                                          ([40, 1, 1, 7], 0), ([], 0)]):
+    for seed, (lens, shift) in enumerate(
+        [([3, 9, 1], 0), ([1] * 30, 0), ([100, 28], 0), ([5], 1), ([2, 2], 1), ([40, 1, 1, 7], 0), ([], 0)]
+    ):
         batch = make_batch(lens, [7 * i + 3 for i in range(len(lens))], max_blocks=64, seed=seed)
         batch.block_table = bt
         pos = torch.cat([torch.zeros(shift, dtype=torch.int64), batch.positions]).to(dev)[shift:]
@@ -249,11 +272,17 @@ def test_reference_matches_vllm_generic_formula_when_interleave_divides_block(wo
     for rank in range(world):
         ours = torch.full((100,), POISON, dtype=torch.int64)
         theirs = torch.full((100,), POISON, dtype=torch.int64)
-        kw = dict(block_size=block, max_num_tokens=90, cp_world_size=world, cp_rank=rank,
-                  cp_kv_cache_interleave_size=interleave)
+        kw = dict(
+            block_size=block,
+            max_num_tokens=90,
+            cp_world_size=world,
+            cp_rank=rank,
+            cp_kv_cache_interleave_size=interleave,
+        )
         slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, ours, **kw)
-        vllm_generic_slot_mapping(batch.query_start_loc, batch.positions, batch.block_table, theirs,
-                                  num_reqs=batch.num_reqs, **kw)
+        vllm_generic_slot_mapping(
+            batch.query_start_loc, batch.positions, batch.block_table, theirs, num_reqs=batch.num_reqs, **kw
+        )
         assert torch.equal(ours, theirs)
 
 
@@ -264,8 +293,9 @@ def test_vllm_generic_formula_differs_for_hybrid_blocks_with_large_interleave():
     kw = dict(block_size=16, max_num_tokens=100, cp_world_size=2, cp_rank=0, cp_kv_cache_interleave_size=64)
     ours = torch.zeros(100, dtype=torch.int64)
     theirs = torch.zeros(100, dtype=torch.int64)
-    slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, ours,
-                           physical_block_size=64, **kw)
+    slot_mapping_reference(
+        batch.query_start_loc, batch.positions, batch.block_table, ours, physical_block_size=64, **kw
+    )
     vllm_generic_slot_mapping(batch.query_start_loc, batch.positions, batch.block_table, theirs, num_reqs=1, **kw)
     assert not torch.equal(ours, theirs)
     # rank 0 owns positions 0..63 and stores them in its first 4 kernel blocks
@@ -288,10 +318,19 @@ def test_reference_differs_from_cp_oblivious_variant():
     batch = make_batch([30], [0])
     a = torch.zeros(30, dtype=torch.int64)
     b = torch.zeros(30, dtype=torch.int64)
-    slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, a, block_size=16,
-                           max_num_tokens=30, cp_world_size=2, cp_rank=1)
-    slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, b, block_size=16,
-                           max_num_tokens=30)
+    slot_mapping_reference(
+        batch.query_start_loc,
+        batch.positions,
+        batch.block_table,
+        a,
+        block_size=16,
+        max_num_tokens=30,
+        cp_world_size=2,
+        cp_rank=1,
+    )
+    slot_mapping_reference(
+        batch.query_start_loc, batch.positions, batch.block_table, b, block_size=16, max_num_tokens=30
+    )
     assert not torch.equal(a, b)
     assert (a[::2] == PAD_SLOT_ID).all() and (a[1::2] != PAD_SLOT_ID).all()
 
@@ -302,8 +341,15 @@ def test_invalid_configs_are_rejected():
     with pytest.raises(ValueError, match="divide the physical"):
         kernels.slot_mapper(bt, out, block_size=16, max_num_tokens=8, physical_block_size=24)
     with pytest.raises(ValueError, match="interleave"):
-        kernels.slot_mapper(bt, out, block_size=16, max_num_tokens=8, physical_block_size=32,
-                            dcp_world_size=2, cp_kv_cache_interleave_size=48)
+        kernels.slot_mapper(
+            bt,
+            out,
+            block_size=16,
+            max_num_tokens=8,
+            physical_block_size=32,
+            dcp_world_size=2,
+            cp_kv_cache_interleave_size=48,
+        )
     with pytest.raises(ValueError, match="int32"):
         kernels.slot_mapper(bt.long(), out, block_size=16, max_num_tokens=8)
     with pytest.raises(ValueError, match="max_num_tokens"):
@@ -322,8 +368,9 @@ def slot_cases(draw):
     physical = block * k
     world = draw(st.sampled_from([1, 1, 2, 4, 8]))
     rank = draw(st.integers(0, world - 1))
-    interleave = draw(st.sampled_from(sorted({d for d in (1, block, physical, max(1, physical // 2))
-                                              if physical % d == 0})))
+    interleave = draw(
+        st.sampled_from(sorted({d for d in (1, block, physical, max(1, physical // 2)) if physical % d == 0}))
+    )
     num_reqs = draw(st.integers(0, 9))
     lens = draw(st.lists(st.one_of(st.integers(0, 6), st.integers(1, 90)), min_size=num_reqs, max_size=num_reqs))
     starts = draw(st.lists(st.integers(0, 400), min_size=num_reqs, max_size=num_reqs))
@@ -333,13 +380,29 @@ def slot_cases(draw):
     max_blocks = draw(st.sampled_from([needed, needed + 7, max(1, needed // 2)]))  # sometimes too short
     extra = draw(st.integers(0, 60))
     max_num_tokens = draw(st.sampled_from([sum(lens) + extra, max(0, sum(lens) - 3)]))
-    shape = dict(tile=draw(st.sampled_from([16, 32, 64])), max_programs=draw(st.integers(1, 4)),
-                 windowed=draw(st.booleans()), uniform_guess=draw(st.booleans()))
+    shape = dict(
+        tile=draw(st.sampled_from([16, 32, 64])),
+        max_programs=draw(st.integers(1, 4)),
+        windowed=draw(st.booleans()),
+        uniform_guess=draw(st.booleans()),
+    )
     out_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     seed = draw(st.integers(0, 2**16))
-    return dict(block=block, physical=physical, world=world, rank=rank, interleave=interleave, lens=lens,
-                starts=starts, shuffle=shuffle, max_blocks=max_blocks, max_num_tokens=max_num_tokens,
-                shape=shape, out_dtype=out_dtype, seed=seed)
+    return dict(
+        block=block,
+        physical=physical,
+        world=world,
+        rank=rank,
+        interleave=interleave,
+        lens=lens,
+        starts=starts,
+        shuffle=shuffle,
+        max_blocks=max_blocks,
+        max_num_tokens=max_num_tokens,
+        shape=shape,
+        out_dtype=out_dtype,
+        seed=seed,
+    )
 
 
 @requires_kernels
@@ -347,11 +410,19 @@ def slot_cases(draw):
 @given(case=slot_cases())
 def test_hypothesis_kernel_equals_reference(case):
     dev = KERNEL_DEVICE
-    batch = make_batch(case["lens"], case["starts"], max_blocks=case["max_blocks"], seed=case["seed"],
-                       shuffle=case["shuffle"])
+    batch = make_batch(
+        case["lens"], case["starts"], max_blocks=case["max_blocks"], seed=case["seed"], shuffle=case["shuffle"]
+    )
     out_k, out_r = run_pair(
-        batch, dev, out_dtype=case["out_dtype"], max_num_tokens=case["max_num_tokens"], shape=case["shape"],
-        block_size=case["block"], physical_block_size=case["physical"], dcp_world_size=case["world"],
-        dcp_rank=case["rank"], cp_kv_cache_interleave_size=case["interleave"],
+        batch,
+        dev,
+        out_dtype=case["out_dtype"],
+        max_num_tokens=case["max_num_tokens"],
+        shape=case["shape"],
+        block_size=case["block"],
+        physical_block_size=case["physical"],
+        dcp_world_size=case["world"],
+        dcp_rank=case["rank"],
+        cp_kv_cache_interleave_size=case["interleave"],
     )
     assert_same(out_k, out_r)

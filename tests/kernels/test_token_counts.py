@@ -9,11 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_env import KERNEL_DEVICE, examples, requires_kernels
 
 from zb_patch import kernels
 from zb_patch.kernels.reference import token_counts_reference, vllm_update_num_computed_tokens_for_batch_change
-
-from kernel_env import KERNEL_DEVICE, examples, requires_kernels
 
 POISON = -999
 
@@ -49,8 +48,16 @@ class Step:
         return n_tok, req_buf, qpos_buf
 
 
-def run_pair(step: Step, dev: str | None, *, correct=True, with_accepted=True, with_positions=True,
-             num_prev_reqs=None, tiles=None):
+def run_pair(
+    step: Step,
+    dev: str | None,
+    *,
+    correct=True,
+    with_accepted=True,
+    with_positions=True,
+    num_prev_reqs=None,
+    tiles=None,
+):
     """Run the kernel (dev) and the reference (CPU) on copies; return both states as dicts."""
     n_tok, req_buf, qpos_buf = step.token_layout()
     num_positions = n_tok + step.pad_tokens
@@ -65,13 +72,24 @@ def run_pair(step: Step, dev: str | None, *, correct=True, with_accepted=True, w
 
     def call(fn, s, device, **extra):
         to = lambda t: None if t is None else t.to(device)  # noqa: E731
-        fn(s["num_computed"], s["num_accepted"] if with_accepted else None,
-           to(step.prev_positions) if correct else None, to(step.valid_count) if correct else None,
-           to(step.prev_drafts) if correct else None, to(step.cpu_computed), to(step.num_scheduled), s["seq_lens"],
-           num_reqs=step.num_reqs, req_indices=to(req_buf) if with_positions else None,
-           query_pos=to(qpos_buf) if with_positions else None,
-           positions=s["positions"] if with_positions else None, num_tokens=n_tok,
-           num_positions=num_positions, num_prev_reqs=num_prev_reqs, **extra)
+        fn(
+            s["num_computed"],
+            s["num_accepted"] if with_accepted else None,
+            to(step.prev_positions) if correct else None,
+            to(step.valid_count) if correct else None,
+            to(step.prev_drafts) if correct else None,
+            to(step.cpu_computed),
+            to(step.num_scheduled),
+            s["seq_lens"],
+            num_reqs=step.num_reqs,
+            req_indices=to(req_buf) if with_positions else None,
+            query_pos=to(qpos_buf) if with_positions else None,
+            positions=s["positions"] if with_positions else None,
+            num_tokens=n_tok,
+            num_positions=num_positions,
+            num_prev_reqs=num_prev_reqs,
+            **extra,
+        )
 
     ref = state("cpu")
     call(token_counts_reference, ref, "cpu")
@@ -86,12 +104,24 @@ def assert_same(ker, ref):
     for name in ref:
         if not torch.equal(ker[name], ref[name]):
             bad = (ker[name] != ref[name]).nonzero().flatten()[:8].tolist()
-            raise AssertionError(f"{name}: kernel != reference at {bad}: "
-                                 f"{ker[name][bad].tolist()} vs {ref[name][bad].tolist()}")
+            raise AssertionError(
+                f"{name}: kernel != reference at {bad}: {ker[name][bad].tolist()} vs {ref[name][bad].tolist()}"
+            )
 
 
-def make_step(prev_positions, valid, drafts, *, nc_before=None, cpu=None, sched=None, max_reqs=None,
-              accepted_dtype=torch.int32, valid_dtype=torch.int64, seed=0):
+def make_step(
+    prev_positions,
+    valid,
+    drafts,
+    *,
+    nc_before=None,
+    cpu=None,
+    sched=None,
+    max_reqs=None,
+    accepted_dtype=torch.int32,
+    valid_dtype=torch.int64,
+    seed=0,
+):
     g = torch.Generator().manual_seed(seed)
     n = len(prev_positions)
     max_reqs = max_reqs or max(n, len(valid), len(drafts)) + 3
@@ -106,9 +136,11 @@ def make_step(prev_positions, valid, drafts, *, nc_before=None, cpu=None, sched=
         prev_positions=torch.tensor(prev_positions, dtype=torch.int64),
         valid_count=None if valid is None else torch.tensor(valid, dtype=valid_dtype),
         prev_drafts=drafts_buf,
-        cpu_computed=torch.tensor(cpu, dtype=torch.int32) if cpu is not None
+        cpu_computed=torch.tensor(cpu, dtype=torch.int32)
+        if cpu is not None
         else torch.randint(100, 900, (n,), dtype=torch.int32, generator=g),
-        num_scheduled=torch.tensor(sched, dtype=torch.int32) if sched is not None
+        num_scheduled=torch.tensor(sched, dtype=torch.int32)
+        if sched is not None
         else torch.randint(1, 5, (n,), dtype=torch.int32, generator=g),
         max_reqs=max_reqs,
     )
@@ -153,9 +185,17 @@ def test_upstream_hardening_example_values():
     nc = torch.tensor([10, 20, 30], dtype=torch.int32)
     acc = torch.tensor([7, 8, 9], dtype=torch.int32)
     seq = torch.zeros(3, dtype=torch.int32)
-    token_counts_reference(nc, acc, torch.tensor([-1, 3, 1]), torch.tensor([2, 4, 6], dtype=torch.int32),
-                           torch.tensor([1, 1, 1], dtype=torch.int32), torch.tensor([100, 200, 300], dtype=torch.int32),
-                           torch.tensor([1, 1, 1], dtype=torch.int32), seq, num_reqs=3)
+    token_counts_reference(
+        nc,
+        acc,
+        torch.tensor([-1, 3, 1]),
+        torch.tensor([2, 4, 6], dtype=torch.int32),
+        torch.tensor([1, 1, 1], dtype=torch.int32),
+        torch.tensor([100, 200, 300], dtype=torch.int32),
+        torch.tensor([1, 1, 1], dtype=torch.int32),
+        seq,
+        num_reqs=3,
+    )
     assert nc.tolist() == [100, 200, 24]
     assert acc.tolist() == [7, 8, 4]
     assert seq.tolist() == [101, 201, 25]
@@ -167,9 +207,16 @@ def test_upstream_hardening_example_values_kernel(dev):
     acc = torch.tensor([7, 8, 9], dtype=torch.int32, device=dev)
     seq = torch.zeros(3, dtype=torch.int32, device=dev)
     kernels.update_token_counts(
-        nc, acc, torch.tensor([-1, 3, 1], device=dev), torch.tensor([2, 4, 6], dtype=torch.int32, device=dev),
-        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev), torch.tensor([100, 200, 300], dtype=torch.int32, device=dev),
-        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev), seq, num_reqs=3)
+        nc,
+        acc,
+        torch.tensor([-1, 3, 1], device=dev),
+        torch.tensor([2, 4, 6], dtype=torch.int32, device=dev),
+        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev),
+        torch.tensor([100, 200, 300], dtype=torch.int32, device=dev),
+        torch.tensor([1, 1, 1], dtype=torch.int32, device=dev),
+        seq,
+        num_reqs=3,
+    )
     assert nc.cpu().tolist() == [100, 200, 24]
     assert acc.cpu().tolist() == [7, 8, 4]
 
@@ -233,8 +280,17 @@ def test_reference_agrees_with_unhardened_upstream_semantics_in_range():
         a_nc, a_acc = nc.clone(), acc.clone()
         vllm_update_num_computed_tokens_for_batch_change(a_nc, a_acc, prev, valid, drafts, cpu)
         b_nc, b_acc = nc.clone(), acc.clone()
-        token_counts_reference(b_nc, b_acc, prev, valid, drafts, cpu, torch.ones(n, dtype=torch.int32),
-                               torch.zeros(16, dtype=torch.int32), num_reqs=n)
+        token_counts_reference(
+            b_nc,
+            b_acc,
+            prev,
+            valid,
+            drafts,
+            cpu,
+            torch.ones(n, dtype=torch.int32),
+            torch.zeros(16, dtype=torch.int32),
+            num_reqs=n,
+        )
         assert torch.equal(a_nc, b_nc) and torch.equal(a_acc, b_acc), trial
 
 
@@ -265,21 +321,36 @@ def steps(draw):
     valid = [draw(st.integers(1, d + 1)) for d in drafts]
     if draw(st.integers(0, 9)) == 0:
         valid = []
-    return dict(prev=prev, valid=valid, drafts=drafts, seed=draw(st.integers(0, 2**16)),
-                tiles=draw(st.sampled_from([None, (4, 8), (16, 4)])),
-                correct=draw(st.sampled_from([True, True, False])), with_accepted=draw(st.booleans()),
-                accepted_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
-                num_prev_reqs=draw(st.sampled_from([None, None, max(0, n_prev - 1)])))
+    return dict(
+        prev=prev,
+        valid=valid,
+        drafts=drafts,
+        seed=draw(st.integers(0, 2**16)),
+        tiles=draw(st.sampled_from([None, (4, 8), (16, 4)])),
+        correct=draw(st.sampled_from([True, True, False])),
+        with_accepted=draw(st.booleans()),
+        accepted_dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+        num_prev_reqs=draw(st.sampled_from([None, None, max(0, n_prev - 1)])),
+    )
 
 
 @requires_kernels
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=steps())
 def test_hypothesis_kernel_equals_reference(case):
-    step = make_step(case["prev"], case["valid"], case["drafts"], seed=case["seed"],
-                     accepted_dtype=case["accepted_dtype"])
-    assert_same(*run_pair(step, KERNEL_DEVICE, correct=case["correct"], with_accepted=case["with_accepted"],
-                          num_prev_reqs=case["num_prev_reqs"], tiles=case["tiles"]))
+    step = make_step(
+        case["prev"], case["valid"], case["drafts"], seed=case["seed"], accepted_dtype=case["accepted_dtype"]
+    )
+    assert_same(
+        *run_pair(
+            step,
+            KERNEL_DEVICE,
+            correct=case["correct"],
+            with_accepted=case["with_accepted"],
+            num_prev_reqs=case["num_prev_reqs"],
+            tiles=case["tiles"],
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,11 +358,17 @@ def test_hypothesis_kernel_equals_reference(case):
 # ------------------------------------------------------------------------------------------------
 def _runner_buffers(device, max_reqs=48, max_tokens=160):
     z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)  # noqa: E731
-    return dict(num_computed_tokens=z(max_reqs, torch.int32), seq_lens=z(max_reqs, torch.int32),
-                num_scheduled_tokens=z(max_reqs, torch.int32), prev_positions=z(max_reqs, torch.int64),
-                prev_num_draft_tokens=z(max_reqs, torch.int32), num_accepted_tokens=z(max_reqs, torch.int32),
-                req_indices=z(max_tokens, torch.int64), query_pos=z(max_tokens, torch.int64),
-                positions=z(max_tokens, torch.int64))
+    return dict(
+        num_computed_tokens=z(max_reqs, torch.int32),
+        seq_lens=z(max_reqs, torch.int32),
+        num_scheduled_tokens=z(max_reqs, torch.int32),
+        prev_positions=z(max_reqs, torch.int64),
+        prev_num_draft_tokens=z(max_reqs, torch.int32),
+        num_accepted_tokens=z(max_reqs, torch.int32),
+        req_indices=z(max_tokens, torch.int64),
+        query_pos=z(max_tokens, torch.int64),
+        positions=z(max_tokens, torch.int64),
+    )
 
 
 @requires_kernels

@@ -18,10 +18,11 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() is None:
-    pytest.skip("vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)",
-                allow_module_level=True)
+    pytest.skip(
+        "vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)", allow_module_level=True
+    )
 
-ACTIVATE = '''
+ACTIVATE = """
 import sys
 import npu_standin
 npu_standin.install()
@@ -31,9 +32,9 @@ from zb_patch import plugin
 plugin.register()
 print("STATE", plugin.status()["state"])
 print("MODULES", sorted(m for m in sys.modules if m.startswith("zb_patch")))
-'''
+"""
 
-DOCTOR = '''
+DOCTOR = """
 import sys
 from zb_patch import cli
 code = cli.main(["doctor", "--no-import"])
@@ -41,7 +42,7 @@ print("MODULES", sorted(m for m in sys.modules
                         if m.partition(".")[0] in ("torch", "vllm", "vllm_ascend") or m.startswith("zb_patch")),
       file=sys.stderr)
 sys.exit(code)
-'''
+"""
 
 
 def _env(**extra: str) -> dict:
@@ -56,11 +57,12 @@ def _modules(text: str) -> list[str]:
 
 
 def test_activation_after_the_runner_modules_imports_no_diagnostics():
-    r = subprocess.run([sys.executable, "-c", ACTIVATE], env=_env(ZB_PATCH="1"), capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", ACTIVATE], env=_env(ZB_PATCH="1"), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     state = next(line for line in r.stdout.splitlines() if line.startswith("STATE ")).split()[1]
-    assert state in ("applied", "native", "refused"), r.stdout   # activation ran to a decision
+    assert state in ("applied", "native", "refused"), r.stdout  # activation ran to a decision
     modules = _modules(r.stdout)
     assert "zb_patch.plugin" in modules and "zb_patch.registry" in modules
     assert [m for m in modules if m == "zb_patch.check" or m.startswith("zb_patch.check.")] == []

@@ -17,15 +17,21 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() is None:
-    pytest.skip("vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)",
-                allow_module_level=True)
+    pytest.skip(
+        "vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)", allow_module_level=True
+    )
 
 
 def test_doctor_json_stdout_is_only_the_json_object():
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZB_PATCH")}
     env["ZB_PATCH"] = "1"
-    r = subprocess.run([sys.executable, "-m", "npu_standin", "zb_patch.cli", "doctor", "--json"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "npu_standin", "zb_patch.cli", "doctor", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     data = json.loads(r.stdout)  # the whole of stdout
     assert data["schema"] == "zb-patch-doctor/1"
     assert r.returncode == data["exit_code"], r.stderr[-3000:]

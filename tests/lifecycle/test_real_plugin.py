@@ -16,18 +16,19 @@ npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be o
 
 FAMILY = npu_standin.detect_family()
 if FAMILY is None:
-    pytest.skip("vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)",
-                allow_module_level=True)
+    pytest.skip(
+        "vllm-ascend is not installed in this env (lifecycle tests need a va0xx tox env)", allow_module_level=True
+    )
 
 EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.25"}[FAMILY]
 
-PRELUDE = '''
+PRELUDE = """
 import json, os, sys
 import npu_standin
 npu_standin.install()
 from npu_standin.ascend_imports import import_worker_modules
 from vllm.plugins import load_general_plugins
-'''
+"""
 
 
 def run(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -52,13 +53,16 @@ def zb_lines(r: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_off_leaves_no_trace():
-    r = run('''
+    r = run(
+        """
 load_general_plugins()
 import_worker_modules()
 from zb_patch import plugin
 print("STATE", plugin.status()["state"])
 print("LOADED", sorted(m for m in sys.modules if m.startswith("zb_patch")))
-''', {})
+""",
+        {},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "STATE off" in r.stdout
     assert "LOADED ['zb_patch', 'zb_patch.plugin']" in r.stdout  # the entry point module only
@@ -66,7 +70,8 @@ print("LOADED", sorted(m for m in sys.modules if m.startswith("zb_patch")))
 
 
 def test_on_applies_once_via_load_general_plugins():
-    r = run('''
+    r = run(
+        """
 load_general_plugins()
 load_general_plugins()          # vLLM may call it again
 from zb_patch import plugin
@@ -75,7 +80,9 @@ print("STATE1", plugin.status()["state"])
 import_worker_modules()
 st = plugin.status()
 print("STATE2", st["state"], st["adapter"])
-''', {"ZB_PATCH": "1"})
+""",
+        {"ZB_PATCH": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = zb_lines(r)
     if EXPECTED is None:
@@ -89,14 +96,16 @@ print("STATE2", st["state"], st["adapter"])
     assert len(armed) == 1 and len(applied) == 1, lines
     # advisories of the installed release (adapter ascend-0.19-0.25): one WARNING each, never repeated
     advisories = [line.split("known issue ")[1].split()[0] for line in lines if "known issue" in line]
-    assert len(advisories) == len(set(advisories)) and all("WARNING" in line for line in lines
-                                                           if "known issue" in line), lines
+    assert len(advisories) == len(set(advisories)) and all(
+        "WARNING" in line for line in lines if "known issue" in line
+    ), lines
     assert "INFO" in applied[0] and "guards verified" in applied[0] and "selected by version" in applied[0]
 
 
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused: nothing is applied in children")
 def test_fork_and_spawn_children():
-    r = run('''
+    r = run(
+        """
 import multiprocessing as mp
 
 def spawn_child(q):
@@ -128,13 +137,16 @@ if __name__ == "__main__":
     p.start()
     print("SPAWN", *q.get(timeout=240), flush=True)
     p.join()
-''', {"ZB_PATCH": "1"}, timeout=400)
+""",
+        {"ZB_PATCH": "1"},
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"FORK applied {EXPECTED} True" in r.stdout, r.stdout
     assert f"SPAWN applied {EXPECTED} True" in r.stdout, r.stdout
 
 
-DRIFT = '''
+DRIFT = """
 import importlib.abc, importlib.util, pathlib, tempfile
 # Simulate a nightly build whose target changed: load the real module from a copy in which one guarded
 # method has one extra statement (what a drifted upstream looks like to zb-patch).
@@ -162,7 +174,7 @@ st = plugin.status()
 ad = V.by_id({adapter!r})
 marked = [p.id for p in ad.patch_set.patches if R.resolve(p.target).patched_by]
 print("STATE", st["state"], "MARKED", marked)
-'''
+"""
 
 
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused before any fingerprint is read")

@@ -85,8 +85,10 @@ def test_prev_positions_vs_vllm():
         if rng.random() < 0.1:
             prev_map = None if rng.random() < 0.5 else {}
         n = len(cur)
-        fake = SimpleNamespace(input_batch=SimpleNamespace(prev_req_id_to_index=prev_map, req_ids=cur),
-                               prev_positions=SimpleNamespace(np=np.full(20, 5, dtype=np.int64)))
+        fake = SimpleNamespace(
+            input_batch=SimpleNamespace(prev_req_id_to_index=prev_map, req_ids=cur),
+            prev_positions=SimpleNamespace(np=np.full(20, 5, dtype=np.int64)),
+        )
         fn(fake, n)
         ours = zb.compute_prev_positions(cur, prev_map, n, np.full(20, 5, dtype=np.int64))
         assert ours.tolist() == fake.prev_positions.np[:n].tolist()
@@ -101,9 +103,11 @@ def test_remap_accepted_counts_vs_vllm_ascend():
         n = len(cur)
         prev_pos = zb.compute_prev_positions(cur, prev_map, n, np.zeros(R, dtype=np.int64))
         snapshot = rng.integers(1, 5, R).astype(np.int32)  # accepted counts in the previous row order
-        fake = SimpleNamespace(prev_positions=SimpleNamespace(np=prev_pos.copy()),
-                               num_accepted_tokens=SimpleNamespace(np=snapshot.copy()),
-                               input_batch=SimpleNamespace(num_accepted_tokens_cpu=np.zeros(R, dtype=np.int32)))
+        fake = SimpleNamespace(
+            prev_positions=SimpleNamespace(np=prev_pos.copy()),
+            num_accepted_tokens=SimpleNamespace(np=snapshot.copy()),
+            input_batch=SimpleNamespace(num_accepted_tokens_cpu=np.zeros(R, dtype=np.int32)),
+        )
         fn(fake, n)
         ours = zb.remap_accepted_counts(prev_pos, snapshot, n, np.zeros(R, dtype=np.int32))
         assert ours.tolist() == fake.input_batch.num_accepted_tokens_cpu[:n].tolist()
@@ -203,12 +207,19 @@ def test_host_corrections_land_on_the_device_numbers():
 
         dev = torch.from_numpy(exact_prev.copy())
         acc = torch.ones(n, dtype=torch.int64)
-        update(dev, acc, torch.from_numpy(prev_pos.copy()), torch.from_numpy(valid[: max(n_prev, 1)].copy()),
-               torch.from_numpy(prev_drafts.copy()), torch.from_numpy(optimistic[:n].copy()))
+        update(
+            dev,
+            acc,
+            torch.from_numpy(prev_pos.copy()),
+            torch.from_numpy(valid[: max(n_prev, 1)].copy()),
+            torch.from_numpy(prev_drafts.copy()),
+            torch.from_numpy(optimistic[:n].copy()),
+        )
 
         cpu = optimistic.copy()
-        corr = zb.deferred_cpu_corrections(np.array(queued_prev, dtype=np.int64), np.array(queued_d), valid,
-                                           num_prev=n_prev)
+        corr = zb.deferred_cpu_corrections(
+            np.array(queued_prev, dtype=np.int64), np.array(queued_d), valid, num_prev=n_prev
+        )
         zb.apply_cpu_corrections(cpu, np.array(queued_rows, dtype=np.int64), corr)
         assert cpu[:n].tolist() == dev[:n].tolist()
 

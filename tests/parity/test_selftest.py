@@ -66,8 +66,9 @@ def _env() -> dict:
 
 @pytest.fixture(scope="module")
 def suite():
-    proc = subprocess.run([sys.executable, "-c", _SUITE, json.dumps(PLANT_RUNS)], capture_output=True, text=True,
-                          env=_env(), timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SUITE, json.dumps(PLANT_RUNS)], capture_output=True, text=True, env=_env(), timeout=1200
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     return data
@@ -115,8 +116,13 @@ def test_sync_counts_per_step(suite):
 
 
 def test_cli_selftest_json():
-    proc = subprocess.run([sys.executable, "-m", "zb_patch.cli", "selftest", "--steps", "40", "--seed", "3", "--json",
-                           "--quiet"], capture_output=True, text=True, env=_env(), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zb_patch.cli", "selftest", "--steps", "40", "--seed", "3", "--json", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     rep = json.loads(proc.stdout)  # the whole of stdout
     assert rep["schema"] == "zb-patch-selftest/1"

@@ -23,8 +23,10 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() != "0.23":
-    pytest.skip(f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has "
-                f"{npu_standin.detect_family()}", allow_module_level=True)
+    pytest.skip(
+        f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has {npu_standin.detect_family()}",
+        allow_module_level=True,
+    )
 
 import torch  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
@@ -46,7 +48,15 @@ APPLIED_ON = {
 ADVISORY_ON = {
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
     # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
-    "stale-accepted-counts": {"0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.24.0rc1", "0.25.1rc1"},
+    "stale-accepted-counts": {
+        "0.19.1rc1",
+        "0.20.2rc1",
+        "0.21.0rc1",
+        "0.22.1rc1",
+        "0.23.0rc1",
+        "0.24.0rc1",
+        "0.25.1rc1",
+    },
 }
 
 
@@ -63,7 +73,7 @@ def patch_set(cpu_worker):
 
 def test_verdicts_per_release(patch_set):
     report = patch_set.apply(detect())
-    assert report.verdict == R.APPLIED, report.reason          # the slot-mapping kernel applies everywhere
+    assert report.verdict == R.APPLIED, report.reason  # the slot-mapping kernel applies everywhere
     verdicts = {i.id: i.verdict for i in report.items if i.kind in ("patch", "advisory")}
     assert verdicts["slot-mapping-kernel"] == R.APPLIED
     for pid, releases in APPLIED_ON.items():
@@ -90,20 +100,35 @@ def vllm_config(cpu_worker, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny-models")
     for name, layers, arch in (("target", 2, "LlamaForCausalLM"), ("eagle", 1, "EagleLlamaForCausalLM")):
-        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                       max_position_embeddings=512, torch_dtype="float32")
+        cfg = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            torch_dtype="float32",
+        )
         cfg.architectures = [arch]
         cfg.save_pretrained(root / name)
     # inspect the two architectures in this process (vLLM would start a subprocess per architecture, which
     # has no NPU stand-in and would cost ~20 s each)
     ModelRegistry.register_model("LlamaForCausalLM", LlamaForCausalLM)
     ModelRegistry.register_model("EagleLlamaForCausalLM", EagleLlamaForCausalLM)
-    vc = EngineArgs(model=str(root / "target"), skip_tokenizer_init=True, load_format="dummy", dtype="float32",
-                    enforce_eager=True, max_model_len=256, block_size=16, max_num_seqs=8,
-                    max_num_batched_tokens=256, async_scheduling=True,
-                    speculative_config={"method": "eagle", "model": str(root / "eagle"),
-                                        "num_speculative_tokens": 2}).create_engine_config()
+    vc = EngineArgs(
+        model=str(root / "target"),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        async_scheduling=True,
+        speculative_config={"method": "eagle", "model": str(root / "eagle"), "num_speculative_tokens": 2},
+    ).create_engine_config()
     init_ascend_config(vc)
     return vc
 
@@ -165,8 +190,15 @@ class _CopyLog(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.copy_:
             dst, src = args[0], args[1]
-            self.log.calls.append(("copy", self.log.stack[-1].name, src.dtype, dst.dtype,
-                                   bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))))
+            self.log.calls.append(
+                (
+                    "copy",
+                    self.log.stack[-1].name,
+                    src.dtype,
+                    dst.dtype,
+                    bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False)),
+                )
+            )
         return func(*args, **kwargs)
 
 
@@ -215,7 +247,7 @@ def _assert_fixed_order(calls):
     at = copies[0]
     assert ("wait_stream", "copy", "default") in calls[:at], calls
     assert calls[at] == ("copy", "copy", torch.int64, torch.int64, True), calls
-    assert ("event.record", "copy") in calls[at + 1:], calls
+    assert ("event.record", "copy") in calls[at + 1 :], calls
 
 
 def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_set, make_runner, stream_log):
@@ -227,16 +259,20 @@ def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_s
     _assert_fixed_order(_copy_counts(runner, stream_log))
 
 
-@pytest.mark.skipif(not (_applies("valid-count-copy-order") and _applies("valid-count-int64")),
-                    reason=f"vllm-ascend {RELEASE} already carries #9456 and #10205")
+@pytest.mark.skipif(
+    not (_applies("valid-count-copy-order") and _applies("valid-count-int64")),
+    reason=f"vllm-ascend {RELEASE} already carries #9456 and #10205",
+)
 def test_release_without_the_patches_has_both_bugs(patch_set, make_runner, stream_log):
     """What the two patches change on this release: unpatched, the copy stream waits on itself (#9456) and the
     copy casts int64 -> int32 (#10205: a blocking copy on NPU)."""
     runner = make_runner()
     assert runner.valid_sampled_token_count_cpu.dtype == torch.int32
-    assert _copy_counts(runner, stream_log) == [("wait_stream", "copy", "copy"),
-                                                ("copy", "copy", torch.int64, torch.int32, True),
-                                                ("event.record", "copy")]
+    assert _copy_counts(runner, stream_log) == [
+        ("wait_stream", "copy", "copy"),
+        ("copy", "copy", torch.int64, torch.int32, True),
+        ("event.record", "copy"),
+    ]
 
 
 def test_int64_buffer_only_with_async_spec_decode(patch_set, make_runner):
@@ -259,14 +295,25 @@ def _padded_metadata():
 
     qsl = torch.tensor([0, 3, 6, 9, 12], dtype=torch.int32)
     return AscendCommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor([10, 20, 30, 0]),
-        num_reqs=4, num_actual_tokens=12, max_query_len=3, max_seq_len=30,
-        block_table_tensor=torch.arange(32, dtype=torch.int32).view(4, 8), slot_mapping=torch.arange(12),
-        seq_lens_cpu=None, num_computed_tokens_cpu=None,
-        _seq_lens_cpu=torch.tensor([10, 20, 30, 0]), _num_computed_tokens_cpu=torch.tensor([7, 17, 27, 0]),
-        dcp_local_seq_lens=torch.tensor([5, 10, 15, 0]), dcp_local_seq_lens_cpu=torch.tensor([5, 10, 15, 0]),
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor([10, 20, 30, 0]),
+        num_reqs=4,
+        num_actual_tokens=12,
+        max_query_len=3,
+        max_seq_len=30,
+        block_table_tensor=torch.arange(32, dtype=torch.int32).view(4, 8),
+        slot_mapping=torch.arange(12),
+        seq_lens_cpu=None,
+        num_computed_tokens_cpu=None,
+        _seq_lens_cpu=torch.tensor([10, 20, 30, 0]),
+        _num_computed_tokens_cpu=torch.tensor([7, 17, 27, 0]),
+        dcp_local_seq_lens=torch.tensor([5, 10, 15, 0]),
+        dcp_local_seq_lens_cpu=torch.tensor([5, 10, 15, 0]),
         is_prefilling=torch.tensor([False, False, True, False]),
-        actual_seq_lengths_q=[3, 6, 9, 12], positions=torch.arange(12), num_input_tokens=12,
+        actual_seq_lengths_q=[3, 6, 9, 12],
+        positions=torch.arange(12),
+        num_input_tokens=12,
         decode_token_per_req=3,
     )
 
@@ -277,9 +324,17 @@ def _same(a, b):
     return a == b
 
 
-CARRIED_BY_8749 = {"_seq_lens_cpu", "_num_computed_tokens_cpu", "dcp_local_seq_lens", "dcp_local_seq_lens_cpu",
-                   "is_prefilling", "encoder_seq_lens", "encoder_seq_lens_cpu", "logits_indices_padded",
-                   "num_logits_indices"}
+CARRIED_BY_8749 = {
+    "_seq_lens_cpu",
+    "_num_computed_tokens_cpu",
+    "dcp_local_seq_lens",
+    "dcp_local_seq_lens_cpu",
+    "is_prefilling",
+    "encoder_seq_lens",
+    "encoder_seq_lens_cpu",
+    "logits_indices_padded",
+    "num_logits_indices",
+}
 
 
 def test_unpadded_keeps_the_cpu_mirrors(patch_set):
@@ -319,7 +374,7 @@ def test_prepare_inputs_padded_keeps_the_cpu_mirrors(patch_set, make_runner, mon
     meta = out[0]
     assert meta._seq_lens_cpu is not None and meta._seq_lens_cpu.tolist() == [10, 20, 30]
     assert meta._num_computed_tokens_cpu.tolist() == [7, 17, 27]
-    assert out[2].tolist() == [2, 3, 7]                                  # token_indices_to_sample
+    assert out[2].tolist() == [2, 3, 7]  # token_indices_to_sample
     if _applies("seq-lens-cpu-prepare-inputs-padded"):
         ref = release_method(drafter, _padded_metadata().unpadded(9, 3), spec, valid)
         assert ref[0]._seq_lens_cpu is None, "the release itself drops the mirror (the bug #8749 fixes)"

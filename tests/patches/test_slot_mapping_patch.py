@@ -20,8 +20,10 @@ import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 if npu_standin.detect_family() != "0.23":
-    pytest.skip(f"the slot-mapping patch targets vllm-ascend 0.19.1rc1-0.25.1rc1; this env has "
-                f"{npu_standin.detect_family()}", allow_module_level=True)
+    pytest.skip(
+        f"the slot-mapping patch targets vllm-ascend 0.19.1rc1-0.25.1rc1; this env has {npu_standin.detect_family()}",
+        allow_module_level=True,
+    )
 
 import torch  # noqa: E402
 
@@ -38,8 +40,16 @@ MAX_REQS = 8
 def _table(physical, kernel, cp=None, max_blocks=24):
     from vllm_ascend.worker.block_table import BlockTable
 
-    bt = BlockTable(physical, MAX_REQS, max_blocks, MAX_TOKENS, False, torch.device("cpu"),
-                    kernel_sizes=[kernel], cp_kv_cache_interleave_size=(cp or {}).get("interleave", 1))
+    bt = BlockTable(
+        physical,
+        MAX_REQS,
+        max_blocks,
+        MAX_TOKENS,
+        False,
+        torch.device("cpu"),
+        kernel_sizes=[kernel],
+        cp_kv_cache_interleave_size=(cp or {}).get("interleave", 1),
+    )
     if cp:  # a rank of a CP group: the method reads these attributes at call time
         if _has_pcp():
             bt.pcp_world_size, bt.pcp_rank = cp["pcp"], cp["pcp_rank"]
@@ -112,10 +122,19 @@ def _answer_10442(bt, num_reqs, qsl, positions, cp):
 
     n = positions.shape[0]
     out = torch.full((n,), 12345, dtype=torch.int64)
-    slot_mapping_reference(qsl, positions, bt.block_table.gpu, out, block_size=bt.block_size, max_num_tokens=n,
-                           num_reqs=num_reqs, physical_block_size=bt.physical_block_size,
-                           cp_world_size=cp["pcp"] * cp["dcp"], cp_rank=cp["dcp"] * cp["pcp_rank"] + cp["dcp_rank"],
-                           cp_kv_cache_interleave_size=cp["interleave"])
+    slot_mapping_reference(
+        qsl,
+        positions,
+        bt.block_table.gpu,
+        out,
+        block_size=bt.block_size,
+        max_num_tokens=n,
+        num_reqs=num_reqs,
+        physical_block_size=bt.physical_block_size,
+        cp_world_size=cp["pcp"] * cp["dcp"],
+        cp_rank=cp["dcp"] * cp["pcp_rank"] + cp["dcp_rank"],
+        cp_kv_cache_interleave_size=cp["interleave"],
+    )
     return out
 
 
@@ -171,7 +190,7 @@ def test_patched_equals_release_on_random_batches(patch_set, physical, kernel, c
         got = _run(bt, num_reqs, qsl, positions, cp)
         assert torch.equal(got, expected), (num_reqs, qsl.tolist())
         if cp:  # the kernel also pads the device tail
-            assert bool((bt.slot_mapping.gpu[positions.shape[0]:MAX_TOKENS] == -1).all())
+            assert bool((bt.slot_mapping.gpu[positions.shape[0] : MAX_TOKENS] == -1).all())
     patch_set.unpatch()
     assert R.resolve(TARGET).raw is original
 
@@ -182,8 +201,9 @@ def test_multi_group_block_table_goes_through_the_patch(patch_set):
     rng = random.Random(7)
 
     def build():
-        return MultiGroupBlockTable(MAX_REQS, 1024, MAX_TOKENS, False, torch.device("cpu"), [16, 64],
-                                    kernel_sizes=[[16], [32]])
+        return MultiGroupBlockTable(
+            MAX_REQS, 1024, MAX_TOKENS, False, torch.device("cpu"), [16, 64], kernel_sizes=[[16], [32]]
+        )
 
     ref = build()
     rows16 = [[rng.randint(1, 900) for _ in range(8)] for _ in range(3)]

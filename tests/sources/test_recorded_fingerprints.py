@@ -50,8 +50,11 @@ ARTIFACTS = [(rel, kind) for rel in RELEASES for kind in (("sdist",) if rel in S
 def _artifact(version: str, kind: str) -> tuple[str, str]:
     files = _index()
     if kind == "wheel":
-        picks = [(u, n) for n, u in files
-                 if n.startswith(f"vllm_ascend-{version}-cp311-cp311-manylinux") and n.endswith("x86_64.whl")]
+        picks = [
+            (u, n)
+            for n, u in files
+            if n.startswith(f"vllm_ascend-{version}-cp311-cp311-manylinux") and n.endswith("x86_64.whl")
+        ]
     else:
         picks = [(u, n) for n, u in files if n == f"vllm_ascend-{version}.tar.gz"]
     if not picks:
@@ -82,7 +85,7 @@ def _sources(version: str, kind: str) -> str:
                 if len(parts) == 2 and parts[1].startswith("vllm_ascend/") and parts[1].endswith(".py"):
                     member.name = parts[1]
                     t.extract(member, tmp)
-    os.replace(tmp, dest)   # a killed download never leaves a half tree that looks cached
+    os.replace(tmp, dest)  # a killed download never leaves a half tree that looks cached
     return dest
 
 
@@ -130,8 +133,9 @@ def test_recorded_fingerprints_match_pypi_sources(adapter, release, kind):
     form it replaces or, in native_fingerprints, of the form that already carries the fix) whose label names
     that release."""
     root = _sources(release, kind)
-    items = [(g.target, g.fingerprints) for g in adapter.patch_set.guards] + \
-            [(p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches]
+    items = [(g.target, g.fingerprints) for g in adapter.patch_set.guards] + [
+        (p.target, {**p.fingerprints, **p.native_fingerprints}) for p in adapter.patch_set.patches
+    ]
     checked = 0
     for target, expected in items:
         if not target.startswith("vllm_ascend."):
@@ -140,8 +144,9 @@ def test_recorded_fingerprints_match_pypi_sources(adapter, release, kind):
         assert fp is not None, f"{target} not found in vllm-ascend {release}"
         assert fp in expected.values(), f"{target} in vllm-ascend {release}: {fp} is not recorded ({expected})"
         labels = [label for label, v in expected.items() if v == fp]
-        assert any(release.split("rc")[0].split(".post")[0] in label for label in labels), \
+        assert any(release.split("rc")[0].split(".post")[0] in label for label in labels), (
             f"{target}: {fp} recorded under {labels}, which do not name {release}"
+        )
         checked += 1
     assert checked, f"{adapter.id} has no vllm_ascend target"
 
@@ -149,8 +154,9 @@ def test_recorded_fingerprints_match_pypi_sources(adapter, release, kind):
 ADVISORY_CASES = [(a, adv, rel, kind) for a, rel, kind in CASES for adv in a.patch_set.advisories]
 
 
-@pytest.mark.parametrize("adapter,advisory,release,kind", ADVISORY_CASES,
-                         ids=[f"{a.id}:{adv.id}@{r}-{k}" for a, adv, r, k in ADVISORY_CASES])
+@pytest.mark.parametrize(
+    "adapter,advisory,release,kind", ADVISORY_CASES, ids=[f"{a.id}:{adv.id}@{r}-{k}" for a, adv, r, k in ADVISORY_CASES]
+)
 def test_advisories_name_exactly_the_affected_releases(adapter, advisory, release, kind):
     """An advisory warns on a listed release iff one of its affected labels names that release: the target's
     fingerprint there is the recorded one, and a release no label names has none of the affected forms."""
@@ -161,5 +167,6 @@ def test_advisories_name_exactly_the_affected_releases(adapter, advisory, releas
     if named:
         assert fp in named.values(), f"{advisory.id}: {release} is named affected by {list(named)}, but has {fp}"
     else:
-        assert fp not in advisory.affected.values(), \
+        assert fp not in advisory.affected.values(), (
             f"{advisory.id}: {release} has the affected form {fp}, but no label names it"
+        )

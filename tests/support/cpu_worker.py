@@ -44,8 +44,9 @@ def setup_cpu_worker() -> dict[str, Any]:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         with set_current_vllm_config(VllmConfig()):
-            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                            distributed_init_method=f"tcp://127.0.0.1:{port}")
+            ps.init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{port}"
+            )
             ps.initialize_model_parallel(1, 1, backend="gloo")
         _rebind_pin_memory(platforms.current_platform.is_pin_memory_available())
     from npu_standin.ascend_imports import import_worker_modules

@@ -28,8 +28,10 @@ A2_AICORES, A2_VECTORCORES = 24, 48
 
 class CpuNPUWorker(ascend_worker.NPUWorker):
     def __init__(self, *args, **kwargs):
-        with mock.patch.object(ascend_worker, "_register_atb_extensions", _no_atb), \
-                mock.patch.object(ascend_worker, "check_ascend_device_type", _no_soc_check):
+        with (
+            mock.patch.object(ascend_worker, "_register_atb_extensions", _no_atb),
+            mock.patch.object(ascend_worker, "check_ascend_device_type", _no_soc_check),
+        ):
             super().__init__(*args, **kwargs)
 
     def _init_device(self):

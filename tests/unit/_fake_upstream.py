@@ -11,7 +11,6 @@ import itertools
 import sys
 import textwrap
 
-
 RUNNER_SRC = '''
 """A small upstream-like module."""
 import functools
@@ -50,13 +49,13 @@ class Runner(Base):
         return cls()
 '''
 
-USER_SRC = '''
+USER_SRC = """
 from {pkg}.runner import helper
 
 
 def use(x):
     return helper(x)
-'''
+"""
 
 _counter = itertools.count()
 
@@ -90,5 +89,3 @@ class FakeUpstream:
     def unload(self):
         for key in [k for k in sys.modules if k == self.pkg or k.startswith(self.pkg + ".")]:
             del sys.modules[key]
-
-

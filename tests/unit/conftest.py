@@ -3,7 +3,6 @@
 import sys
 
 import pytest
-
 from _fake_upstream import FakeUpstream
 
 

@@ -14,7 +14,7 @@ import sys
 # A command that writes to stdout in every way a library can while it works: Python's print, a logging
 # handler bound to sys.stdout before the command started (vLLM's is), libc's buffered printf (a C
 # extension), a raw write to file descriptor 1, and a child process that inherits it.
-NOISY = r'''
+NOISY = r"""
 import argparse, ctypes, logging, os, subprocess, sys
 from zb_patch import cli
 
@@ -37,15 +37,16 @@ ns = argparse.Namespace(json=JSON)
 code = cli.run_command(noisy, ns)
 print("after the command")
 sys.exit(code)
-'''
+"""
 NOISE = ("python print", "logging handler bound to sys.stdout", "libc printf", "raw fd 1", "child process")
 
 
 def _run(as_json: bool) -> subprocess.CompletedProcess:
     # PYTHONUNBUFFERED would make libc's stdout unbuffered too, hiding output that waits in its buffer
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    return subprocess.run([sys.executable, "-c", NOISY.replace("JSON", str(as_json))],
-                          capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", NOISY.replace("JSON", str(as_json))], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_json_mode_stdout_carries_only_the_document():

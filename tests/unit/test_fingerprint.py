@@ -10,8 +10,15 @@ import textwrap
 import pytest
 
 from zb_patch import registry as R
-from zb_patch.registry import (Patch, PatchError, PatchSet, fingerprint_node, fingerprint_object, fingerprint_source,
-                               underlying_function)
+from zb_patch.registry import (
+    Patch,
+    PatchError,
+    PatchSet,
+    fingerprint_node,
+    fingerprint_object,
+    fingerprint_source,
+    underlying_function,
+)
 
 
 def _fp(src, qual):
@@ -19,26 +26,35 @@ def _fp(src, qual):
 
 
 def test_layout_comments_and_docstrings_do_not_matter():
-    a = _fp('''
+    a = _fp(
+        '''
     def f(x, y=1):
         """Doc."""
         return x + y  # comment
-    ''', "f")
-    b = _fp('''
+    ''',
+        "f",
+    )
+    b = _fp(
+        """
     def f(x,
           y=1):
         # another comment
         return (x + y)
-    ''', "f")
+    """,
+        "f",
+    )
     assert a == b and len(a) == 16
 
 
-@pytest.mark.parametrize("changed", [
-    "def f(x, y=2):\n    return x + y\n",          # default
-    "def f(x, y=1):\n    return x - y\n",          # operator
-    "def f(x, z=1):\n    return x + z\n",          # name
-    "@staticmethod\ndef f(x, y=1):\n    return x + y\n",  # decorator
-])
+@pytest.mark.parametrize(
+    "changed",
+    [
+        "def f(x, y=2):\n    return x + y\n",  # default
+        "def f(x, y=1):\n    return x - y\n",  # operator
+        "def f(x, z=1):\n    return x + z\n",  # name
+        "@staticmethod\ndef f(x, y=1):\n    return x + y\n",  # decorator
+    ],
+)
 def test_code_changes_change_the_fingerprint(changed):
     assert _fp("def f(x, y=1):\n    return x + y\n", "f") != _fp(changed, "f")
 
@@ -58,8 +74,12 @@ def test_last_definition_wins_as_at_runtime():
 def test_live_object_and_source_agree(upstream):
     mod = upstream.load()
     src = (upstream.root / upstream.pkg / "runner.py").read_text()
-    for qual, obj in [("helper", mod.helper), ("Runner.step", mod.Runner.__dict__["step"]),
-                      ("Runner.pure", mod.Runner.__dict__["pure"]), ("Runner.build", mod.Runner.__dict__["build"])]:
+    for qual, obj in [
+        ("helper", mod.helper),
+        ("Runner.step", mod.Runner.__dict__["step"]),
+        ("Runner.pure", mod.Runner.__dict__["pure"]),
+        ("Runner.build", mod.Runner.__dict__["build"]),
+    ]:
         assert fingerprint_object(obj) == fingerprint_source(src, qual), qual
 
 
@@ -256,26 +276,38 @@ def whole_file_fingerprint(src, fn):
     object's first line, with its name."""
     code = fn.__code__
     for node in ast.walk(ast.parse(src)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and \
-                min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == code.co_name
+            and min([node.lineno] + [d.lineno for d in node.decorator_list]) == code.co_firstlineno
+        ):
             return fingerprint_node(node)
     raise AssertionError(f"no def of {fn.__qualname__}")
 
 
 def _tricky(upstream, src=TRICKY_SRC, name="tricky"):
-    (upstream.root / upstream.pkg / f"{name}.py").write_text(src)   # as is: no dedent, no trailing newline
+    (upstream.root / upstream.pkg / f"{name}.py").write_text(src)  # as is: no dedent, no trailing newline
     return upstream.load(name)
 
 
 def _tricky_functions(mod):
     O = mod.Outer
     return {
-        "decorated": mod.decorated, "one_liner": mod.one_liner, "column_0_continuations": mod.column_0_continuations,
-        "in_if": mod.in_if, "in_try": mod.in_try, "Inner.mangled": O.Inner.__dict__["mangled"],
-        "Deepest.am": O.Inner.Deepest.__dict__["am"], "conditional": O.__dict__["conditional"],
-        "prop.fget": O.__dict__["prop"].fget, "prop.fset": O.__dict__["prop"].fset, "s": O.__dict__["s"],
-        "c": O.__dict__["c"], "__private": O.__dict__["_Outer__private"],
-        "after_class_at_column_0": mod.after_class_at_column_0, "make_closure": mod.make_closure,
+        "decorated": mod.decorated,
+        "one_liner": mod.one_liner,
+        "column_0_continuations": mod.column_0_continuations,
+        "in_if": mod.in_if,
+        "in_try": mod.in_try,
+        "Inner.mangled": O.Inner.__dict__["mangled"],
+        "Deepest.am": O.Inner.Deepest.__dict__["am"],
+        "conditional": O.__dict__["conditional"],
+        "prop.fget": O.__dict__["prop"].fget,
+        "prop.fset": O.__dict__["prop"].fset,
+        "s": O.__dict__["s"],
+        "c": O.__dict__["c"],
+        "__private": O.__dict__["_Outer__private"],
+        "after_class_at_column_0": mod.after_class_at_column_0,
+        "make_closure": mod.make_closure,
         "last_without_newline": mod.last_without_newline,
     }
 
@@ -287,7 +319,7 @@ def test_fast_path_equals_the_whole_file_parse_on_tricky_definitions(upstream):
         fn = underlying_function(obj)
         assert R._function_fingerprint(fn, path) is not None, f"{label}: fast path not taken"
         assert fingerprint_object(obj) == whole_file_fingerprint(TRICKY_SRC, fn), label
-    assert mod.in_if(1) == 2   # the `if` branch is the one that runs, and the one fingerprinted
+    assert mod.in_if(1) == 2  # the `if` branch is the one that runs, and the one fingerprinted
 
 
 def test_tab_indented_methods_take_the_fast_path(upstream):
@@ -302,7 +334,9 @@ def test_tab_indented_methods_take_the_fast_path(upstream):
 def test_closures_and_lambdas_use_the_whole_file_as_before(upstream):
     mod = _tricky(upstream)
     closure = mod.make_closure(3)
-    assert R._function_fingerprint(closure, inspect.getsourcefile(mod)) is None   # its free variable needs the enclosing scope
+    assert (
+        R._function_fingerprint(closure, inspect.getsourcefile(mod)) is None
+    )  # its free variable needs the enclosing scope
     assert fingerprint_object(closure) == whole_file_fingerprint(TRICKY_SRC, closure)
     with pytest.raises(PatchError, match="cannot locate the definition"):
         fingerprint_object(mod.lam)
@@ -318,7 +352,7 @@ def _rewrite(mod, src):
     path = inspect.getsourcefile(mod)
     with open(path, "w") as fh:
         fh.write(src)
-    linecache.checkcache(path)   # as in a fresh process: the lines are read from the file as it is now
+    linecache.checkcache(path)  # as in a fresh process: the lines are read from the file as it is now
     return path
 
 
@@ -337,9 +371,15 @@ def test_file_restored_to_the_recorded_code_does_not_let_running_drifted_code_pa
     mod = _tricky(upstream, DRIFTED, "restored")
     running = mod.Runner.__dict__["step"]
     _rewrite(mod, GOOD)
-    patch = Patch(id="p", target=upstream.target("Runner.step", "restored"), make=lambda orig: orig,
-                  fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")}, why="t", upstream=("#0",),
-                  remove_when="never")
+    patch = Patch(
+        id="p",
+        target=upstream.target("Runner.step", "restored"),
+        make=lambda orig: orig,
+        fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")},
+        why="t",
+        upstream=("#0",),
+        remove_when="never",
+    )
     report = PatchSet("t", [patch]).apply()
     assert report.verdict == R.REFUSED
     assert "is not the code running in this process" in report.reason
@@ -355,9 +395,15 @@ def test_lines_shifted_after_import_refuse(upstream):
 
 def test_drifted_function_is_refused_by_fingerprint(upstream):
     mod = _tricky(upstream, DRIFTED, "drifted")
-    patch = Patch(id="p", target=upstream.target("Runner.step", "drifted"), make=lambda orig: orig,
-                  fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")}, why="t", upstream=("#0",),
-                  remove_when="never")
+    patch = Patch(
+        id="p",
+        target=upstream.target("Runner.step", "drifted"),
+        make=lambda orig: orig,
+        fingerprints={"recorded": fingerprint_source(GOOD, "Runner.step")},
+        why="t",
+        upstream=("#0",),
+        remove_when="never",
+    )
     report = PatchSet("t", [patch]).apply()
     assert report.verdict == R.REFUSED and "fingerprint mismatch" in report.reason
     assert R._function_fingerprint(mod.Runner.__dict__["step"], inspect.getsourcefile(mod)) is not None
@@ -376,13 +422,13 @@ def test_cache_hit_skips_parsing_and_gives_the_same_fingerprint(upstream, monkey
     computed = fingerprint_object(fn)
     with open(_cache_file()) as fh:
         assert computed in json.load(fh).values()
-    R._CACHE = None   # as a fresh process: read from the file
+    R._CACHE = None  # as a fresh process: read from the file
 
     parsed = []
     with monkeypatch.context() as m:
         m.setattr(R, "fingerprint_node", lambda node: parsed.append(node))
         assert fingerprint_object(fn) == computed
-    assert parsed == []   # nothing parsed and dumped: read from the cache
+    assert parsed == []  # nothing parsed and dumped: read from the cache
     assert computed == whole_file_fingerprint(TRICKY_SRC, underlying_function(fn))
     assert oct(os.stat(_cache_file()).st_mode & 0o777) == "0o600"
 
@@ -410,7 +456,7 @@ def test_cache_key_covers_the_code_the_text_compiled_to():
 def test_unwritable_cache_directory_only_means_no_caching(upstream, tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "below-a-file"))   # makedirs fails, even as root
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "below-a-file"))  # makedirs fails, even as root
     mod = _tricky(upstream, GOOD, "uncached")
     assert fingerprint_object(mod.Runner.__dict__["step"]) == fingerprint_source(GOOD, "Runner.step")
     assert not os.path.exists(R.fingerprint_cache_path())

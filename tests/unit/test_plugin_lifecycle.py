@@ -3,14 +3,12 @@ post-import arming, drift refusal, fork and spawn children. Upstream modules are
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from _fake_upstream import FakeUpstream
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,13 +23,12 @@ def run_py(code: str, env: dict | None = None, timeout: float = 60) -> subproces
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(textwrap.dedent(code))  # a file, not -c: spawn children must import __main__
     try:
-        return subprocess.run([sys.executable, fh.name], capture_output=True, text=True, env=full_env,
-                              timeout=timeout)
+        return subprocess.run([sys.executable, fh.name], capture_output=True, text=True, env=full_env, timeout=timeout)
     finally:
         os.unlink(fh.name)
 
 
-PRELUDE = '''
+PRELUDE = """
 import json, logging, os, sys
 sys.path.insert(0, {root!r})
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
@@ -51,7 +48,7 @@ def adapter(fp=FP):
 def activate(fp=FP, env=None):
     sel = V.Selection(V.SELECTED, "test selection", (adapter(fp),))
     return plugin._activate(plugin.Settings(env or {{"ZB_PATCH": "1"}}), "worker", selection=sel)
-'''
+"""
 
 
 @pytest.fixture
@@ -68,7 +65,8 @@ def _lines(out: str, needle: str) -> list[str]:
 @pytest.mark.parametrize("value", [None, "0", ""])
 def test_off_imports_nothing(value):
     env = {} if value is None else {"ZB_PATCH": value}
-    r = run_py('''
+    r = run_py(
+        """
         import sys
         before = set(sys.modules)
         from zb_patch import plugin
@@ -77,7 +75,9 @@ def test_off_imports_nothing(value):
         heavy = [m for m in ("torch", "vllm", "triton", "wrapt", "packaging", "zb_patch.detect",
                              "zb_patch.versions", "zb_patch.registry", "importlib.metadata") if m in sys.modules]
         print("NEW", new); print("HEAVY", heavy); print("STATUS", plugin.status()["state"])
-    ''', env)
+    """,
+        env,
+    )
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout, r.stdout
     assert "STATUS off" in r.stdout
@@ -85,26 +85,32 @@ def test_off_imports_nothing(value):
 
 
 def test_on_without_vllm_warns_once_and_reports():
-    r = run_py('''
+    r = run_py(
+        """
         import logging, sys, json
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
         from zb_patch import plugin
         plugin.register(); plugin.register()
         print("STATUS", json.dumps(plugin.status()["state"]))
-    ''', {"ZB_PATCH": "1"})
+    """,
+        {"ZB_PATCH": "1"},
+    )
     assert r.returncode == 0, r.stderr
     lines = _lines(r.stdout, "zb-patch:")
     assert len(lines) == 1, r.stdout
     assert lines[0].startswith("WARNING vllm.zb_patch") and "REFUSED: vLLM is not installed" in lines[0]
-    assert "nothing applied" in lines[0] and "role=" in lines[0] and f"pid=" in lines[0]
+    assert "nothing applied" in lines[0] and "role=" in lines[0] and "pid=" in lines[0]
     assert 'STATUS "not-applicable"' in r.stdout
 
 
 def test_strict_refusal_raises():
-    r = run_py('''
+    r = run_py(
+        """
         from zb_patch import plugin
         plugin.register()
-    ''', {"ZB_PATCH": "1", "ZB_PATCH_STRICT": "1"})
+    """,
+        {"ZB_PATCH": "1", "ZB_PATCH_STRICT": "1"},
+    )
     assert r.returncode != 0
     assert "PatchError" in r.stderr and "ZB_PATCH_STRICT=1" in r.stderr and "vLLM is not installed" in r.stderr
 
@@ -114,13 +120,16 @@ def test_invalid_value_errors_and_stays_off(strict):
     env = {"ZB_PATCH": "yes"}
     if strict:
         env["ZB_PATCH_STRICT"] = "1"
-    r = run_py('''
+    r = run_py(
+        """
         import logging, sys
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
         from zb_patch import plugin
         plugin.register()
         print("STATE", plugin.status()["state"])
-    ''', env)
+    """,
+        env,
+    )
     if strict:
         assert r.returncode != 0 and "ZB_PATCH='yes' is invalid" in r.stderr
     else:
@@ -132,14 +141,17 @@ def test_invalid_value_errors_and_stays_off(strict):
 
 def test_armed_then_applied_on_import(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f'''
 act = activate()
 assert "{fake.pkg}.runner" not in sys.modules
 print("STATE1", act.state)
 import {fake.pkg}.runner as m
 print("STATE2", act.state, m.Runner().step(2))
 print("STATUS", json.dumps(plugin.status()["report"]["items"][0]["verdict"]))
-''')
+'''
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "STATE1 armed" in r.stdout and "STATE2 applied 40" in r.stdout
     assert 'STATUS "applied"' in r.stdout
@@ -150,13 +162,17 @@ print("STATUS", json.dumps(plugin.status()["report"]["items"][0]["verdict"]))
 
 def test_already_imported_applies_at_once_and_twice_is_once(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 import {fake.pkg}.runner as m
 act = activate()
 plugin.register()  # vLLM calling general plugins again in this process
 act.on_import()
 print("STATE", act.state, m.Runner().step(1))
-''', {"ZB_PATCH": "1"})
+""",
+        {"ZB_PATCH": "1"},
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "STATE applied 20" in r.stdout  # wrapped exactly once
     assert len(_lines(r.stdout, "adapter=fake")) == 1
@@ -164,11 +180,14 @@ print("STATE", act.state, m.Runner().step(1))
 
 def test_drift_refuses_with_one_error_line_and_applies_nothing(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 act = activate(fp="0123456789abcdef")
 import {fake.pkg}.runner as m
 print("STATE", act.state, m.Runner().step(1), getattr(m.Runner.__dict__["step"], R.MARK_ID, None))
-''')
+"""
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "STATE refused 2 None" in r.stdout
     errors = _lines(r.stdout, "ERROR")
@@ -180,17 +199,22 @@ print("STATE", act.state, m.Runner().step(1), getattr(m.Runner.__dict__["step"],
 
 def test_drift_under_strict_fails_the_import(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 act = activate(fp="0123456789abcdef", env={{"ZB_PATCH": "1", "ZB_PATCH_STRICT": "1"}})
 import {fake.pkg}.runner
-''')
+"""
+    )
     assert r.returncode != 0
     assert "PatchError" in r.stderr and "fingerprint mismatch" in r.stderr
 
 
 def test_fork_child_inherits_applied_patch(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 import {fake.pkg}.runner as m
 act = activate()
 pid = os.fork()
@@ -201,7 +225,8 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 print("PARENT", plugin.status()["pid"] == os.getpid(), m.Runner().step(1))
-''')
+"""
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CHILD True applied already-applied inherited from parent process" in r.stdout
     assert " 20" in _lines(r.stdout, "CHILD")[0]
@@ -210,7 +235,9 @@ print("PARENT", plugin.status()["pid"] == os.getpid(), m.Runner().step(1))
 
 def test_fork_before_import_applies_in_child_only(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 act = activate()
 pid = os.fork()
 if pid == 0:
@@ -220,7 +247,8 @@ if pid == 0:
 os.waitpid(pid, 0)
 import importlib
 print("PARENT", act.state)
-''')
+"""
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CHILD applied 20" in r.stdout
     assert "PARENT armed" in r.stdout
@@ -228,7 +256,9 @@ print("PARENT", act.state)
 
 def test_spawn_child_registers_itself(prelude):
     fake, pre = prelude
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 import multiprocessing as mp
 def child(q):
     import sys
@@ -244,7 +274,8 @@ if __name__ == "__main__":
     q = ctx.Queue()
     p = ctx.Process(target=child, args=(q,))
     p.start(); print("CHILD", q.get(timeout=60)); p.join()
-''')
+"""
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CHILD ('applied', 20, True)" in r.stdout
 
@@ -252,10 +283,13 @@ if __name__ == "__main__":
 def test_info_line_reaches_stderr_before_anyone_configured_logging():
     """vLLM 0.32's front end calls general plugins before it configures logging: the INFO/WARNING line must
     still be printed (once), not dropped by Python's last-resort handler."""
-    r = run_py('''
+    r = run_py(
+        """
         from zb_patch import plugin
         plugin.register()
-    ''', {"ZB_PATCH": "1"})
+    """,
+        {"ZB_PATCH": "1"},
+    )
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stderr.splitlines() if "zb-patch:" in x]
     assert len(lines) == 1 and lines[0].startswith("WARNING vllm.zb_patch: zb-patch: pid="), r.stderr
@@ -263,10 +297,13 @@ def test_info_line_reaches_stderr_before_anyone_configured_logging():
 
 def test_fallback_stays_silent_once_logging_is_configured(prelude):
     fake, pre = prelude  # the prelude configures logging on the root logger (stdout)
-    r = run_py(pre + f'''
+    r = run_py(
+        pre
+        + f"""
 act = activate()
 import {fake.pkg}.runner
-''')
+"""
+    )
     assert r.returncode == 0, r.stderr
     assert "zb-patch:" not in r.stderr
     assert len(_lines(r.stdout, "adapter=fake")) == 1

@@ -14,14 +14,22 @@ def _patch(upstream, qual, make, pid="p", fps=None, **kw):
     for p in parts[:-1]:
         owner = owner.__dict__[p]
     fp = fingerprint_object(owner.__dict__[parts[-1]])
-    return Patch(id=pid, target=upstream.target(qual), make=make,
-                 fingerprints=fps if fps is not None else {"test": fp},
-                 why="test", upstream=("#0",), remove_when="never", **kw)
+    return Patch(
+        id=pid,
+        target=upstream.target(qual),
+        make=make,
+        fingerprints=fps if fps is not None else {"test": fp},
+        why="test",
+        upstream=("#0",),
+        remove_when="never",
+        **kw,
+    )
 
 
 def _double_step(orig):
     def step(self, x):
         return orig(self, x) * 10
+
     return step
 
 
@@ -69,8 +77,11 @@ def test_fingerprint_mismatch_applies_nothing_and_names_both_fingerprints(upstre
 def test_guard_mismatch_refuses_the_whole_set(upstream):
     mod = upstream.load()
     orig = mod.Runner.__dict__["step"]
-    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)],
-                  [Guard(upstream.target("Runner.prepare"), {"x": "ffffffffffffffff"})])
+    ps = PatchSet(
+        "t",
+        [_patch(upstream, "Runner.step", _double_step)],
+        [Guard(upstream.target("Runner.prepare"), {"x": "ffffffffffffffff"})],
+    )
     rep = ps.apply()
     assert rep.verdict == R.REFUSED and "Runner.prepare" in rep.reason
     assert mod.Runner.__dict__["step"] is orig
@@ -83,8 +94,9 @@ def test_failure_while_applying_rolls_back(upstream):
     def boom(orig):
         raise RuntimeError("factory failed")
 
-    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step, pid="a"),
-                        _patch(upstream, "Runner.prepare", boom, pid="b")])
+    ps = PatchSet(
+        "t", [_patch(upstream, "Runner.step", _double_step, pid="a"), _patch(upstream, "Runner.prepare", boom, pid="b")]
+    )
     rep = ps.apply()
     assert rep.verdict == R.REFUSED and "rolled back" in rep.reason and "factory failed" in rep.reason
     assert mod.Runner.__dict__["step"] is orig_step
@@ -93,8 +105,15 @@ def test_failure_while_applying_rolls_back(upstream):
 
 def test_inherited_attribute_is_not_found_on_subclass(upstream):
     upstream.load()
-    p = Patch(id="x", target=upstream.target("Runner.inherited"), make=lambda o: o, fingerprints={"a": "0" * 16},
-              why="", upstream=(), remove_when="")
+    p = Patch(
+        id="x",
+        target=upstream.target("Runner.inherited"),
+        make=lambda o: o,
+        fingerprints={"a": "0" * 16},
+        why="",
+        upstream=(),
+        remove_when="",
+    )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.REFUSED
     assert "inherited from" in rep.reason and ".Base" in rep.reason
@@ -102,21 +121,43 @@ def test_inherited_attribute_is_not_found_on_subclass(upstream):
 
 def test_missing_target_and_bad_spec(upstream):
     upstream.load()
-    p = Patch(id="x", target=upstream.target("Runner.nope"), make=lambda o: o, fingerprints={"a": "0" * 16},
-              why="", upstream=(), remove_when="")
+    p = Patch(
+        id="x",
+        target=upstream.target("Runner.nope"),
+        make=lambda o: o,
+        fingerprints={"a": "0" * 16},
+        why="",
+        upstream=(),
+        remove_when="",
+    )
     assert PatchSet("t", [p]).apply().verdict == R.REFUSED
     with pytest.raises(ValueError):
         R.split_target("no_colon.here")
     with pytest.raises(ValueError):
         Patch(id="y", target="a:b", make=lambda o: o, fingerprints={}, why="", upstream=(), remove_when="")
     with pytest.raises(ValueError):
-        Patch(id="y", target="a:b", make=lambda o: o, fingerprints={"a": "b"}, why="", upstream=(),
-              remove_when="", roles=("gpu",))
+        Patch(
+            id="y",
+            target="a:b",
+            make=lambda o: o,
+            fingerprints={"a": "b"},
+            why="",
+            upstream=(),
+            remove_when="",
+            roles=("gpu",),
+        )
 
 
 def test_pending_when_module_not_imported(upstream):
-    p = Patch(id="x", target=upstream.target("Runner.step"), make=_double_step, fingerprints={"a": "0" * 16},
-              why="", upstream=(), remove_when="")
+    p = Patch(
+        id="x",
+        target=upstream.target("Runner.step"),
+        make=_double_step,
+        fingerprints={"a": "0" * 16},
+        why="",
+        upstream=(),
+        remove_when="",
+    )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.PENDING
     assert upstream.mod() not in sys.modules  # apply never imports
@@ -125,8 +166,9 @@ def test_pending_when_module_not_imported(upstream):
 def test_staticmethod_and_classmethod_targets(upstream):
     mod = upstream.load()
     raw_pure = mod.Runner.__dict__["pure"]
-    ps = PatchSet("t", [_patch(upstream, "Runner.pure", lambda o: staticmethod(lambda a, b: o.__func__(a, b) + 100),
-                               pid="s")])
+    ps = PatchSet(
+        "t", [_patch(upstream, "Runner.pure", lambda o: staticmethod(lambda a, b: o.__func__(a, b) + 100), pid="s")]
+    )
     assert ps.apply().verdict == R.APPLIED
     assert mod.Runner.pure(5, 3) == 102
     ps.unpatch()
@@ -137,8 +179,7 @@ def test_aliases_are_rebound_verified_and_restored(upstream):
     mod = upstream.load()
     user = upstream.load("user")
     original = mod.helper
-    p = _patch(upstream, "helper", lambda o: (lambda x: o(x) * 100), pid="h",
-               aliases=(f"{upstream.mod('user')}:helper",))
+    p = _patch(upstream, "helper", lambda o: lambda x: o(x) * 100, pid="h", aliases=(f"{upstream.mod('user')}:helper",))
     ps = PatchSet("t", [p])
     assert ps.apply().verdict == R.APPLIED
     assert user.use(1) == 200 and mod.helper(1) == 200
@@ -159,7 +200,7 @@ def test_native_and_disabled_verdicts(upstream):
     mod = upstream.load()
     orig = mod.Runner.__dict__["step"]
     native = _patch(upstream, "Runner.step", _double_step, pid="n", native=lambda v: "release has it")
-    other = _patch(upstream, "Runner.prepare", lambda o: (lambda self, n: []), pid="d")
+    other = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="d")
     ps = PatchSet("t", [native, other])
     rep = ps.apply(versions=object(), disabled={"d"})
     assert {i.id: i.verdict for i in rep.items} == {"n": R.NATIVE, "d": R.DISABLED}
@@ -185,8 +226,11 @@ def test_applied_state_survives_fork_as_inherited(upstream):
     if pid == 0:  # child: live state says applied by the parent; nothing is applied twice
         try:
             rep = ps.apply()
-            ok = rep.verdict == R.ALREADY and "inherited from parent" in rep.items[0].reason \
+            ok = (
+                rep.verdict == R.ALREADY
+                and "inherited from parent" in rep.items[0].reason
                 and mod.Runner().step(1) == 20
+            )
             os.write(w, b"1" if ok else b"0")
         finally:
             os._exit(0)
@@ -199,9 +243,16 @@ def test_native_fingerprint_means_the_fix_is_already_there(upstream):
     mod = upstream.load()
     orig = mod.Runner.__dict__["step"]
     fp = fingerprint_object(orig)
-    p = Patch(id="fix", target=upstream.target("Runner.step"), make=_double_step,
-              fingerprints={"buggy 1.0": "0123456789abcdef"}, native_fingerprints={"fixed 2.0": fp},
-              why="w", upstream=("#1",), remove_when="r")
+    p = Patch(
+        id="fix",
+        target=upstream.target("Runner.step"),
+        make=_double_step,
+        fingerprints={"buggy 1.0": "0123456789abcdef"},
+        native_fingerprints={"fixed 2.0": fp},
+        why="w",
+        upstream=("#1",),
+        remove_when="r",
+    )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.OK, rep.reason
     item = rep.items[0]
@@ -211,19 +262,32 @@ def test_native_fingerprint_means_the_fix_is_already_there(upstream):
 
 def test_neither_buggy_nor_fixed_form_refuses(upstream):
     upstream.load()
-    p = Patch(id="fix", target=upstream.target("Runner.step"), make=_double_step,
-              fingerprints={"buggy 1.0": "0123456789abcdef"}, native_fingerprints={"fixed 2.0": "fedcba9876543210"},
-              why="w", upstream=("#1",), remove_when="r")
+    p = Patch(
+        id="fix",
+        target=upstream.target("Runner.step"),
+        make=_double_step,
+        fingerprints={"buggy 1.0": "0123456789abcdef"},
+        native_fingerprints={"fixed 2.0": "fedcba9876543210"},
+        why="w",
+        upstream=("#1",),
+        remove_when="r",
+    )
     assert PatchSet("t", [p]).apply().verdict == R.REFUSED
 
 
 def test_advisory_warns_without_blocking(upstream):
     mod = upstream.load()
     fp = fingerprint_object(mod.Runner.__dict__["prepare"])
-    adv = R.Advisory(id="#42", target=upstream.target("Runner.prepare"), affected={"rel 1.0": fp},
-                     message="known bug", upstream=("#42",))
-    other = R.Advisory(id="#43", target=upstream.target("Runner.step"), affected={"rel 0.9": "0" * 16},
-                       message="other bug")
+    adv = R.Advisory(
+        id="#42",
+        target=upstream.target("Runner.prepare"),
+        affected={"rel 1.0": fp},
+        message="known bug",
+        upstream=("#42",),
+    )
+    other = R.Advisory(
+        id="#43", target=upstream.target("Runner.step"), affected={"rel 0.9": "0" * 16}, message="other bug"
+    )
     ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)], advisories=[adv, other])
     rep = ps.apply()
     assert rep.verdict == R.APPLIED
@@ -235,7 +299,7 @@ def test_disabling_one_patch_of_a_group_disables_the_group(upstream):
     mod = upstream.load()
     orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]
     a = _patch(upstream, "Runner.step", _double_step, pid="a", group="g")
-    b = _patch(upstream, "Runner.prepare", lambda o: (lambda self, n: []), pid="b", group="g")
+    b = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="b", group="g")
     c = _patch(upstream, "Runner.pure", lambda o: o, pid="c")
     rep = PatchSet("t", [a, b, c]).apply(disabled={"b"})
     v = {i.id: (i.verdict, i.reason) for i in rep.items}

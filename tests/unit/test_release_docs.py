@@ -20,15 +20,17 @@ def test_patch_reference_is_generated(adapter_id):
     with open(path, encoding="utf-8") as fh:
         blocks = BLOCK.findall(fh.read())
     assert len(blocks) == 1, f"{path}: needs exactly one <!-- patches:begin --> ... <!-- patches:end --> block"
-    assert blocks[0] == patches_markdown(adapter_id), \
-        f"regenerate: zb-patch patches --markdown --adapter {adapter_id}"
+    assert blocks[0] == patches_markdown(adapter_id), f"regenerate: zb-patch patches --markdown --adapter {adapter_id}"
 
 
 def _texts():
     for top in ("zb_patch", "docs", "README.md", "CONTRIBUTING.md"):
         path = os.path.join(ROOT, top)
-        files = [path] if os.path.isfile(path) else [
-            os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith((".py", ".md"))]
+        files = (
+            [path]
+            if os.path.isfile(path)
+            else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith((".py", ".md"))]
+        )
         for f in files:
             with open(f, encoding="utf-8") as fh:
                 yield os.path.relpath(f, ROOT), fh.read()

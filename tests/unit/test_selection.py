@@ -5,27 +5,35 @@ from zb_patch.detect import Versions, parse
 
 
 def vers(vllm=None, ascend=None):
-    return Versions(vllm=parse("vllm", vllm), vllm_ascend=parse("vllm_ascend", ascend),
-                    torch=parse("torch", "2.13.0+cpu"), torch_npu=parse("torch_npu", None),
-                    triton=parse("triton", None), triton_ascend=parse("triton_ascend", None))
+    return Versions(
+        vllm=parse("vllm", vllm),
+        vllm_ascend=parse("vllm_ascend", ascend),
+        torch=parse("torch", "2.13.0+cpu"),
+        torch_npu=parse("torch_npu", None),
+        triton=parse("triton", None),
+        triton_ascend=parse("triton_ascend", None),
+    )
 
 
-@pytest.mark.parametrize("vllm, ascend, verdict, adapter", [
-    ("0.18.0", "0.18.0", V.SELECTED, "ascend-0.18"),
-    ("0.18.1", "0.18.0", V.SELECTED, "ascend-0.18"),
-    ("0.13.0", "0.13.0", V.SELECTED, "ascend-0.13"),
-    ("0.23.0", "0.23.0", V.SELECTED, "ascend-0.19-0.25"),
-    ("0.23.0", "0.23.0.post1", V.SELECTED, "ascend-0.19-0.25"),
-    ("0.19.1", "0.19.1rc1", V.SELECTED, "ascend-0.19-0.25"),
-    ("0.18.1.dev45+g35141a7", "0.18.1.dev3+gabcdef1", V.SELECTED, "ascend-0.18"),
-    # 0.24.0rc1 / 0.25.1rc1 still launch vLLM's generic slot-mapping kernel: the adapter, not "native"
-    ("0.24.0", "0.24.0rc1", V.SELECTED, "ascend-0.19-0.25"),
-    ("0.25.1", "0.25.1rc1", V.SELECTED, "ascend-0.19-0.25"),
-    ("0.11.0", "0.11.0", V.REFUSED, None),
-    ("0.9.1", "0.9.1", V.REFUSED, None),
-    ("0.18.0", None, V.REFUSED, None),
-    (None, None, V.REFUSED, None),
-])
+@pytest.mark.parametrize(
+    "vllm, ascend, verdict, adapter",
+    [
+        ("0.18.0", "0.18.0", V.SELECTED, "ascend-0.18"),
+        ("0.18.1", "0.18.0", V.SELECTED, "ascend-0.18"),
+        ("0.13.0", "0.13.0", V.SELECTED, "ascend-0.13"),
+        ("0.23.0", "0.23.0", V.SELECTED, "ascend-0.19-0.25"),
+        ("0.23.0", "0.23.0.post1", V.SELECTED, "ascend-0.19-0.25"),
+        ("0.19.1", "0.19.1rc1", V.SELECTED, "ascend-0.19-0.25"),
+        ("0.18.1.dev45+g35141a7", "0.18.1.dev3+gabcdef1", V.SELECTED, "ascend-0.18"),
+        # 0.24.0rc1 / 0.25.1rc1 still launch vLLM's generic slot-mapping kernel: the adapter, not "native"
+        ("0.24.0", "0.24.0rc1", V.SELECTED, "ascend-0.19-0.25"),
+        ("0.25.1", "0.25.1rc1", V.SELECTED, "ascend-0.19-0.25"),
+        ("0.11.0", "0.11.0", V.REFUSED, None),
+        ("0.9.1", "0.9.1", V.REFUSED, None),
+        ("0.18.0", None, V.REFUSED, None),
+        (None, None, V.REFUSED, None),
+    ],
+)
 def test_selection_table(vllm, ascend, verdict, adapter):
     sel = V.select(vers(vllm, ascend))
     assert sel.verdict == verdict, sel.reason
@@ -101,24 +109,32 @@ def test_published_releases_each_get_one_recorded_verdict():
     for r in reversed(rows):
         first, _, last = r["vllm_ascend"].partition(" - ")
         i, j = V.PUBLISHED.index(first), V.PUBLISHED.index(last or first)
-        covered += V.PUBLISHED[i:j + 1]
+        covered += V.PUBLISHED[i : j + 1]
     assert tuple(covered) == V.PUBLISHED
     assert V.PUBLISHED[0] == "0.9.1" and V.PUBLISHED[-1] == "0.30.0rc2"
 
 
-@pytest.mark.parametrize("release, verdict, adapter, patches", [
-    ("0.12.0rc1", V.REFUSED, None, ()),
-    ("0.13.0", V.SELECTED, "ascend-0.13", None),
-    ("0.13.0rc3", V.REFUSED, None, ()),        # in ascend-0.13's range, but no recorded fingerprint names it
-    ("0.16.0rc1", V.REFUSED, None, ()),        # between adapters: no adapter's forms
-    ("0.19.1rc1", V.SELECTED, "ascend-0.19-0.25", tuple(p.id for p in V.by_id("ascend-0.19-0.25").patch_set.patches)),
-    ("0.20.2rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", "valid-count-int64")),
-    ("0.24.0rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel",)),
-    ("0.25.1rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel",)),
-    ("0.26.0rc1", V.NATIVE, None, ()),
-    ("0.30.0rc2", V.NATIVE, None, ()),
-    ("0.31.0", V.REFUSED, None, ()),           # newer than every recorded release: never native by number
-])
+@pytest.mark.parametrize(
+    "release, verdict, adapter, patches",
+    [
+        ("0.12.0rc1", V.REFUSED, None, ()),
+        ("0.13.0", V.SELECTED, "ascend-0.13", None),
+        ("0.13.0rc3", V.REFUSED, None, ()),  # in ascend-0.13's range, but no recorded fingerprint names it
+        ("0.16.0rc1", V.REFUSED, None, ()),  # between adapters: no adapter's forms
+        (
+            "0.19.1rc1",
+            V.SELECTED,
+            "ascend-0.19-0.25",
+            tuple(p.id for p in V.by_id("ascend-0.19-0.25").patch_set.patches),
+        ),
+        ("0.20.2rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", "valid-count-int64")),
+        ("0.24.0rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel",)),
+        ("0.25.1rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel",)),
+        ("0.26.0rc1", V.NATIVE, None, ()),
+        ("0.30.0rc2", V.NATIVE, None, ()),
+        ("0.31.0", V.REFUSED, None, ()),  # newer than every recorded release: never native by number
+    ],
+)
 def test_release_verdicts(release, verdict, adapter, patches):
     rv = V.release_verdict(release)
     assert (rv.verdict, rv.adapter) == (verdict, adapter)
@@ -155,8 +171,12 @@ def correct_optimistic_seq_lens_cpu(opt, prev, drafts, valid, num_reqs):
 
 
 def _tree(root, **changes):
-    files = {"worker/block_table.py": _BLOCK_TABLE, "ops/triton/compute_slot_mapping.py": _KERNEL,
-             "worker/model_runner_v1.py": _RUNNER, "spec_decode/utils.py": _SPEC_UTILS}
+    files = {
+        "worker/block_table.py": _BLOCK_TABLE,
+        "ops/triton/compute_slot_mapping.py": _KERNEL,
+        "worker/model_runner_v1.py": _RUNNER,
+        "spec_decode/utils.py": _SPEC_UTILS,
+    }
     files.update({k.replace("__", "/") + ".py": v for k, v in changes.items()})
     for rel, text in files.items():
         if text is None:
@@ -173,9 +193,10 @@ def recorded(tmp_path, monkeypatch):
     from zb_patch.versions import native
 
     base = _tree(tmp_path / "recorded")
-    forms = tuple(native.NativeForm(f.concern, f.target,
-                                    {"vllm-ascend 9.9.9rc1": V.fingerprint_in_tree(base, f.target)})
-                  for f in native.FORMS)
+    forms = tuple(
+        native.NativeForm(f.concern, f.target, {"vllm-ascend 9.9.9rc1": V.fingerprint_in_tree(base, f.target)})
+        for f in native.FORMS
+    )
     assert all(f.fingerprints["vllm-ascend 9.9.9rc1"] for f in forms)
     monkeypatch.setattr(native, "FORMS", forms)
     return tmp_path

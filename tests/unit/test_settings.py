@@ -8,25 +8,31 @@ def test_off_by_default():
     assert not s.enabled and not s.strict and not s.disabled and not s.errors
 
 
-@pytest.mark.parametrize("env, enabled, strict", [
-    ({"ZB_PATCH": "1"}, True, False),
-    ({"ZB_PATCH": "0"}, False, False),
-    ({"ZB_PATCH": " 1 "}, True, False),
-    ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": "1"}, True, True),
-    ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": ""}, True, False),
-])
+@pytest.mark.parametrize(
+    "env, enabled, strict",
+    [
+        ({"ZB_PATCH": "1"}, True, False),
+        ({"ZB_PATCH": "0"}, False, False),
+        ({"ZB_PATCH": " 1 "}, True, False),
+        ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": "1"}, True, True),
+        ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": ""}, True, False),
+    ],
+)
 def test_valid_values(env, enabled, strict):
     s = Settings(env)
     assert (s.enabled, s.strict, s.errors) == (enabled, strict, [])
 
 
-@pytest.mark.parametrize("env, var", [
-    ({"ZB_PATCH": "yes"}, "ZB_PATCH"),
-    ({"ZB_PATCH": "true"}, "ZB_PATCH"),
-    ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": "on"}, "ZB_PATCH_STRICT"),
-    ({"ZB_PATCH": "1", "ZB_PATCH_DISABEL": "x"}, "ZB_PATCH_DISABEL"),
-    ({"ZB_PATCH": "1", "ZB_PATCH_DISABLE": "no-such-patch"}, "ZB_PATCH_DISABLE"),
-])
+@pytest.mark.parametrize(
+    "env, var",
+    [
+        ({"ZB_PATCH": "yes"}, "ZB_PATCH"),
+        ({"ZB_PATCH": "true"}, "ZB_PATCH"),
+        ({"ZB_PATCH": "1", "ZB_PATCH_STRICT": "on"}, "ZB_PATCH_STRICT"),
+        ({"ZB_PATCH": "1", "ZB_PATCH_DISABEL": "x"}, "ZB_PATCH_DISABEL"),
+        ({"ZB_PATCH": "1", "ZB_PATCH_DISABLE": "no-such-patch"}, "ZB_PATCH_DISABLE"),
+    ],
+)
 def test_invalid_values_name_the_variable_and_valid_values(env, var):
     s = Settings(env)
     assert len(s.errors) == 1

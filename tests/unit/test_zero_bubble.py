@@ -120,8 +120,11 @@ class _FakeRequest:
 
 def test_backup_token_is_the_last_committed_token_not_the_optimistic_seq_len():
     # vLLM #38098: seq_lens inflated by unaccepted draft placeholders index past the committed tokens
-    reqs = [_FakeRequest([0, 1], [1000, 1001, 1002]), _FakeRequest([0, 1, 2, 3], [2000]),
-            _FakeRequest([0], [3000, 3001, 3002, 3003])]
+    reqs = [
+        _FakeRequest([0, 1], [1000, 1001, 1002]),
+        _FakeRequest([0, 1, 2, 3], [2000]),
+        _FakeRequest([0], [3000, 3001, 3002, 3003]),
+    ]
     ntns = np.array([5, 5, 5], dtype=np.int32)
     inflated = np.array([7, 9, 5])
     table = np.full((3, 16), -1, dtype=np.int32)
@@ -185,8 +188,7 @@ def test_zero_bubble_chain_equals_classic(case, sched_extra):
     prev_map = {prev_ids[i]: i for i in range(n_prev)}
     # scheduler view of step N+1: optimistic counts (all drafts accepted) for carried rows
     exact = np.array([exact_prev[i] + valid[i] if kind == "c" else 7 * i for kind, i in rows], dtype=np.int64)
-    optimistic = np.array([exact_prev[i] + 1 + drafts[i] if kind == "c" else 7 * i for kind, i in rows],
-                          dtype=np.int32)
+    optimistic = np.array([exact_prev[i] + 1 + drafts[i] if kind == "c" else 7 * i for kind, i in rows], dtype=np.int32)
     # a carried row without drafts in step N was a (final) prefill / plain decode: scheduler count exact
     for r, (kind, i) in enumerate(rows):
         if kind == "c" and drafts[i] == 0:
@@ -196,8 +198,7 @@ def test_zero_bubble_chain_equals_classic(case, sched_extra):
     prev_pos = zb.compute_prev_positions(req_ids, prev_map, n, np.zeros(R, dtype=np.int64))
     prev_drafts = np.zeros(R, dtype=np.int32)
     queued = [r for r, (kind, i) in enumerate(rows) if kind == "c" and drafts[i] > 0]
-    zb.optimistic_advance(prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued], dtype=np.int64),
-                          prev_drafts)
+    zb.optimistic_advance(prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued], dtype=np.int64), prev_drafts)
     valid_buf = np.zeros(R, dtype=np.int64)
     valid_buf[:n_prev] = valid
 
@@ -208,19 +209,31 @@ def test_zero_bubble_chain_equals_classic(case, sched_extra):
     positions = torch.zeros(64, dtype=torch.int64)
     req_idx = torch.from_numpy(np.repeat(np.arange(n), nst)).to(torch.int64)
     qpos = torch.from_numpy(np.concatenate([np.arange(x) for x in nst]) if n else np.zeros(0, dtype=np.int64))
-    zb.correct_counts(dev_nc, None, torch.from_numpy(prev_pos.copy()), torch.from_numpy(valid_buf[:n_prev].copy()),
-                      torch.from_numpy(prev_drafts.copy()), torch.from_numpy(optimistic.copy()),
-                      torch.from_numpy(nst.copy()), seq_lens, num_reqs=n, req_indices=req_idx,
-                      query_pos=qpos.to(torch.int64), positions=positions, num_tokens=int(nst.sum()),
-                      num_prev_reqs=n_prev)
+    zb.correct_counts(
+        dev_nc,
+        None,
+        torch.from_numpy(prev_pos.copy()),
+        torch.from_numpy(valid_buf[:n_prev].copy()),
+        torch.from_numpy(prev_drafts.copy()),
+        torch.from_numpy(optimistic.copy()),
+        torch.from_numpy(nst.copy()),
+        seq_lens,
+        num_reqs=n,
+        req_indices=req_idx,
+        query_pos=qpos.to(torch.int64),
+        positions=positions,
+        num_tokens=int(nst.sum()),
+        num_prev_reqs=n_prev,
+    )
     assert dev_nc[:n].tolist() == exact.tolist()
     assert seq_lens[:n].tolist() == (exact + nst).tolist()
     assert positions[: int(nst.sum())].tolist() == [int(exact[r]) + q for r in range(n) for q in range(nst[r])]
 
     # host, after the launch: the deferred correction makes the CPU counts exact
     cpu = optimistic.copy()
-    corr = zb.deferred_cpu_corrections(prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued]),
-                                       valid_buf, num_prev=n_prev)
+    corr = zb.deferred_cpu_corrections(
+        prev_pos[queued], np.array([drafts[rows[r][1]] for r in queued]), valid_buf, num_prev=n_prev
+    )
     zb.apply_cpu_corrections(cpu, np.array(queued, dtype=np.int64), corr)
     assert cpu.tolist() == exact.tolist()
 
@@ -240,11 +253,23 @@ def _device_correct(base, prev_pos, valid, drafts, cpu, prev_nc, n_prev):
     pos = torch.zeros(16, dtype=torch.int64)
     nst = torch.ones(n, dtype=torch.int32)
     acc = torch.ones(n, dtype=torch.int32)
-    zb.correct_counts(nc, acc, torch.tensor(prev_pos, dtype=torch.int64), torch.tensor(valid, dtype=torch.int64),
-                      torch.tensor(drafts, dtype=torch.int32), torch.tensor(cpu, dtype=torch.int32), nst, seq,
-                      num_reqs=n, req_indices=torch.arange(n, dtype=torch.int64),
-                      query_pos=torch.zeros(n, dtype=torch.int64), positions=pos, num_tokens=n,
-                      num_prev_reqs=n_prev, base=base)
+    zb.correct_counts(
+        nc,
+        acc,
+        torch.tensor(prev_pos, dtype=torch.int64),
+        torch.tensor(valid, dtype=torch.int64),
+        torch.tensor(drafts, dtype=torch.int32),
+        torch.tensor(cpu, dtype=torch.int32),
+        nst,
+        seq,
+        num_reqs=n,
+        req_indices=torch.arange(n, dtype=torch.int64),
+        query_pos=torch.zeros(n, dtype=torch.int64),
+        positions=pos,
+        num_tokens=n,
+        num_prev_reqs=n_prev,
+        base=base,
+    )
     return nc[:n].tolist(), acc.tolist(), seq[:n].tolist(), pos[:n].tolist()
 
 

@@ -36,17 +36,17 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 PROBE_SCHEMA = "zb-patch-probe/1"
 RESULT_SCHEMA = "zb-patch-probe-engine/1"
 
 # exit codes (0 and 2 mean what they mean for `zb-patch doctor`)
-EXIT_OK = 0            # every process agrees; zb-patch applied / native / off
-EXIT_SETTINGS = 1      # invalid ZB_PATCH* settings
-EXIT_REFUSED = 2       # ZB_PATCH=1 and zb-patch refused (or is not applicable) - the same in every process
-EXIT_TOPOLOGY = 3      # a process of the engine disagrees: no decision, two decisions, stale state, env missing
-EXIT_ENGINE = 4        # the engine did not start (other than a ZB_PATCH_STRICT refusal) or the probe timed out
+EXIT_OK = 0  # every process agrees; zb-patch applied / native / off
+EXIT_SETTINGS = 1  # invalid ZB_PATCH* settings
+EXIT_REFUSED = 2  # ZB_PATCH=1 and zb-patch refused (or is not applicable) - the same in every process
+EXIT_TOPOLOGY = 3  # a process of the engine disagrees: no decision, two decisions, stale state, env missing
+EXIT_ENGINE = 4  # the engine did not start (other than a ZB_PATCH_STRICT refusal) or the probe timed out
 
 # The tiny model: 2 layers, 2 heads of 64 (head_dim 16 is rejected by vLLM's CPU attention), vocab 256.
 TINY_LLAMA: dict = {
@@ -68,7 +68,7 @@ TINY_LLAMA: dict = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-KV_CACHE_BYTES = 64 << 20          # explicit and tiny: no memory profiling, no large reservation
+KV_CACHE_BYTES = 64 << 20  # explicit and tiny: no memory profiling, no large reservation
 PROMPT = [1, 17, 33, 49, 65, 81, 97, 113]
 MAX_TOKENS = 8
 
@@ -101,10 +101,10 @@ def process_report(reregister: bool = False) -> dict:
         "ppid": os.getppid(),
         "process_name": multiprocessing.current_process().name,
         # the method multiprocessing used to start this process (None for a process not started by it)
-        "start_method": (multiprocessing.get_start_method(allow_none=True)
-                         if multiprocessing.parent_process() is not None else None),
-        "env": {k: v for k, v in sorted(os.environ.items())
-                if k.startswith("ZB_PATCH") or k in _ENV_KEYS_SHOWN},
+        "start_method": (
+            multiprocessing.get_start_method(allow_none=True) if multiprocessing.parent_process() is not None else None
+        ),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("ZB_PATCH") or k in _ENV_KEYS_SHOWN},
         "zb_patch_modules": _zb_modules(),
         "wrapt_imported": "wrapt" in sys.modules,
     }
@@ -155,7 +155,7 @@ class ProbeWorkerExtension:
 # ----------------------------------------------------------------------------------------------------
 
 
-def write_tiny_model(directory: str, overrides: Optional[dict] = None) -> str:
+def write_tiny_model(directory: str, overrides: dict | None = None) -> str:
     """Write the tiny model's config.json (no weights, no tokenizer: load_format=dummy, skip_tokenizer_init)."""
     os.makedirs(directory, exist_ok=True)
     cfg = dict(TINY_LLAMA, **(overrides or {}))
@@ -217,8 +217,14 @@ def _engine_processes(llm) -> list[dict]:
     resources = getattr(core, "resources", None)
     manager = getattr(resources, "engine_manager", None)
     for proc in getattr(manager, "processes", None) or []:
-        out.append({"pid": proc.pid, "name": proc.name, "start_method": getattr(proc, "_start_method", None),
-                    "class": type(proc).__name__})
+        out.append(
+            {
+                "pid": proc.pid,
+                "name": proc.name,
+                "start_method": getattr(proc, "_start_method", None),
+                "class": type(proc).__name__,
+            }
+        )
     return out
 
 
@@ -230,8 +236,14 @@ def _process_tree() -> list[dict]:
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
-            out.append({"pid": child.pid, "ppid": child.ppid(), "name": child.name(),
-                        "cmdline": " ".join(child.cmdline())[:200]})
+            out.append(
+                {
+                    "pid": child.pid,
+                    "ppid": child.ppid(),
+                    "name": child.name(),
+                    "cmdline": " ".join(child.cmdline())[:200],
+                }
+            )
         except psutil.Error:
             continue
     return out
@@ -277,15 +289,18 @@ def _engine_main(spec_path: str, result_path: str) -> int:
             "multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
         }
         t1 = time.monotonic()
-        out = llm.generate([{"prompt_token_ids": PROMPT}],
-                           SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
-                           use_tqdm=False)
+        out = llm.generate(
+            [{"prompt_token_ids": PROMPT}],
+            SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+            use_tqdm=False,
+        )
         result["generated_token_ids"] = list(out[0].outputs[0].token_ids)
         result["generate_s"] = round(time.monotonic() - t1, 2)
         t1 = time.monotonic()
         result["engine_processes"] = _engine_processes(llm)
-        result["workers"] = llm.collective_rpc("zb_patch_probe_report",
-                                               kwargs={"reregister": bool(spec.get("reregister", True))})
+        result["workers"] = llm.collective_rpc(
+            "zb_patch_probe_report", kwargs={"reregister": bool(spec.get("reregister", True))}
+        )
         result["frontend"] = process_report(reregister=bool(spec.get("reregister", True)))
         result["reports_s"] = round(time.monotonic() - t1, 2)
         result["process_tree"] = _process_tree()
@@ -295,8 +310,11 @@ def _engine_main(spec_path: str, result_path: str) -> int:
         import traceback
 
         result["ok"] = False
-        result["error"] = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc),
-                           "traceback": traceback.format_exc()[-6000:]}
+        result["error"] = {
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": str(exc),
+            "traceback": traceback.format_exc()[-6000:],
+        }
         # the front end's own state still says what zb-patch decided here
         try:
             result["frontend"] = process_report()
@@ -321,12 +339,14 @@ def _engine_main(spec_path: str, result_path: str) -> int:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _VLLM_PREFIX = re.compile(r"^\((?P<label>[^()]*?) pid=(?P<pid>\d+)\)\s*")
-_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*")
+_LEVEL = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*"
+)
 _ZB_LINE = re.compile(r"zb-patch: pid=(?P<pid>\d+) role=(?P<role>\S+) (?P<text>.*)$")
 _ZB_ANY = re.compile(r"zb-patch[:\[]")
 
 
-def _state_from_text(text: str, level: Optional[str]) -> str:
+def _state_from_text(text: str, level: str | None) -> str:
     """The decision a zb-patch log line states (mirrors zb_patch.plugin.Activation's messages)."""
     if text.startswith("REFUSED:"):
         # Activation._refuse logs at WARNING ("not-applicable") exactly when vllm-ascend is not installed
@@ -355,18 +375,25 @@ def parse_log(lines: list[str]) -> dict:
         if m:
             prefix_pid = int(m.group("pid"))
             labels.setdefault(prefix_pid, m.group("label"))
-            rest = rest[m.end():]
+            rest = rest[m.end() :]
         lm = _LEVEL.match(rest)
         level = lm.group("level") if lm else None
         z = _ZB_LINE.search(rest)
         if z:
             pid = int(z.group("pid"))
             text = z.group("text")
-            by_pid.setdefault(pid, []).append({
-                "pid": pid, "role": z.group("role"), "level": level, "text": text,
-                "state": _state_from_text(text, level), "vllm_label": labels.get(pid),
-                "prefix_pid": prefix_pid, "handler": "vllm" if lm else "python-default",
-            })
+            by_pid.setdefault(pid, []).append(
+                {
+                    "pid": pid,
+                    "role": z.group("role"),
+                    "level": level,
+                    "text": text,
+                    "state": _state_from_text(text, level),
+                    "vllm_label": labels.get(pid),
+                    "prefix_pid": prefix_pid,
+                    "handler": "vllm" if lm else "python-default",
+                }
+            )
         elif _ZB_ANY.search(rest) and "zb_patch_probe" not in rest:
             other.append(line)
     return {"by_pid": by_pid, "labels": labels, "other": other}
@@ -395,10 +422,9 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
     strict_refusal = bool(strict)
     strict_pid = int(strict.group(1)) if strict else None
 
-    def add(kind: str, label: str, pid: int, via: str, rep: Optional[dict]) -> dict:
+    def add(kind: str, label: str, pid: int, via: str, rep: dict | None) -> dict:
         lines = by_pid.get(pid, [])
-        row = {"kind": kind, "label": label, "pid": pid, "report_via": via, "log_lines": lines,
-               "report": rep}
+        row = {"kind": kind, "label": label, "pid": pid, "report_via": via, "log_lines": lines, "report": rep}
         if rep is not None:
             st = rep.get("status") or {}
             row["state"] = st.get("state")
@@ -461,7 +487,7 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
             if rr and mode == "on" and not rr.get("same_activation"):
                 problems.append(f"{who}: registering again created a new activation")
         if mode == "on":
-            expected = 0 if pid == strict_pid else 1   # a strict refusal is the raised error instead
+            expected = 0 if pid == strict_pid else 1  # a strict refusal is the raised error instead
             if len(lines) != expected:
                 problems.append(f"{who}: {len(lines)} zb-patch decision lines (expected exactly {expected})")
             for ln in lines:
@@ -472,8 +498,10 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
                 if st.get("pid") != pid:
                     problems.append(f"{who}: zb-patch status is of pid {st.get('pid')} (stale state)")
                 if not rep.get("decided_before_probe"):
-                    problems.append(f"{who}: zb-patch had not decided anything in this process until the probe "
-                                    f"asked (a forked child that adopted its parent's settings only lazily)")
+                    problems.append(
+                        f"{who}: zb-patch had not decided anything in this process until the probe "
+                        f"asked (a forked child that adopted its parent's settings only lazily)"
+                    )
                 if lines and lines[0]["state"] != st.get("state") and pid != strict_pid:
                     problems.append(f"{who}: log says {lines[0]['state']}, status says {st.get('state')}")
         elif mode == "off":
@@ -484,10 +512,15 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
                 if st.get("state") not in ("off", "not-loaded"):
                     problems.append(f"{who}: ZB_PATCH is off but state is {st.get('state')}")
                 if rep.get("activation_pids") or rep.get("hooked_modules"):
-                    problems.append(f"{who}: ZB_PATCH is off but zb-patch holds state "
-                                    f"(activations {rep.get('activation_pids')}, hooks {rep.get('hooked_modules')})")
-                extra = [m for m in rep.get("zb_patch_modules", [])
-                         if m not in ("zb_patch", "zb_patch.plugin", "zb_patch.check", __name__)]
+                    problems.append(
+                        f"{who}: ZB_PATCH is off but zb-patch holds state "
+                        f"(activations {rep.get('activation_pids')}, hooks {rep.get('hooked_modules')})"
+                    )
+                extra = [
+                    m
+                    for m in rep.get("zb_patch_modules", [])
+                    if m not in ("zb_patch", "zb_patch.plugin", "zb_patch.check", __name__)
+                ]
                 if extra:
                     problems.append(f"{who}: ZB_PATCH is off but zb-patch imported {', '.join(extra)}")
     if logs["other"] and mode == "off":
@@ -513,9 +546,23 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
         "zb_patch_env": zb_env,
         "vllm": result.get("vllm_version"),
         "platform": result.get("platform"),
-        "engine": {k: result.get(k) for k in ("ok", "engine_init_s", "vllm_import_s", "generate_s", "reports_s", "elapsed_s", "engine_config",
-                                             "engine_kwargs", "engine_kwargs_unsupported", "frontend_hook",
-                                             "generated_token_ids", "error")},
+        "engine": {
+            k: result.get(k)
+            for k in (
+                "ok",
+                "engine_init_s",
+                "vllm_import_s",
+                "generate_s",
+                "reports_s",
+                "elapsed_s",
+                "engine_config",
+                "engine_kwargs",
+                "engine_kwargs_unsupported",
+                "frontend_hook",
+                "generated_token_ids",
+                "error",
+            )
+        },
         "processes": rows,
         "helper_processes": helpers,
         "states": states,
@@ -532,8 +579,16 @@ def assemble(result: dict, log_lines: list[str], env: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
-def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None, echo=None,
-              frontend_hook: Optional[str] = None, reregister: bool = True, keep_log: bool = True) -> dict:
+def run_probe(
+    *,
+    tp: int = 1,
+    timeout: float = 300.0,
+    env: dict | None = None,
+    echo=None,
+    frontend_hook: str | None = None,
+    reregister: bool = True,
+    keep_log: bool = True,
+) -> dict:
     """Start the engine in a child process with ``env`` (default: this environment) and return the report.
 
     ``frontend_hook``: ``"module:function"`` importable with ``env``, called in the front end before the
@@ -541,7 +596,7 @@ def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None
     arrives.
     """
     env = dict(os.environ if env is None else env)
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")   # the EngineCore in its own process
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the EngineCore in its own process
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -551,15 +606,26 @@ def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None
         env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(tp)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zb-patch-probe-") as tmp:
-        spec = {"tp": tp, "model_dir": os.path.join(tmp, "model"), "frontend_hook": frontend_hook,
-                "reregister": reregister}
+        spec = {
+            "tp": tp,
+            "model_dir": os.path.join(tmp, "model"),
+            "frontend_hook": frontend_hook,
+            "reregister": reregister,
+        }
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         with open(spec_path, "w", encoding="utf-8") as fh:
             json.dump(spec, fh)
         code = f"import sys; from {__name__} import _engine_main; sys.exit(_engine_main(sys.argv[1], sys.argv[2]))"
-        proc = subprocess.Popen([sys.executable, "-c", code, spec_path, result_path], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, spec_path, result_path],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         lines: list[str] = []
 
         def pump() -> None:
@@ -585,11 +651,15 @@ def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None
                 result = json.load(fh)
         if timed_out:
             result["ok"] = False
-            result.setdefault("error", {"type": "timeout", "message": f"no result within {timeout:.0f} s",
-                                        "traceback": ""})
+            result.setdefault(
+                "error", {"type": "timeout", "message": f"no result within {timeout:.0f} s", "traceback": ""}
+            )
         elif "schema" not in result:
-            result["error"] = {"type": "crash", "message": f"engine process exited with {proc.returncode} "
-                                                           f"and wrote no result", "traceback": ""}
+            result["error"] = {
+                "type": "crash",
+                "message": f"engine process exited with {proc.returncode} and wrote no result",
+                "traceback": "",
+            }
     report = assemble(result, lines, env)
     report["wall_s"] = round(time.monotonic() - t0, 1)
     report["probe_exit"] = proc.returncode
@@ -601,7 +671,7 @@ def run_probe(*, tp: int = 1, timeout: float = 300.0, env: Optional[dict] = None
 def _cpu_bind(tp: int) -> str:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     per = max(1, len(cores) // tp)
-    groups = [cores[i * per:(i + 1) * per] or cores[-1:] for i in range(tp)]
+    groups = [cores[i * per : (i + 1) * per] or cores[-1:] for i in range(tp)]
     return "|".join(",".join(map(str, g)) for g in groups)
 
 
@@ -642,10 +712,12 @@ def render_text(r: dict) -> str:
     w(f"zb-patch doctor --probe  ({env_text})")
     head = f"vLLM {r.get('vllm') or '?'} on {r.get('platform') or '?'}"
     if eng.get("ok"):
-        head += (f"; engine up in {eng.get('engine_init_s')} s (executor {cfg.get('executor')}, "
-                 f"TP={cfg.get('tensor_parallel_size')}, start method {cfg.get('multiproc_method') or 'fork'}, "
-                 f"async_scheduling={cfg.get('async_scheduling')}); generated {len(eng.get('generated_token_ids') or [])} "
-                 f"tokens")
+        head += (
+            f"; engine up in {eng.get('engine_init_s')} s (executor {cfg.get('executor')}, "
+            f"TP={cfg.get('tensor_parallel_size')}, start method {cfg.get('multiproc_method') or 'fork'}, "
+            f"async_scheduling={cfg.get('async_scheduling')}); generated {len(eng.get('generated_token_ids') or [])} "
+            f"tokens"
+        )
     else:
         head += "; the engine did NOT start"
     w(head)
@@ -655,20 +727,26 @@ def render_text(r: dict) -> str:
     w(f"  {'process':<34} {'pid':>7}  {'start':<6} {'report via':<15} {'zb-patch lines':>14}  state")
     for p in r["processes"]:
         sm = p.get("start_method") or ("-" if p["kind"] == "frontend" else "?")
-        w(f"  {p['label'][:34]:<34} {p['pid'] if p['pid'] is not None else '?':>7}  {sm:<6} {p['report_via']:<15} "
-          f"{len(p['log_lines']):>14}  {p.get('state') or '-'}"
-          + (f" (role {p['role']})" if p.get("role") else ""))
+        w(
+            f"  {p['label'][:34]:<34} {p['pid'] if p['pid'] is not None else '?':>7}  {sm:<6} {p['report_via']:<15} "
+            f"{len(p['log_lines']):>14}  {p.get('state') or '-'}" + (f" (role {p['role']})" if p.get("role") else "")
+        )
     for h in r.get("helper_processes") or []:
         name = "resource_tracker" if "resource_tracker" in h.get("cmdline", "") else h["name"]
         w(f"  {('helper: ' + name)[:34]:<34} {h['pid']:>7}  {'':<6} {'(not vLLM)':<15} {'':>14}  -")
     w("")
     for p in r["processes"]:
         for ln in p["log_lines"]:
-            w(f"  [{p['label']}] {ln['level'] or '(no vLLM handler yet)'} zb-patch: pid={ln['pid']} "
-              f"role={ln['role']} {ln['text']}")
+            w(
+                f"  [{p['label']}] {ln['level'] or '(no vLLM handler yet)'} zb-patch: pid={ln['pid']} "
+                f"role={ln['role']} {ln['text']}"
+            )
     if r["mode"] == "off":
-        w("ZB_PATCH is off: no process logged anything from zb-patch or holds zb-patch state"
-          if not r["problems"] else "ZB_PATCH is off")
+        w(
+            "ZB_PATCH is off: no process logged anything from zb-patch or holds zb-patch state"
+            if not r["problems"]
+            else "ZB_PATCH is off"
+        )
     if eng.get("error") and not r.get("strict_refusal"):
         e = eng["error"]
         w(f"engine error: {e.get('type')}: {e.get('message')}")
@@ -683,14 +761,26 @@ def render_text(r: dict) -> str:
     elif not eng.get("ok") and not r.get("strict_refusal"):
         w("Checks: incomplete (the engine did not start)")
     else:
-        w("Checks: every process of the engine " + (
-            "that started decided exactly once, on its own" if r.get("strict_refusal") else
-            "decided exactly once, on its own, and agrees" if r["mode"] == "on" else
-            "shows no trace of zb-patch" if r["mode"] == "off" else "was inspected"))
+        w(
+            "Checks: every process of the engine "
+            + (
+                "that started decided exactly once, on its own"
+                if r.get("strict_refusal")
+                else "decided exactly once, on its own, and agrees"
+                if r["mode"] == "on"
+                else "shows no trace of zb-patch"
+                if r["mode"] == "off"
+                else "was inspected"
+            )
+        )
     refused = "/".join(x for x in r["states"] if x in ("refused", "not-applicable")) or "refused"
-    verdict = {EXIT_OK: "ok", EXIT_SETTINGS: "invalid ZB_PATCH* settings",
-               EXIT_REFUSED: f"ZB_PATCH=1 but zb-patch {refused} (reason above)",
-               EXIT_TOPOLOGY: "process topology problem", EXIT_ENGINE: "engine did not start"}[r["exit_code"]]
+    verdict = {
+        EXIT_OK: "ok",
+        EXIT_SETTINGS: "invalid ZB_PATCH* settings",
+        EXIT_REFUSED: f"ZB_PATCH=1 but zb-patch {refused} (reason above)",
+        EXIT_TOPOLOGY: "process topology problem",
+        EXIT_ENGINE: "engine did not start",
+    }[r["exit_code"]]
     w(f"Verdict: {verdict} (exit {r['exit_code']}); probe wall time {r.get('wall_s')} s")
     return "\n".join(out) + "\n"
 
@@ -701,8 +791,12 @@ def run_cli(args) -> int:
     echo = (lambda line: sys.stderr.write(line)) if verbose else None
     if not getattr(args, "json", False):
         sys.stderr.write("zb-patch: starting a tiny vLLM engine (this takes about a minute on CPU)...\n")
-    report = run_probe(tp=int(getattr(args, "probe_tp", 1) or 1), timeout=float(getattr(args, "timeout", 300.0)),
-                       echo=echo, keep_log=verbose)
+    report = run_probe(
+        tp=int(getattr(args, "probe_tp", 1) or 1),
+        timeout=float(getattr(args, "timeout", 300.0)),
+        echo=echo,
+        keep_log=verbose,
+    )
     out = args.out
     if getattr(args, "json", False):
         json.dump(report, out, indent=2, sort_keys=True, default=str)

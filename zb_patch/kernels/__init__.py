@@ -24,12 +24,19 @@ when a Triton path is taken, so this package imports with torch alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._checks import (SlotMappingLimits, TokenCountsLimits, check_slot_mapping_call, check_slot_mapping_config,
-                      check_token_counts_buffers, check_token_counts_call)
+from ._checks import (
+    SlotMappingLimits,
+    TokenCountsLimits,
+    check_slot_mapping_call,
+    check_slot_mapping_config,
+    check_token_counts_buffers,
+    check_token_counts_call,
+)
 from ._launch import interpret_mode
 from .reference import PAD_SLOT_ID, slot_mapping_reference, token_counts_reference
 from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
@@ -58,14 +65,16 @@ def uses_triton(device: torch.device | str) -> bool:
 class _ReferenceSlotMapper:
     """CPU-tensor stand-in for :class:`~zb_patch.kernels.slot_mapping.SlotMappingLauncher`."""
 
-    def __init__(self, block_table: torch.Tensor, slot_mapping: torch.Tensor, limits: SlotMappingLimits,
-                 **cfg: Any) -> None:
+    def __init__(
+        self, block_table: torch.Tensor, slot_mapping: torch.Tensor, limits: SlotMappingLimits, **cfg: Any
+    ) -> None:
         self.block_table, self.slot_mapping, self.limits, self.cfg = block_table, slot_mapping, limits, cfg
 
     def __call__(self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
         num_reqs, _ = check_slot_mapping_call(self.limits, num_reqs, query_start_loc, positions)
-        slot_mapping_reference(query_start_loc, positions, self.block_table, self.slot_mapping,
-                               num_reqs=num_reqs, **self.cfg)
+        slot_mapping_reference(
+            query_start_loc, positions, self.block_table, self.slot_mapping, num_reqs=num_reqs, **self.cfg
+        )
 
 
 def slot_mapper(
@@ -91,19 +100,34 @@ def slot_mapper(
     Bad arguments raise ``ValueError`` naming the argument (:mod:`zb_patch.kernels._checks`): the
     buffers' layout here, the per-step arguments at each call, identically on both paths.
     """
-    config = dict(block_size=block_size, max_num_tokens=max_num_tokens, block_table_stride=block_table_stride,
-                  physical_block_size=physical_block_size, pcp_world_size=pcp_world_size, pcp_rank=pcp_rank,
-                  dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
-                  cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id)
+    config = dict(
+        block_size=block_size,
+        max_num_tokens=max_num_tokens,
+        block_table_stride=block_table_stride,
+        physical_block_size=physical_block_size,
+        pcp_world_size=pcp_world_size,
+        pcp_rank=pcp_rank,
+        dcp_world_size=dcp_world_size,
+        dcp_rank=dcp_rank,
+        cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+        pad_slot_id=pad_slot_id,
+    )
     limits = check_slot_mapping_config(block_table, slot_mapping, **config)
     if uses_triton(limits.device):
         from .slot_mapping import SlotMappingLauncher
 
         return SlotMappingLauncher(block_table, slot_mapping, **config, **launch_shape)
     return _ReferenceSlotMapper(
-        block_table, slot_mapping, limits, block_size=block_size, max_num_tokens=max_num_tokens,
-        physical_block_size=physical_block_size, cp_world_size=limits.cp_world_size, cp_rank=limits.cp_rank,
-        cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id,
+        block_table,
+        slot_mapping,
+        limits,
+        block_size=block_size,
+        max_num_tokens=max_num_tokens,
+        physical_block_size=physical_block_size,
+        cp_world_size=limits.cp_world_size,
+        cp_rank=limits.cp_rank,
+        cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+        pad_slot_id=pad_slot_id,
     )
 
 
@@ -132,13 +156,23 @@ def compute_slot_mapping(
     key = None
     if isinstance(block_table, torch.Tensor) and isinstance(slot_mapping, torch.Tensor):
         # the layout (strides) is part of the key: a mapper vouches only for the buffers it was built with
-        key = (block_table.data_ptr(), tuple(block_table.shape), block_table.stride(), block_table.device,
-               slot_mapping.data_ptr(), slot_mapping.dtype, tuple(slot_mapping.shape), slot_mapping.stride(),
-               block_size, max_num_tokens, tuple(sorted(config.items())), uses_triton(block_table.device))
+        key = (
+            block_table.data_ptr(),
+            tuple(block_table.shape),
+            block_table.stride(),
+            block_table.device,
+            slot_mapping.data_ptr(),
+            slot_mapping.dtype,
+            tuple(slot_mapping.shape),
+            slot_mapping.stride(),
+            block_size,
+            max_num_tokens,
+            tuple(sorted(config.items())),
+            uses_triton(block_table.device),
+        )
     mapper = _MAPPERS.get(key)
     if mapper is None:
-        mapper = slot_mapper(block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
-                             **config)
+        mapper = slot_mapper(block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens, **config)
         if len(_MAPPERS) >= 64:
             _MAPPERS.clear()
         _MAPPERS[key] = mapper
@@ -174,17 +208,39 @@ def update_token_counts(
     with :func:`token_counts_launcher` instead.
     """
     limits = check_token_counts_buffers(
-        num_computed_tokens=num_computed_tokens, seq_lens=seq_lens, num_scheduled_tokens=num_scheduled_tokens,
-        prev_positions=prev_positions, prev_num_draft_tokens=prev_num_draft_tokens,
-        num_accepted_tokens=num_accepted_tokens, req_indices=req_indices, query_pos=query_pos, positions=positions,
-        num_reqs=num_reqs)
+        num_computed_tokens=num_computed_tokens,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=num_scheduled_tokens,
+        prev_positions=prev_positions,
+        prev_num_draft_tokens=prev_num_draft_tokens,
+        num_accepted_tokens=num_accepted_tokens,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+        num_reqs=num_reqs,
+    )
     num_reqs, num_tokens, num_positions = check_token_counts_call(
-        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
-        num_prev_reqs)
-    args = (num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count, prev_num_draft_tokens,
-            cpu_num_computed_tokens, num_scheduled_tokens, seq_lens)
-    counts = dict(num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-                  num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions, num_prev_reqs
+    )
+    args = (
+        num_computed_tokens,
+        num_accepted_tokens,
+        prev_positions,
+        valid_sampled_token_count,
+        prev_num_draft_tokens,
+        cpu_num_computed_tokens,
+        num_scheduled_tokens,
+        seq_lens,
+    )
+    counts = dict(
+        num_reqs=num_reqs,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+        num_tokens=num_tokens,
+        num_positions=num_positions,
+        num_prev_reqs=num_prev_reqs,
+    )
     if uses_triton(limits.device):
         global _triton_update_token_counts
         if _triton_update_token_counts is None:
@@ -200,18 +256,43 @@ class _ReferenceTokenCounts:
     def __init__(self, limits: TokenCountsLimits, **buffers: Any) -> None:
         self.limits, self.buffers = limits, buffers
 
-    def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
-                 valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
-                 num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
+    def __call__(
+        self,
+        num_reqs: int,
+        cpu_num_computed_tokens: torch.Tensor,
+        valid_sampled_token_count: torch.Tensor | None = None,
+        *,
+        num_tokens: int = 0,
+        num_positions: int | None = None,
+        num_prev_reqs: int | None = None,
+    ) -> None:
         num_reqs, num_tokens, num_positions = check_token_counts_call(
-            self.limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
-            num_prev_reqs)
+            self.limits,
+            num_reqs,
+            cpu_num_computed_tokens,
+            valid_sampled_token_count,
+            num_tokens,
+            num_positions,
+            num_prev_reqs,
+        )
         b = self.buffers
         token_counts_reference(
-            b["num_computed_tokens"], b["num_accepted_tokens"], b["prev_positions"], valid_sampled_token_count,
-            b["prev_num_draft_tokens"], cpu_num_computed_tokens, b["num_scheduled_tokens"], b["seq_lens"],
-            num_reqs=num_reqs, req_indices=b["req_indices"], query_pos=b["query_pos"], positions=b["positions"],
-            num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+            b["num_computed_tokens"],
+            b["num_accepted_tokens"],
+            b["prev_positions"],
+            valid_sampled_token_count,
+            b["prev_num_draft_tokens"],
+            cpu_num_computed_tokens,
+            b["num_scheduled_tokens"],
+            b["seq_lens"],
+            num_reqs=num_reqs,
+            req_indices=b["req_indices"],
+            query_pos=b["query_pos"],
+            positions=b["positions"],
+            num_tokens=num_tokens,
+            num_positions=num_positions,
+            num_prev_reqs=num_prev_reqs,
+        )
 
 
 def token_counts_launcher(
@@ -234,10 +315,17 @@ def token_counts_launcher(
     :class:`zb_patch.kernels.token_counts.TokenCountsLauncher` for the expected call.  The buffers
     are checked here, once; a call checks only its own arguments (``ValueError`` naming the argument).
     """
-    buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
-                   num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
-                   prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
-                   req_indices=req_indices, query_pos=query_pos, positions=positions)
+    buffers = dict(
+        num_computed_tokens=num_computed_tokens,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=num_scheduled_tokens,
+        prev_positions=prev_positions,
+        prev_num_draft_tokens=prev_num_draft_tokens,
+        num_accepted_tokens=num_accepted_tokens,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+    )
     limits = check_token_counts_buffers(**buffers)
     if uses_triton(limits.device):
         from .token_counts import TokenCountsLauncher

@@ -33,8 +33,10 @@ INT32_LIMIT = 2**31 - 1  # int32 index math: every index and count the kernels c
 def describe(value: Any) -> str:
     """A short, loggable form of an argument value (tensors by layout, never by content)."""
     if isinstance(value, torch.Tensor):
-        return (f"tensor(shape={tuple(value.shape)}, stride={tuple(value.stride())}, dtype={value.dtype}, "
-                f"device={value.device})")
+        return (
+            f"tensor(shape={tuple(value.shape)}, stride={tuple(value.stride())}, dtype={value.dtype}, "
+            f"device={value.device})"
+        )
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -59,8 +61,15 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None, hi_why: str
     return number
 
 
-def check_vector(name: str, value: Any, *, device: torch.device, dtypes: tuple = INDEX_DTYPES,
-                 min_len: int = 0, min_len_why: str = "") -> int:
+def check_vector(
+    name: str,
+    value: Any,
+    *,
+    device: torch.device,
+    dtypes: tuple = INDEX_DTYPES,
+    min_len: int = 0,
+    min_len_why: str = "",
+) -> int:
     """A 1-D contiguous tensor of one of ``dtypes`` on ``device`` with at least ``min_len`` elements;
     returns its length.  Contiguity matters: the kernels address ``ptr + i``."""
     if not isinstance(value, torch.Tensor):
@@ -117,8 +126,9 @@ def check_slot_mapping_config(
     if block_table_stride is not None and check_int("block_table_stride", block_table_stride, 0) != row_stride:
         reject("block_table_stride", block_table_stride, f"must equal block_table.stride(0) = {row_stride}")
     block_size = check_int("block_size", block_size, 1)
-    max_num_tokens = check_int("max_num_tokens", max_num_tokens, 0, min(capacity, INT32_LIMIT),
-                               "slot_mapping elements, int32 index math")
+    max_num_tokens = check_int(
+        "max_num_tokens", max_num_tokens, 0, min(capacity, INT32_LIMIT), "slot_mapping elements, int32 index math"
+    )
     check_int("pad_slot_id", pad_slot_id, -(2**31), INT32_LIMIT, "an int32 value")
     pcp_world_size = check_int("pcp_world_size", pcp_world_size, 1)
     pcp_rank = check_int("pcp_rank", pcp_rank, 0, pcp_world_size - 1, "a rank of pcp_world_size")
@@ -129,23 +139,41 @@ def check_slot_mapping_config(
     if physical_block_size is not None:
         physical = check_int("physical_block_size", physical_block_size, 1)
         if physical % block_size:
-            reject("physical_block_size", physical_block_size,
-                   f"the kernel block size {block_size} must divide the physical block size")
+            reject(
+                "physical_block_size",
+                physical_block_size,
+                f"the kernel block size {block_size} must divide the physical block size",
+            )
         if cp_world_size > 1 and physical % interleave:
-            reject("cp_kv_cache_interleave_size", cp_kv_cache_interleave_size,
-                   f"must divide the physical block size {physical}")
+            reject(
+                "cp_kv_cache_interleave_size",
+                cp_kv_cache_interleave_size,
+                f"must divide the physical block size {physical}",
+            )
     if block_table.numel() > INT32_LIMIT or row_stride * block_table.shape[0] > INT32_LIMIT:
         reject("block_table", block_table, "must have fewer than 2**31 elements (int32 index math)")
-    return SlotMappingLimits(block_table.shape[0], min(capacity, INT32_LIMIT), device, row_stride, cp_world_size,
-                             pcp_rank * dcp_world_size + dcp_rank)
+    return SlotMappingLimits(
+        block_table.shape[0],
+        min(capacity, INT32_LIMIT),
+        device,
+        row_stride,
+        cp_world_size,
+        pcp_rank * dcp_world_size + dcp_rank,
+    )
 
 
-def check_slot_mapping_call(limits: SlotMappingLimits, num_reqs: Any, query_start_loc: Any,
-                            positions: Any) -> tuple[int, int]:
+def check_slot_mapping_call(
+    limits: SlotMappingLimits, num_reqs: Any, query_start_loc: Any, positions: Any
+) -> tuple[int, int]:
     """Per-step arguments of a slot mapper; returns ``(num_reqs, num_tokens)``."""
     num_reqs = check_int("num_reqs", num_reqs, 0, limits.rows, "the block table's rows")
-    check_vector("query_start_loc", query_start_loc, device=limits.device, min_len=num_reqs + 1,
-                 min_len_why=f"num_reqs + 1 = {num_reqs + 1}")
+    check_vector(
+        "query_start_loc",
+        query_start_loc,
+        device=limits.device,
+        min_len=num_reqs + 1,
+        min_len_why=f"num_reqs + 1 = {num_reqs + 1}",
+    )
     num_tokens = check_vector("positions", positions, device=limits.device)
     if num_tokens > limits.capacity:
         reject("positions", positions, f"at most {limits.capacity} tokens (the elements of slot_mapping)")
@@ -183,16 +211,20 @@ def check_token_counts_buffers(
         reject("num_computed_tokens", num_computed_tokens, "must be a torch.Tensor")
     device = num_computed_tokens.device
     min_rows = 0 if num_reqs is None else check_int("num_reqs", num_reqs, 0, INT32_LIMIT)
-    per_request = {"num_computed_tokens": (num_computed_tokens, INT32_ONLY), "seq_lens": (seq_lens, INT32_ONLY),
-                   "num_scheduled_tokens": (num_scheduled_tokens, INDEX_DTYPES),
-                   "prev_positions": (prev_positions, INDEX_DTYPES),
-                   "num_accepted_tokens": (num_accepted_tokens, INDEX_DTYPES)}
+    per_request = {
+        "num_computed_tokens": (num_computed_tokens, INT32_ONLY),
+        "seq_lens": (seq_lens, INT32_ONLY),
+        "num_scheduled_tokens": (num_scheduled_tokens, INDEX_DTYPES),
+        "prev_positions": (prev_positions, INDEX_DTYPES),
+        "num_accepted_tokens": (num_accepted_tokens, INDEX_DTYPES),
+    }
     rows, rows_of = INT32_LIMIT, ""
     for name, (tensor, dtypes) in per_request.items():
         if tensor is None and name in ("prev_positions", "num_accepted_tokens"):
             continue
-        length = check_vector(name, tensor, device=device, dtypes=dtypes, min_len=min_rows,
-                              min_len_why=f"num_reqs={min_rows}")
+        length = check_vector(
+            name, tensor, device=device, dtypes=dtypes, min_len=min_rows, min_len_why=f"num_reqs={min_rows}"
+        )
         if length < rows:
             rows, rows_of = length, name
     if prev_num_draft_tokens is not None:
@@ -207,8 +239,9 @@ def check_token_counts_buffers(
         if tensor is None:
             reject(name, tensor, "positions, req_indices and query_pos go together (all or none)")
     num_positions = min(check_vector("positions", positions, device=device), INT32_LIMIT)
-    tokens, tokens_of = min((check_vector(name, given[name], device=device), name)
-                            for name in ("req_indices", "query_pos"))
+    tokens, tokens_of = min(
+        (check_vector(name, given[name], device=device), name) for name in ("req_indices", "query_pos")
+    )
     return TokenCountsLimits(device, rows, rows_of, min(tokens, INT32_LIMIT), tokens_of, num_positions)
 
 
@@ -224,8 +257,13 @@ def check_token_counts_call(
     """Per-step arguments of the correction; returns ``(num_reqs, num_tokens, num_positions)``
     (both 0 when no positions buffer is bound: they are ignored then)."""
     num_reqs = check_int("num_reqs", num_reqs, 0, limits.rows, f"the length of {limits.rows_of}")
-    check_vector("cpu_num_computed_tokens", cpu_num_computed_tokens, device=limits.device, min_len=num_reqs,
-                 min_len_why=f"num_reqs={num_reqs}")
+    check_vector(
+        "cpu_num_computed_tokens",
+        cpu_num_computed_tokens,
+        device=limits.device,
+        min_len=num_reqs,
+        min_len_why=f"num_reqs={num_reqs}",
+    )
     if valid_sampled_token_count is not None:
         check_vector("valid_sampled_token_count", valid_sampled_token_count, device=limits.device)
     if num_prev_reqs is not None:
@@ -234,9 +272,19 @@ def check_token_counts_call(
         return num_reqs, 0, 0
     num_tokens = check_int("num_tokens", num_tokens, 0, limits.tokens, f"the length of {limits.tokens_of}")
     if num_positions is None:  # defaults to num_tokens
-        num_tokens = check_int("num_tokens", num_tokens, 0, limits.positions,
-                               "the length of positions; num_positions defaults to num_tokens")
+        num_tokens = check_int(
+            "num_tokens",
+            num_tokens,
+            0,
+            limits.positions,
+            "the length of positions; num_positions defaults to num_tokens",
+        )
         return num_reqs, num_tokens, num_tokens
-    num_positions = check_int("num_positions", num_positions, num_tokens, limits.positions,
-                              "num_tokens <= num_positions <= the length of positions")
+    num_positions = check_int(
+        "num_positions",
+        num_positions,
+        num_tokens,
+        limits.positions,
+        "num_tokens <= num_positions <= the length of positions",
+    )
     return num_reqs, num_tokens, num_positions

@@ -24,7 +24,8 @@ normal path.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 _INTERPRET_ENV = "TRITON_INTERPRET"
 
@@ -110,11 +111,28 @@ class FastLauncher:
       Triton's C launcher plus a couple of ``data_ptr()`` calls.
     """
 
-    __slots__ = ("_kernel", "_constexprs", "_constexpr_values", "_options", "_direct", "_tensor_slots",
-                 "direct_supported", "direct_launches", "slow_launches")
+    __slots__ = (
+        "_kernel",
+        "_constexprs",
+        "_constexpr_values",
+        "_options",
+        "_direct",
+        "_tensor_slots",
+        "direct_supported",
+        "direct_launches",
+        "slow_launches",
+    )
 
-    def __init__(self, kernel: Any, constexprs: dict[str, Any], *, device_type: str,
-                 tensor_slots: Sequence[int], num_warps: int | None = None, direct: bool | None = None) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        constexprs: dict[str, Any],
+        *,
+        device_type: str,
+        tensor_slots: Sequence[int],
+        num_warps: int | None = None,
+        direct: bool | None = None,
+    ) -> None:
         self._kernel = kernel
         order = list(getattr(kernel, "arg_names", None) or constexprs)  # the launcher wants signature order
         self._constexprs = {name: constexprs[name] for name in order if name in constexprs}
@@ -163,8 +181,19 @@ class FastLauncher:
             if _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook):
                 return False
             try:
-                run(grid0, 1, 1, get_stream(get_device() if device_index is None else device_index), function,
-                    metadata, None, None, None, *args, *constexpr_values)
+                run(
+                    grid0,
+                    1,
+                    1,
+                    get_stream(get_device() if device_index is None else device_index),
+                    function,
+                    metadata,
+                    None,
+                    None,
+                    None,
+                    *args,
+                    *constexpr_values,
+                )
             except TypeError:
                 launcher.direct_supported = False
                 return False

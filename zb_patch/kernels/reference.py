@@ -84,8 +84,8 @@ def slot_mapping_reference(
     vblock = torch.div(pos, virtual_block, rounding_mode="floor")
     voff = pos - vblock * virtual_block
     owned = torch.remainder(torch.div(voff, interleave, rounding_mode="floor"), world) == cp_rank
-    local_phys_off = (
-        torch.div(voff, world * interleave, rounding_mode="floor") * interleave + torch.remainder(voff, interleave)
+    local_phys_off = torch.div(voff, world * interleave, rounding_mode="floor") * interleave + torch.remainder(
+        voff, interleave
     )
     block_idx = vblock * blocks_per_phys + torch.div(local_phys_off, block_size, rounding_mode="floor")
     block_off = torch.remainder(local_phys_off, block_size)
@@ -181,7 +181,9 @@ def token_counts_reference(
     correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
     if correct:
         bound = valid_sampled_token_count.numel() if num_prev_reqs is None else num_prev_reqs
-        bound = min(bound, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(), num_computed_tokens.numel())
+        bound = min(
+            bound, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(), num_computed_tokens.numel()
+        )
         prev = prev_positions[:n].to(torch.int64)
         in_range = (prev >= 0) & (prev < bound)
         gather = torch.where(in_range, prev, 0)

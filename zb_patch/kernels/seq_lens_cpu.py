@@ -51,18 +51,28 @@ def correct_optimistic_seq_lens_cpu(
     plus the optional ``num_prev`` bound.  Bad arguments raise ``ValueError`` naming the argument.
     """
     if not isinstance(optimistic_seq_lens, (np.ndarray, torch.Tensor)):
-        reject("optimistic_seq_lens", optimistic_seq_lens,
-               "must be a numpy array or a CPU torch tensor (it is corrected in place)")
+        reject(
+            "optimistic_seq_lens",
+            optimistic_seq_lens,
+            "must be a numpy array or a CPU torch tensor (it is corrected in place)",
+        )
     seq = _as_numpy("optimistic_seq_lens", optimistic_seq_lens)
-    arrays = {"optimistic_seq_lens": seq,
-              "prev_positions": _as_numpy("prev_positions", prev_positions),
-              "prev_num_draft_tokens": _as_numpy("prev_num_draft_tokens", prev_num_draft_tokens),
-              "valid_sampled_token_count": _as_numpy("valid_sampled_token_count", valid_sampled_token_count)}
+    arrays = {
+        "optimistic_seq_lens": seq,
+        "prev_positions": _as_numpy("prev_positions", prev_positions),
+        "prev_num_draft_tokens": _as_numpy("prev_num_draft_tokens", prev_num_draft_tokens),
+        "valid_sampled_token_count": _as_numpy("valid_sampled_token_count", valid_sampled_token_count),
+    }
     for name, array in arrays.items():
         if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
             reject(name, array, "must be a 1-D integer array")
-    num_reqs = check_int("num_reqs", num_reqs, 0, min(len(seq), len(arrays["prev_positions"])),
-                         "the lengths of optimistic_seq_lens and prev_positions")
+    num_reqs = check_int(
+        "num_reqs",
+        num_reqs,
+        0,
+        min(len(seq), len(arrays["prev_positions"])),
+        "the lengths of optimistic_seq_lens and prev_positions",
+    )
     if num_prev is not None:
         num_prev = check_int("num_prev", num_prev, 0)
     if num_reqs == 0:

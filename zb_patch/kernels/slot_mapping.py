@@ -278,10 +278,19 @@ class SlotMappingLauncher:
         num_warps: int | None = None,
     ) -> None:
         limits = check_slot_mapping_config(
-            block_table, slot_mapping, block_size=block_size, max_num_tokens=max_num_tokens,
-            block_table_stride=block_table_stride, physical_block_size=physical_block_size,
-            pcp_world_size=pcp_world_size, pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
-            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, pad_slot_id=pad_slot_id)
+            block_table,
+            slot_mapping,
+            block_size=block_size,
+            max_num_tokens=max_num_tokens,
+            block_table_stride=block_table_stride,
+            physical_block_size=physical_block_size,
+            pcp_world_size=pcp_world_size,
+            pcp_rank=pcp_rank,
+            dcp_world_size=dcp_world_size,
+            dcp_rank=dcp_rank,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+            pad_slot_id=pad_slot_id,
+        )
         self._limits = limits
         world, rank, stride = limits.cp_world_size, limits.cp_rank, limits.row_stride
 
@@ -357,11 +366,20 @@ class SlotMappingLauncher:
         try:  # cheapest forms: numel() == shape[0] once ndim == 1, get_device() (an int) for the device
             qsl_dtype, pos_dtype = query_start_loc.dtype, positions.dtype
             num_tokens = positions.numel()
-            ok = (type(num_reqs) is int and 0 <= num_reqs <= self.max_num_reqs and num_tokens <= self._capacity
-                  and query_start_loc.ndim == 1 and positions.ndim == 1 and query_start_loc.numel() > num_reqs
-                  and qsl_dtype in INDEX_DTYPES and pos_dtype in INDEX_DTYPES
-                  and query_start_loc.is_contiguous() and positions.is_contiguous()
-                  and query_start_loc.get_device() == self._device_id and positions.get_device() == self._device_id)
+            ok = (
+                type(num_reqs) is int
+                and 0 <= num_reqs <= self.max_num_reqs
+                and num_tokens <= self._capacity
+                and query_start_loc.ndim == 1
+                and positions.ndim == 1
+                and query_start_loc.numel() > num_reqs
+                and qsl_dtype in INDEX_DTYPES
+                and pos_dtype in INDEX_DTYPES
+                and query_start_loc.is_contiguous()
+                and positions.is_contiguous()
+                and query_start_loc.get_device() == self._device_id
+                and positions.get_device() == self._device_id
+            )
         except AttributeError:  # not tensors
             ok = False
         if not ok:  # raises, or normalises an integer type (numpy ints)
@@ -371,15 +389,19 @@ class SlotMappingLauncher:
         if fast is not None and qsl_dtype is self._fast_dtypes[0] and pos_dtype is self._fast_dtypes[1]:
             qsl_ptr = query_start_loc.data_ptr()
             pos_ptr = positions.data_ptr()
-            if not (qsl_ptr | pos_ptr) & 15 and fast(self.num_programs, qsl_ptr, pos_ptr, self._bt_ptr,
-                                                     self._slot_ptr, num_reqs, num_tokens):
+            if not (qsl_ptr | pos_ptr) & 15 and fast(
+                self.num_programs, qsl_ptr, pos_ptr, self._bt_ptr, self._slot_ptr, num_reqs, num_tokens
+            ):
                 return
         compiled = self._launcher.launch_slow(
             self.num_programs,
             (query_start_loc, positions, self.block_table, self.slot_mapping, num_reqs, num_tokens),
         )
-        if (self._fast is None and self._launcher.direct_supported
-                and not (query_start_loc.data_ptr() | positions.data_ptr()) & 15):
+        if (
+            self._fast is None
+            and self._launcher.direct_supported
+            and not (query_start_loc.data_ptr() | positions.data_ptr()) & 15
+        ):
             self._fast = self._launcher.direct_launcher(compiled, self._device_index)
             self._fast_dtypes = (qsl_dtype, pos_dtype)
 

@@ -175,23 +175,42 @@ class _TokenCountsLaunchers:
     def __init__(self) -> None:
         self._cache: dict[tuple, FastLauncher] = {}
 
-    def get(self, device_type: str, correct: bool, has_accepted: bool, has_positions: bool,
-            tiles: tuple[int, int] | None, direct: bool | None = None) -> FastLauncher:
+    def get(
+        self,
+        device_type: str,
+        correct: bool,
+        has_accepted: bool,
+        has_positions: bool,
+        tiles: tuple[int, int] | None,
+        direct: bool | None = None,
+    ) -> FastLauncher:
         interp = interpret_mode()
         key = (device_type, correct, has_accepted, has_positions, tiles, interp, direct)
         launcher = self._cache.get(key)
         if launcher is None:
-            launcher = self._cache[key] = _make_launcher(device_type, correct, has_accepted, has_positions,
-                                                         tiles or _default_tiles(device_type), direct)
+            launcher = self._cache[key] = _make_launcher(
+                device_type, correct, has_accepted, has_positions, tiles or _default_tiles(device_type), direct
+            )
         return launcher
 
 
-def _make_launcher(device_type: str, correct: bool, has_accepted: bool, has_positions: bool,
-                   tiles: tuple[int, int], direct: bool | None) -> FastLauncher:
+def _make_launcher(
+    device_type: str,
+    correct: bool,
+    has_accepted: bool,
+    has_positions: bool,
+    tiles: tuple[int, int],
+    direct: bool | None,
+) -> FastLauncher:
     return FastLauncher(
         _token_counts_kernel,
-        dict(CORRECT=correct, HAS_ACCEPTED=has_accepted, HAS_POSITIONS=has_positions,
-             REQ_TILE=tiles[0], TOK_TILE=tiles[1]),
+        dict(
+            CORRECT=correct,
+            HAS_ACCEPTED=has_accepted,
+            HAS_POSITIONS=has_positions,
+            REQ_TILE=tiles[0],
+            TOK_TILE=tiles[1],
+        ),
         device_type=device_type,
         tensor_slots=tuple(range(11)),
         num_warps=8 if device_type == "cuda" else None,
@@ -221,16 +240,32 @@ class TokenCountsLauncher:
     Semantics: :func:`update_token_counts`.
     """
 
-    def __init__(self, *, num_computed_tokens: torch.Tensor, seq_lens: torch.Tensor,
-                 num_scheduled_tokens: torch.Tensor, prev_positions: torch.Tensor | None = None,
-                 prev_num_draft_tokens: torch.Tensor | None = None, num_accepted_tokens: torch.Tensor | None = None,
-                 req_indices: torch.Tensor | None = None, query_pos: torch.Tensor | None = None,
-                 positions: torch.Tensor | None = None, tiles: tuple[int, int] | None = None,
-                 direct_launch: bool | None = None) -> None:
-        self.buffers = dict(num_computed_tokens=num_computed_tokens, seq_lens=seq_lens,
-                            num_scheduled_tokens=num_scheduled_tokens, prev_positions=prev_positions,
-                            prev_num_draft_tokens=prev_num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
-                            req_indices=req_indices, query_pos=query_pos, positions=positions)
+    def __init__(
+        self,
+        *,
+        num_computed_tokens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        num_scheduled_tokens: torch.Tensor,
+        prev_positions: torch.Tensor | None = None,
+        prev_num_draft_tokens: torch.Tensor | None = None,
+        num_accepted_tokens: torch.Tensor | None = None,
+        req_indices: torch.Tensor | None = None,
+        query_pos: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        tiles: tuple[int, int] | None = None,
+        direct_launch: bool | None = None,
+    ) -> None:
+        self.buffers = dict(
+            num_computed_tokens=num_computed_tokens,
+            seq_lens=seq_lens,
+            num_scheduled_tokens=num_scheduled_tokens,
+            prev_positions=prev_positions,
+            prev_num_draft_tokens=prev_num_draft_tokens,
+            num_accepted_tokens=num_accepted_tokens,
+            req_indices=req_indices,
+            query_pos=query_pos,
+            positions=positions,
+        )
         limits = self._limits = check_token_counts_buffers(**self.buffers)
         self._rows, self._tokens, self._positions = limits.rows, limits.tokens, limits.positions
         self._device_id = num_computed_tokens.get_device()
@@ -243,11 +278,17 @@ class TokenCountsLauncher:
         self._launchers: dict[bool, FastLauncher] = {}
         self._fast: dict[tuple, Any] = {}
         dummy = num_computed_tokens
-        self._static = (num_computed_tokens, num_accepted_tokens if num_accepted_tokens is not None else dummy,
-                        prev_positions if prev_positions is not None else dummy,
-                        prev_num_draft_tokens if prev_num_draft_tokens is not None else dummy,
-                        num_scheduled_tokens, seq_lens, req_indices if req_indices is not None else dummy,
-                        query_pos if query_pos is not None else dummy, positions if positions is not None else dummy)
+        self._static = (
+            num_computed_tokens,
+            num_accepted_tokens if num_accepted_tokens is not None else dummy,
+            prev_positions if prev_positions is not None else dummy,
+            prev_num_draft_tokens if prev_num_draft_tokens is not None else dummy,
+            num_scheduled_tokens,
+            seq_lens,
+            req_indices if req_indices is not None else dummy,
+            query_pos if query_pos is not None else dummy,
+            positions if positions is not None else dummy,
+        )
         self._static_ptrs = tuple(t.data_ptr() for t in self._static)
         self._seq_lens_len = seq_lens.numel()
         self._bound_prev = min(t.numel() for t in (prev_num_draft_tokens, num_computed_tokens) if t is not None)
@@ -257,13 +298,21 @@ class TokenCountsLauncher:
         launcher = self._launchers.get(correct)
         if launcher is None:
             has_acc = correct and self.buffers["num_accepted_tokens"] is not None
-            launcher = self._launchers[correct] = _make_launcher(self.device_type, correct, has_acc,
-                                                                 self.has_positions, self._tiles, self._direct_flag)
+            launcher = self._launchers[correct] = _make_launcher(
+                self.device_type, correct, has_acc, self.has_positions, self._tiles, self._direct_flag
+            )
         return launcher
 
-    def __call__(self, num_reqs: int, cpu_num_computed_tokens: torch.Tensor,
-                 valid_sampled_token_count: torch.Tensor | None = None, *, num_tokens: int = 0,
-                 num_positions: int | None = None, num_prev_reqs: int | None = None) -> None:
+    def __call__(
+        self,
+        num_reqs: int,
+        cpu_num_computed_tokens: torch.Tensor,
+        valid_sampled_token_count: torch.Tensor | None = None,
+        *,
+        num_tokens: int = 0,
+        num_positions: int | None = None,
+        num_prev_reqs: int | None = None,
+    ) -> None:
         cpu, valid, num_positions_arg = cpu_num_computed_tokens, valid_sampled_token_count, num_positions
         if not self.has_positions:  # ignored without a positions buffer
             num_tokens = num_positions = 0
@@ -273,20 +322,36 @@ class TokenCountsLauncher:
         # check_token_counts_call explains a failure
         try:  # cheapest forms: numel() == shape[0] once ndim == 1, get_device() (an int) for the device
             cpu_dtype = cpu.dtype
-            ok = (type(num_reqs) is int and 0 <= num_reqs <= self._rows
-                  and type(num_tokens) is int and type(num_positions) is int
-                  and 0 <= num_tokens <= num_positions and num_tokens <= self._tokens
-                  and num_positions <= self._positions
-                  and (num_prev_reqs is None or (type(num_prev_reqs) is int and num_prev_reqs >= 0))
-                  and cpu.ndim == 1 and cpu.numel() >= num_reqs and cpu_dtype in INDEX_DTYPES
-                  and cpu.is_contiguous() and cpu.get_device() == self._device_id
-                  and (valid is None or (valid.ndim == 1 and valid.dtype in INDEX_DTYPES and valid.is_contiguous()
-                                         and valid.get_device() == self._device_id)))
+            ok = (
+                type(num_reqs) is int
+                and 0 <= num_reqs <= self._rows
+                and type(num_tokens) is int
+                and type(num_positions) is int
+                and 0 <= num_tokens <= num_positions
+                and num_tokens <= self._tokens
+                and num_positions <= self._positions
+                and (num_prev_reqs is None or (type(num_prev_reqs) is int and num_prev_reqs >= 0))
+                and cpu.ndim == 1
+                and cpu.numel() >= num_reqs
+                and cpu_dtype in INDEX_DTYPES
+                and cpu.is_contiguous()
+                and cpu.get_device() == self._device_id
+                and (
+                    valid is None
+                    or (
+                        valid.ndim == 1
+                        and valid.dtype in INDEX_DTYPES
+                        and valid.is_contiguous()
+                        and valid.get_device() == self._device_id
+                    )
+                )
+            )
         except AttributeError:  # not tensors
             ok = False
         if not ok:  # raises, or normalises integer types (numpy ints)
             num_reqs, num_tokens, num_positions = check_token_counts_call(
-                self._limits, num_reqs, cpu, valid, num_tokens, num_positions_arg, num_prev_reqs)
+                self._limits, num_reqs, cpu, valid, num_tokens, num_positions_arg, num_prev_reqs
+            )
             cpu_dtype = cpu.dtype
         correct = valid is not None and self.can_correct
         if correct:
@@ -305,13 +370,48 @@ class TokenCountsLauncher:
             valid_ptr = valid.data_ptr()
             p = self._static_ptrs
             if not (cpu_ptr | valid_ptr) & 15 and fast(
-                    1, p[0], p[1], p[2], valid_ptr, p[3], cpu_ptr, p[4], p[5], p[6], p[7], p[8],
-                    num_reqs, num_prev, self._seq_lens_len, num_tokens, num_positions):
+                1,
+                p[0],
+                p[1],
+                p[2],
+                valid_ptr,
+                p[3],
+                cpu_ptr,
+                p[4],
+                p[5],
+                p[6],
+                p[7],
+                p[8],
+                num_reqs,
+                num_prev,
+                self._seq_lens_len,
+                num_tokens,
+                num_positions,
+            ):
                 self.direct_launches += 1
                 return
         launcher = self._launcher(correct)
-        compiled = launcher.launch_slow(1, (s[0], s[1], s[2], valid, s[3], cpu, s[4], s[5], s[6], s[7], s[8],
-                                            num_reqs, num_prev, self._seq_lens_len, num_tokens, num_positions))
+        compiled = launcher.launch_slow(
+            1,
+            (
+                s[0],
+                s[1],
+                s[2],
+                valid,
+                s[3],
+                cpu,
+                s[4],
+                s[5],
+                s[6],
+                s[7],
+                s[8],
+                num_reqs,
+                num_prev,
+                self._seq_lens_len,
+                num_tokens,
+                num_positions,
+            ),
+        )
         key = (correct, cpu_dtype, valid.dtype)
         if key not in self._fast and launcher.direct_supported and not (cpu.data_ptr() | valid.data_ptr()) & 15:
             self._fast[key] = launcher.direct_launcher(compiled, self._device_index)
@@ -345,18 +445,39 @@ def update_token_counts(
     checked on each call; hot paths bind their buffers once in a :class:`TokenCountsLauncher` instead.
     """
     limits = check_token_counts_buffers(
-        num_computed_tokens=num_computed_tokens, seq_lens=seq_lens, num_scheduled_tokens=num_scheduled_tokens,
-        prev_positions=prev_positions, prev_num_draft_tokens=prev_num_draft_tokens,
-        num_accepted_tokens=num_accepted_tokens, req_indices=req_indices, query_pos=query_pos, positions=positions,
-        num_reqs=num_reqs)
+        num_computed_tokens=num_computed_tokens,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=num_scheduled_tokens,
+        prev_positions=prev_positions,
+        prev_num_draft_tokens=prev_num_draft_tokens,
+        num_accepted_tokens=num_accepted_tokens,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+        num_reqs=num_reqs,
+    )
     num_reqs, num_tokens, num_positions = check_token_counts_call(
-        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions,
-        num_prev_reqs)
-    launch_token_counts(num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
-                        prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
-                        num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-                        num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs,
-                        tiles=tiles, direct_launch=direct_launch)
+        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions, num_prev_reqs
+    )
+    launch_token_counts(
+        num_computed_tokens,
+        num_accepted_tokens,
+        prev_positions,
+        valid_sampled_token_count,
+        prev_num_draft_tokens,
+        cpu_num_computed_tokens,
+        num_scheduled_tokens,
+        seq_lens,
+        num_reqs=num_reqs,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+        num_tokens=num_tokens,
+        num_positions=num_positions,
+        num_prev_reqs=num_prev_reqs,
+        tiles=tiles,
+        direct_launch=direct_launch,
+    )
 
 
 def launch_token_counts(
@@ -385,28 +506,37 @@ def launch_token_counts(
     num_prev = 0
     if correct:
         num_prev = valid_sampled_token_count.numel() if num_prev_reqs is None else num_prev_reqs
-        num_prev = min(num_prev, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(),
-                       num_computed_tokens.numel())
+        num_prev = min(
+            num_prev, valid_sampled_token_count.numel(), prev_num_draft_tokens.numel(), num_computed_tokens.numel()
+        )
     if not has_positions:
         num_tokens = num_positions = 0
     dummy = num_computed_tokens
     has_accepted = correct and num_accepted_tokens is not None
-    launcher = _LAUNCHERS.get(num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles,
-                              direct_launch)
-    launcher.launch(1, (
-        num_computed_tokens,
-        num_accepted_tokens if has_accepted else dummy,
-        prev_positions if correct else dummy,
-        valid_sampled_token_count if correct else dummy,
-        prev_num_draft_tokens if correct else dummy,
-        cpu_num_computed_tokens,
-        num_scheduled_tokens,
-        seq_lens,
-        req_indices if has_positions else dummy,
-        query_pos if has_positions else dummy,
-        positions if has_positions else dummy,
-        num_reqs, num_prev, seq_lens.numel(), num_tokens, num_positions,
-    ))
+    launcher = _LAUNCHERS.get(
+        num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles, direct_launch
+    )
+    launcher.launch(
+        1,
+        (
+            num_computed_tokens,
+            num_accepted_tokens if has_accepted else dummy,
+            prev_positions if correct else dummy,
+            valid_sampled_token_count if correct else dummy,
+            prev_num_draft_tokens if correct else dummy,
+            cpu_num_computed_tokens,
+            num_scheduled_tokens,
+            seq_lens,
+            req_indices if has_positions else dummy,
+            query_pos if has_positions else dummy,
+            positions if has_positions else dummy,
+            num_reqs,
+            num_prev,
+            seq_lens.numel(),
+            num_tokens,
+            num_positions,
+        ),
+    )
 
 
 __all__ = ["TokenCountsLauncher", "update_token_counts"]

@@ -22,7 +22,8 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from ..detect import Versions
 from ..registry import PatchSet, find_node, fingerprint_node, split_target
@@ -35,8 +36,8 @@ Release = tuple[int, ...]
 class Adapter:
     id: str
     title: str
-    vllm_ascend: tuple[Release, Release]   # [low, high) on the release part
-    vllm: tuple[Release, Release]          # [low, high)
+    vllm_ascend: tuple[Release, Release]  # [low, high) on the release part
+    vllm: tuple[Release, Release]  # [low, high)
     patch_set: PatchSet
     notes: str = ""
     # modules a diagnostic import must load first, in this order (the real worker imports them before the
@@ -66,10 +67,10 @@ def _rng(r: tuple[Release, Release]) -> str:
 
 
 # Verdicts of selection
-SELECTED = "selected"       # one adapter by version range (fingerprints still decide at apply time)
-PROBE = "probe"             # unknown build: adapters tried by fingerprint
-NATIVE = "native"           # the installed code is a recorded native form: nothing to carry
-REFUSED = "refused"         # nothing to do / unsupported, with a reason
+SELECTED = "selected"  # one adapter by version range (fingerprints still decide at apply time)
+PROBE = "probe"  # unknown build: adapters tried by fingerprint
+NATIVE = "native"  # the installed code is a recorded native form: nothing to carry
+REFUSED = "refused"  # nothing to do / unsupported, with a reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +78,19 @@ class Selection:
     verdict: str
     reason: str
     candidates: tuple[Adapter, ...] = ()
-    checks: tuple[native.Check, ...] = ()   # the native-form checks behind a NATIVE / past-the-adapters verdict
+    checks: tuple[native.Check, ...] = ()  # the native-form checks behind a NATIVE / past-the-adapters verdict
 
     @property
-    def adapter(self) -> Optional[Adapter]:
+    def adapter(self) -> Adapter | None:
         return self.candidates[0] if self.verdict == SELECTED else None
 
     def as_dict(self) -> dict:
-        return {"verdict": self.verdict, "reason": self.reason,
-                "candidates": [a.id for a in self.candidates], "checks": [c.as_dict() for c in self.checks]}
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "candidates": [a.id for a in self.candidates],
+            "checks": [c.as_dict() for c in self.checks],
+        }
 
 
 # Where the adapters end (the installed code decides from there on: native.py) and the oldest family that can run
@@ -107,7 +112,7 @@ def by_id(adapter_id: str) -> Adapter:
     raise KeyError(f"unknown adapter {adapter_id!r} (known: {', '.join(a.id for a in adapters())})")
 
 
-def select(v: Versions, tree: Optional[str] = None) -> Selection:
+def select(v: Versions, tree: str | None = None) -> Selection:
     """The verdict for the installed versions. ``tree``: directory holding ``vllm_ascend/`` for the native check
     (default: where the installed package lives; tests pass a tree)."""
     if not v.vllm.installed:
@@ -122,40 +127,58 @@ def select(v: Versions, tree: Optional[str] = None) -> Selection:
     if va.release_at_least(*NATIVE_FROM):
         return _native_by_code(str(va.raw), tree if tree is not None else native.installed_root())
     if not va.release_at_least(*OLDEST_SUPPORTED):
-        return Selection(REFUSED, f"vllm-ascend {va.raw} is older than {_fmt(OLDEST_SUPPORTED)}: it cannot run async "
-                                  f"scheduling together with speculative decoding, so there is nothing to backport")
+        return Selection(
+            REFUSED,
+            f"vllm-ascend {va.raw} is older than {_fmt(OLDEST_SUPPORTED)}: it cannot run async "
+            f"scheduling together with speculative decoding, so there is nothing to backport",
+        )
     in_range = [a for a in adapters() if a.in_range(v)]
     if in_range:
         a = in_range[0]
         kind = "release" if va.is_final and v.vllm.is_final else "build"
-        return Selection(SELECTED, f"{kind} vllm-ascend {va.raw} + vLLM {v.vllm.raw} is in {a.id} ({a.range_text})",
-                         (a,))
+        return Selection(
+            SELECTED, f"{kind} vllm-ascend {va.raw} + vLLM {v.vllm.raw} is in {a.id} ({a.range_text})", (a,)
+        )
     family = [a for a in adapters() if a.ascend_in_range(v)]
     others = [a for a in adapters() if a not in family]
-    why = (f"vllm-ascend {va.raw} is paired with vLLM {v.vllm.raw}, outside {family[0].id}'s {family[0].range_text}"
-           if family else f"vllm-ascend {va.raw} + vLLM {v.vllm.raw} matches no adapter's version range")
-    return Selection(PROBE, why + "; accepted only if every target of one adapter matches its fingerprints",
-                     tuple(family + others))
+    why = (
+        f"vllm-ascend {va.raw} is paired with vLLM {v.vllm.raw}, outside {family[0].id}'s {family[0].range_text}"
+        if family
+        else f"vllm-ascend {va.raw} + vLLM {v.vllm.raw} matches no adapter's version range"
+    )
+    return Selection(
+        PROBE, why + "; accepted only if every target of one adapter matches its fingerprints", tuple(family + others)
+    )
 
 
-def _native_by_code(raw: str, root: Optional[str]) -> Selection:
+def _native_by_code(raw: str, root: str | None) -> Selection:
     """NATIVE when every native form (native.py) is recorded in the installed sources, else REFUSED naming what
     was checked: a release newer than everything recorded is never native by its number."""
     if root is None:
-        return Selection(REFUSED, f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and its sources "
-                                  f"cannot be found, so its slot-mapping and zero-bubble code cannot be checked")
+        return Selection(
+            REFUSED,
+            f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and its sources "
+            f"cannot be found, so its slot-mapping and zero-bubble code cannot be checked",
+        )
     checks = native.check_tree(root)
     unknown = [c for c in checks if c.matched is None]
     if not unknown:
         labels = sorted({c.matched for c in checks if c.matched})
-        return Selection(NATIVE, f"vllm-ascend {raw} ships the Ascend-shaped slot-mapping kernel and zero-bubble "
-                                 f"async scheduling + spec decode: {len(checks)} targets checked, each a recorded "
-                                 f"native form ({'; '.join(labels)}); nothing to carry", checks=checks)
-    return Selection(REFUSED, f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and not a recorded "
-                              f"native form (recorded: {', '.join(native.RELEASES)}): checked "
-                              f"{'; '.join(c.text for c in checks)}; {len(unknown)} of {len(checks)} unknown, so "
-                              f"zb-patch cannot tell whether it needs the slot-mapping kernel or zero-bubble fixes",
-                     checks=checks)
+        return Selection(
+            NATIVE,
+            f"vllm-ascend {raw} ships the Ascend-shaped slot-mapping kernel and zero-bubble "
+            f"async scheduling + spec decode: {len(checks)} targets checked, each a recorded "
+            f"native form ({'; '.join(labels)}); nothing to carry",
+            checks=checks,
+        )
+    return Selection(
+        REFUSED,
+        f"vllm-ascend {raw} is past every adapter (>= {_fmt(NATIVE_FROM)}) and not a recorded "
+        f"native form (recorded: {', '.join(native.RELEASES)}): checked "
+        f"{'; '.join(c.text for c in checks)}; {len(unknown)} of {len(checks)} unknown, so "
+        f"zb-patch cannot tell whether it needs the slot-mapping kernel or zero-bubble fixes",
+        checks=checks,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -165,10 +188,41 @@ def _native_by_code(raw: str, root: Optional[str]) -> Selection:
 # ----------------------------------------------------------------------------------------------------
 
 PUBLISHED: tuple[str, ...] = (
-    "0.9.1", "0.9.2rc1", "0.10.0rc1", "0.10.1rc1", "0.10.2rc1", "0.11.0rc0", "0.11.0rc1", "0.11.0rc2", "0.11.0rc3",
-    "0.11.0", "0.12.0rc1", "0.13.0rc1", "0.13.0rc2", "0.13.0rc3", "0.13.0", "0.14.0rc1", "0.15.0rc1", "0.16.0rc1",
-    "0.17.0rc1", "0.18.0rc1", "0.18.0", "0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0",
-    "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1",
+    "0.9.1",
+    "0.9.2rc1",
+    "0.10.0rc1",
+    "0.10.1rc1",
+    "0.10.2rc1",
+    "0.11.0rc0",
+    "0.11.0rc1",
+    "0.11.0rc2",
+    "0.11.0rc3",
+    "0.11.0",
+    "0.12.0rc1",
+    "0.13.0rc1",
+    "0.13.0rc2",
+    "0.13.0rc3",
+    "0.13.0",
+    "0.14.0rc1",
+    "0.15.0rc1",
+    "0.16.0rc1",
+    "0.17.0rc1",
+    "0.18.0rc1",
+    "0.18.0",
+    "0.19.1rc1",
+    "0.20.2rc1",
+    "0.21.0rc1",
+    "0.22.1rc1",
+    "0.23.0rc1",
+    "0.23.0",
+    "0.23.0.post1",
+    "0.24.0rc1",
+    "0.25.1rc1",
+    "0.26.0rc1",
+    "0.27.1rc1",
+    "0.28.0rc1",
+    "0.29.0rc1",
+    "0.30.0rc1",
     "0.30.0rc2",
 )
 
@@ -189,8 +243,8 @@ def _release(release: str) -> Release:
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseVerdict:
-    verdict: str                 # NATIVE / SELECTED (an adapter applies) / REFUSED
-    adapter: Optional[str] = None
+    verdict: str  # NATIVE / SELECTED (an adapter applies) / REFUSED
+    adapter: str | None = None
     patches: tuple[str, ...] = ()
     why: str = ""
 
@@ -207,10 +261,10 @@ def release_verdict(release: str) -> ReleaseVerdict:
     for a in adapters():
         if _fmt_pad(a.vllm_ascend[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm_ascend[1]):
             if release not in a.releases:
-                return ReleaseVerdict(REFUSED,
-                                      why=f"in {a.id}'s range, targets not its recorded forms: nothing applied")
-            needed = tuple(p.id for p in a.patch_set.patches
-                           if any(label_names(lb, release) for lb in p.fingerprints))
+                return ReleaseVerdict(
+                    REFUSED, why=f"in {a.id}'s range, targets not its recorded forms: nothing applied"
+                )
+            needed = tuple(p.id for p in a.patch_set.patches if any(label_names(lb, release) for lb in p.fingerprints))
             return ReleaseVerdict(SELECTED, a.id, needed)
     return ReleaseVerdict(REFUSED, why="no adapter's targets match (tried by fingerprint): nothing applied")
 
@@ -236,8 +290,9 @@ def tree_verdict(root: str, release: str) -> ReleaseVerdict:
         applied: list[str] = []
         ok = True
         # (target, forms a patch replaces / a guard accepts, forms that already carry the fix, patch id)
-        items: list[tuple[str, Mapping[str, str], Mapping[str, str], Optional[str]]] = [
-            (g.target, g.fingerprints, {}, None) for g in a.patch_set.guards]
+        items: list[tuple[str, Mapping[str, str], Mapping[str, str], str | None]] = [
+            (g.target, g.fingerprints, {}, None) for g in a.patch_set.guards
+        ]
         items += [(p.target, p.fingerprints, p.native_fingerprints, p.id) for p in a.patch_set.patches]
         for target, needs, has, pid in items:
             if not target.startswith("vllm_ascend."):
@@ -281,20 +336,34 @@ def supported_table() -> list[dict]:
         vllm = vllm_first if vllm_first == vllm_last else f"{vllm_first} - {vllm_last}"
         if rv.verdict == SELECTED:
             patches = ", ".join(rv.patches) if rv.patches else "none (every fix native; guards verified)"
-            rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter,
-                         "patches": patches})
+            rows.append(
+                {"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter, "patches": patches}
+            )
         else:
-            rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": rv.verdict, "adapter": "-",
-                         "patches": rv.why})
-    rows.insert(0, {"vllm_ascend": f"newer / unrecorded builds >= {_fmt(NATIVE_FROM)}", "vllm": "any",
-                    "verdict": "checked", "adapter": "-",
-                    "patches": "native only if every native form is recorded; else refused, naming each check"})
-    rows.append({"vllm_ascend": "not installed", "vllm": "any", "verdict": "refused", "adapter": "-",
-                 "patches": "zb-patch is for vLLM-Ascend deployments"})
+            rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": rv.verdict, "adapter": "-", "patches": rv.why})
+    rows.insert(
+        0,
+        {
+            "vllm_ascend": f"newer / unrecorded builds >= {_fmt(NATIVE_FROM)}",
+            "vllm": "any",
+            "verdict": "checked",
+            "adapter": "-",
+            "patches": "native only if every native form is recorded; else refused, naming each check",
+        },
+    )
+    rows.append(
+        {
+            "vllm_ascend": "not installed",
+            "vllm": "any",
+            "verdict": "refused",
+            "adapter": "-",
+            "patches": "zb-patch is for vLLM-Ascend deployments",
+        }
+    )
     return rows
 
 
-def module_file(root: str, module: str) -> Optional[str]:
+def module_file(root: str, module: str) -> str | None:
     base = os.path.join(root, *module.split("."))
     for path in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.exists(path):
@@ -302,7 +371,7 @@ def module_file(root: str, module: str) -> Optional[str]:
     return None
 
 
-def fingerprint_in_tree(root: str, target: str, *, follow_reexports: bool = True, _depth: int = 0) -> Optional[str]:
+def fingerprint_in_tree(root: str, target: str, *, follow_reexports: bool = True, _depth: int = 0) -> str | None:
     """Fingerprint of ``target`` in a source tree (site-packages, unpacked wheel, git checkout).
 
     Resolves like the running process does (through the module's namespace): when the module does not define
@@ -335,10 +404,10 @@ def _parsed(path: str, mtime_ns: int) -> ast.Module:
         return ast.parse(fh.read())
 
 
-def _reexport_origin(tree: ast.Module, module: str, is_package: bool, name: str) -> Optional[tuple[str, str]]:
+def _reexport_origin(tree: ast.Module, module: str, is_package: bool, name: str) -> tuple[str, str] | None:
     """(module, name) that a module-level ``from X import ...`` binds to ``name``, if the last module-level
     binding of ``name`` is such an import (a later def/class would win at run time)."""
-    origin: Optional[tuple[str, str]] = None
+    origin: tuple[str, str] | None = None
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
             origin = None

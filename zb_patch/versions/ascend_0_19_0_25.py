@@ -70,22 +70,22 @@ SLOT_MAPPING_KERNEL = Patch(
         "vllm-ascend 0.25.1rc1": "68de23e30efebce5",
     },
     why="Every step launches vLLM's generic _compute_slot_mapping_kernel (one program per request, int64 "
-        "vectors, runtime block size): 173 us for 4 tokens and 1039 us for 8192 tokens on an Atlas A2 per "
-        "vllm-ascend #13048, against 3.0 / 21.2 us for an Ascend-shaped kernel. With CP > 1 the release runs a "
-        "chain of torch ops instead (#10442).",
+    "vectors, runtime block size): 173 us for 4 tokens and 1039 us for 8192 tokens on an Atlas A2 per "
+    "vllm-ascend #13048, against 3.0 / 21.2 us for an Ascend-shaped kernel. With CP > 1 the release runs a "
+    "chain of torch ops instead (#10442).",
     how="Replace the method (same signature) with one launch of zb_patch.kernels.slot_mapper: persistent grid of "
-        "few programs over token tiles, int32 index math, constexpr block size / CP, contiguous block-table "
-        "window. Every KV-cache group goes through it because MultiGroupBlockTable.compute_slot_mapping calls "
-        "this method per group (guarded). compute_slot_mapping_draft (numpy, drafters) is left alone, and so is "
-        "310P (vllm_ascend._310p.block_table.BlockTable overrides this method with its numpy path; no Triton). "
-        "Behaviour: identical to the release's slot mapping for every configuration, except on releases "
-        "before #10442 (0.19.1rc1-0.21.0rc1 wheels) with CP > 1, a kernel block smaller than the interleave "
-        "size and hybrid blocks, where the release's generic kernel is wrong and the patch gives #10442's "
-        "answer (docs/releases/ascend-0.19-0.25.md).",
+    "few programs over token tiles, int32 index math, constexpr block size / CP, contiguous block-table "
+    "window. Every KV-cache group goes through it because MultiGroupBlockTable.compute_slot_mapping calls "
+    "this method per group (guarded). compute_slot_mapping_draft (numpy, drafters) is left alone, and so is "
+    "310P (vllm_ascend._310p.block_table.BlockTable overrides this method with its numpy path; no Triton). "
+    "Behaviour: identical to the release's slot mapping for every configuration, except on releases "
+    "before #10442 (0.19.1rc1-0.21.0rc1 wheels) with CP > 1, a kernel block smaller than the interleave "
+    "size and hybrid blocks, where the release's generic kernel is wrong and the patch gives #10442's "
+    "answer (docs/releases/ascend-0.19-0.25.md).",
     upstream=("vllm-ascend#13048", "vllm-ascend#10442", "vllm#32951"),
     remove_when="vllm-ascend >= 0.26.0rc1 (ships #13048's Ascend kernel, "
-                "vllm_ascend/ops/triton/compute_slot_mapping.py; native there by the installed compute_slot_mapping): "
-                "the adapter range ends there.",
+    "vllm_ascend/ops/triton/compute_slot_mapping.py; native there by the installed compute_slot_mapping): "
+    "the adapter range ends there.",
     roles=("worker",),
 )
 
@@ -124,17 +124,16 @@ VALID_COUNT_COPY_ORDER = Patch(
     make=_make_copy_valid_sampled_token_count,
     fingerprints={"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
     native_fingerprints={
-        "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1":
-            "a84e0bc102b7bda1",
+        "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1": "a84e0bc102b7bda1",
     },
     why="(pitfall P2) The release enters `with torch.npu.stream(copy_stream):` and only then calls "
-        "`copy_stream.wait_stream(torch.npu.current_stream())`; inside the context the current stream IS the copy "
-        "stream, so it waits on itself and the D2H copy of the valid-token counts can run before the "
-        "sampler/drafter kernels that produce them finish: dirty counts, then num_accepted / num_computed_tokens "
-        "overflow and a crash (vllm-ascend issue #9482).",
+    "`copy_stream.wait_stream(torch.npu.current_stream())`; inside the context the current stream IS the copy "
+    "stream, so it waits on itself and the D2H copy of the valid-token counts can run before the "
+    "sampler/drafter kernels that produce them finish: dirty counts, then num_accepted / num_computed_tokens "
+    "overflow and a crash (vllm-ascend issue #9482).",
     how="Wrap the method: before the release's body, make the copy stream wait on the caller's (default) stream, "
-        "the dependency #9456 restores by capturing the default stream outside the side-stream context. The "
-        "release's own copy, event and stash of the device count run unchanged.",
+    "the dependency #9456 restores by capturing the default stream outside the side-stream context. The "
+    "release's own copy, event and stash of the device count run unchanged.",
     upstream=("vllm-ascend#9456", "vllm-ascend#9482", "vllm-ascend#8766"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there: the installed method has the fixed fingerprint).",
     roles=("worker",),
@@ -176,14 +175,14 @@ VALID_COUNT_INT64 = Patch(
         "vllm-ascend 0.25.1rc1": "2097e2dc7a4a8a12",
     },
     why="(pitfall P1) vLLM's GPUModelRunner.__init__ allocates valid_sampled_token_count_cpu as int32, but Ascend's "
-        "prepare_next_token_ids_padded returns valid_mask.sum(dim=1), an int64 device tensor. The "
-        "`copy_(counts, non_blocking=True)` then converts dtypes, which torch_npu turns into a blocking copy: a "
-        "hidden host sync every step under async scheduling + spec decode (0.20.2rc1 worked around part of it by "
-        "moving the copy after the drafter, #9656).",
+    "prepare_next_token_ids_padded returns valid_mask.sum(dim=1), an int64 device tensor. The "
+    "`copy_(counts, non_blocking=True)` then converts dtypes, which torch_npu turns into a blocking copy: a "
+    "hidden host sync every step under async scheduling + spec decode (0.20.2rc1 worked around part of it by "
+    "moving the copy after the drafter, #9656).",
     how="Wrap NPUModelRunner.__init__ (the target that tells the releases apart: _copy_valid_sampled_token_count is "
-        "identical in 0.20.2rc1, which lacks the fix, and 0.21.0rc1+, which has it): after the original, when "
-        "async scheduling and spec decode are on, re-create the buffer as int64 with the same size and pinning, "
-        "as #10205 does. #9656's later copy placement in 0.20.2rc1 stays (harmless with a same-dtype copy).",
+    "identical in 0.20.2rc1, which lacks the fix, and 0.21.0rc1+, which has it): after the original, when "
+    "async scheduling and spec decode are on, re-create the buffer as int64 with the same size and pinning, "
+    "as #10205 does. #9656's later copy placement in 0.20.2rc1 stays (harmless with a same-dtype copy).",
     upstream=("vllm-ascend#10205", "vllm-ascend#9656"),
     remove_when="vllm-ascend >= 0.21.0rc1 (native there: the installed __init__ has a post-#10205 fingerprint).",
     roles=("worker",),
@@ -192,8 +191,15 @@ VALID_COUNT_INT64 = Patch(
 
 # Per-request fields of AscendCommonAttentionMetadata that 0.19.1rc1's unpadded() drops and #8749 carries through
 # (sliced to the real requests), and batch-level fields it carries as they are.
-_UNPADDED_PER_REQUEST = ("_seq_lens_cpu", "_num_computed_tokens_cpu", "dcp_local_seq_lens", "dcp_local_seq_lens_cpu",
-                         "is_prefilling", "encoder_seq_lens", "encoder_seq_lens_cpu")
+_UNPADDED_PER_REQUEST = (
+    "_seq_lens_cpu",
+    "_num_computed_tokens_cpu",
+    "dcp_local_seq_lens",
+    "dcp_local_seq_lens_cpu",
+    "is_prefilling",
+    "encoder_seq_lens",
+    "encoder_seq_lens_cpu",
+)
 _UNPADDED_AS_IS = ("logits_indices_padded", "num_logits_indices")
 
 
@@ -232,12 +238,12 @@ SEQ_LENS_CPU_UNPADDED = Patch(
         "vllm-ascend 0.25.1rc1": "4ab92289b12e5508",
     },
     why="(pitfall P5b) In async + spec mode the runner passes seq_lens_cpu=None and only _seq_lens_cpu (the "
-        "optimistic CPU mirror, #7640). unpadded(), which the runner calls whenever the target batch was padded, "
-        "drops _seq_lens_cpu / _num_computed_tokens_cpu (and the DCP, encoder, is_prefilling and fast-prefill "
-        "fields), so the drafter's metadata has no CPU mirror and the attention builders fall back to "
-        "seq_lens.to('cpu'): a hidden device->host sync in the drafter every step.",
+    "optimistic CPU mirror, #7640). unpadded(), which the runner calls whenever the target batch was padded, "
+    "drops _seq_lens_cpu / _num_computed_tokens_cpu (and the DCP, encoder, is_prefilling and fast-prefill "
+    "fields), so the drafter's metadata has no CPU mirror and the attention builders fall back to "
+    "seq_lens.to('cpu'): a hidden device->host sync in the drafter every step.",
     how="Wrap the method: after the release builds the sub-batch view, carry the fields it drops into it "
-        "(dataclasses.replace), per-request ones sliced to num_actual_reqs, as #8749 (931604054f) does.",
+    "(dataclasses.replace), per-request ones sliced to num_actual_reqs, as #8749 (931604054f) does.",
     upstream=("vllm-ascend#8749", "vllm-ascend#7640"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
     roles=("worker",),
@@ -275,18 +281,23 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
         "vllm-ascend 0.25.1rc1": "7648b9f1ff7c06ea",
     },
     why="(pitfall P5b) The drafter's metadata built by prepare_inputs_padded (the async padded-drafter path) keeps "
-        "seq_lens_cpu (None in async mode) but drops _seq_lens_cpu / _num_computed_tokens_cpu, so the drafter's "
-        "attention builders take the seq_lens.to('cpu') fallback: a device->host sync every step.",
+    "seq_lens_cpu (None in async mode) but drops _seq_lens_cpu / _num_computed_tokens_cpu, so the drafter's "
+    "attention builders take the seq_lens.to('cpu') fallback: a device->host sync every step.",
     how="Wrap the method: set _seq_lens_cpu and _num_computed_tokens_cpu of the metadata it returns from its input, "
-        "which is what #8749 passes to the constructor. The method's own work (Triton/torch index math) is "
-        "untouched.",
+    "which is what #8749 passes to the constructor. The method's own work (Triton/torch index math) is "
+    "untouched.",
     upstream=("vllm-ascend#8749",),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
     roles=("worker",),
 )
 
-PATCHES = (SLOT_MAPPING_KERNEL, VALID_COUNT_COPY_ORDER, VALID_COUNT_INT64, SEQ_LENS_CPU_UNPADDED,
-           SEQ_LENS_CPU_PREPARE_INPUTS_PADDED)
+PATCHES = (
+    SLOT_MAPPING_KERNEL,
+    VALID_COUNT_COPY_ORDER,
+    VALID_COUNT_INT64,
+    SEQ_LENS_CPU_UNPADDED,
+    SEQ_LENS_CPU_PREPARE_INPUTS_PADDED,
+)
 
 # Known bugs of releases in range that zb-patch does not fix: one WARNING where the installed code has them.
 ADVISORIES = (
@@ -295,11 +306,11 @@ ADVISORIES = (
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata",
         affected={"vllm-ascend 0.19.1rc1": "6676eefcd28a4cbd"},
         message="with decode context parallelism (DCP > 1) + async scheduling + speculative decoding, "
-                "this runner builds attention metadata with seq_lens_cpu=None (only _seq_lens_cpu is set) and "
-                "AscendAttentionCPMetadataBuilder.build subscripts seq_lens_cpu: TypeError on the first step. "
-                "zb-patch carries #8749's unpadded()/prepare_inputs_padded part, not its CP-builder part (that "
-                "module is imported only when CP is on, and a patch set waits for every target module). Upgrade "
-                "to vllm-ascend >= 0.20.2rc1, or run DCP without async scheduling.",
+        "this runner builds attention metadata with seq_lens_cpu=None (only _seq_lens_cpu is set) and "
+        "AscendAttentionCPMetadataBuilder.build subscripts seq_lens_cpu: TypeError on the first step. "
+        "zb-patch carries #8749's unpadded()/prepare_inputs_padded part, not its CP-builder part (that "
+        "module is imported only when CP is on, and a patch set waits for every target module). Upgrade "
+        "to vllm-ascend >= 0.20.2rc1, or run DCP without async scheduling.",
         upstream=("vllm-ascend#8749",),
     ),
     Advisory(
@@ -314,14 +325,14 @@ ADVISORIES = (
             "vllm-ascend 0.25.1rc1": "e7d04da1543e2abc",
         },
         message="hybrid (Mamba/GDN) models with MTP/EAGLE under async scheduling: _prepare_inputs remaps the previous "
-                "step's accepted-token counts from InputBatch rows (num_accepted_tokens_cpu) that add_request() and "
-                "condense() may already have reused, so a request can use another request's count as its state-copy "
-                "offset: repeated, dropped or garbled tokens under load (vllm-ascend #13863). zb-patch does not "
-                "carry the fix (#13865 keeps the counts in runner-owned buffers; its backport needs a per-vLLM-form "
-                "override of _update_states_after_model_execute). #13865 is in 0.23.0 / 0.23.0.post1 and again from "
-                "0.27.1rc1 on (0.24.0rc1-0.26.0rc1 lack it): upgrade to one of those, "
-                "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
-                "affected.",
+        "step's accepted-token counts from InputBatch rows (num_accepted_tokens_cpu) that add_request() and "
+        "condense() may already have reused, so a request can use another request's count as its state-copy "
+        "offset: repeated, dropped or garbled tokens under load (vllm-ascend #13863). zb-patch does not "
+        "carry the fix (#13865 keeps the counts in runner-owned buffers; its backport needs a per-vLLM-form "
+        "override of _update_states_after_model_execute). #13865 is in 0.23.0 / 0.23.0.post1 and again from "
+        "0.27.1rc1 on (0.24.0rc1-0.26.0rc1 lack it): upgrade to one of those, "
+        "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
+        "affected.",
         upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
     ),
 )
@@ -345,8 +356,7 @@ GUARDS = (
         {
             "vllm-ascend 0.19.1rc1": "7f076a90095a770e",
             "vllm-ascend 0.20.2rc1, 0.21.0rc1 (wheels)": "4d2ebb1d7af18c41",
-            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1":
-                "dd72832c4b9fd8bd",
+            "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1": "dd72832c4b9fd8bd",
         },
         "dispatches to each group's BlockTable.compute_slot_mapping (every KV-cache group gets the patched kernel)",
     ),
@@ -359,8 +369,17 @@ ADAPTER = Adapter(
     vllm=((0, 19, 0), (0, 26)),
     patch_set=PatchSet("ascend-0.19-0.25", PATCHES, GUARDS, ADVISORIES),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
-    releases=("0.19.1rc1", "0.20.2rc1", "0.21.0rc1", "0.22.1rc1", "0.23.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1",
-              "0.25.1rc1"),
+    releases=(
+        "0.19.1rc1",
+        "0.20.2rc1",
+        "0.21.0rc1",
+        "0.22.1rc1",
+        "0.23.0rc1",
+        "0.23.0",
+        "0.23.0.post1",
+        "0.24.0rc1",
+        "0.25.1rc1",
+    ),
     notes="each release runs on the vLLM of the same number (0.23.0.post1: 0.23.0; 0.24.0rc1: 0.24.0; 0.25.1rc1: "
-          "0.25.1); 0.23.0.post1 (sdist only) has identical targets to 0.23.0.",
+    "0.25.1); 0.23.0.post1 (sdist only) has identical targets to 0.23.0.",
 )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 SLOT_MAPPING = "slot mapping"
 ZERO_BUBBLE = "zero-bubble"
@@ -35,32 +35,52 @@ RUNNER = "vllm_ascend.worker.model_runner_v1:NPUModelRunner"
 class NativeForm:
     concern: str
     target: str
-    fingerprints: Mapping[str, str]   # release label -> fingerprint of the form that release ships
+    fingerprints: Mapping[str, str]  # release label -> fingerprint of the form that release ships
 
 
 FORMS: tuple[NativeForm, ...] = (
-    NativeForm(SLOT_MAPPING, f"{BT}:BlockTable.compute_slot_mapping", {
-        "vllm-ascend 0.26.0rc1, 0.27.1rc1": "5250ceb1fbacc2b0",
-        "vllm-ascend 0.28.0rc1": "f135df3afd3916ef",
-        "vllm-ascend 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "bbc3c06f3fe997a9",
-    }),
-    NativeForm(SLOT_MAPPING, f"{BT}:_compute_slot_mapping_kernel", {
-        "vllm-ascend 0.26.0rc1, 0.27.1rc1": "49b4d57f338f45be",
-        "vllm-ascend 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "e5131bc402724f50",
-    }),
-    NativeForm(ZERO_BUBBLE, f"{RUNNER}._prepare_inputs", {
-        "vllm-ascend 0.26.0rc1": "e7d04da1543e2abc",
-        "vllm-ascend 0.27.1rc1": "dcfe97b5eaf78b71",
-        "vllm-ascend 0.28.0rc1": "ccf7394137186f18",
-        "vllm-ascend 0.29.0rc1": "911158504153eb11",
-        "vllm-ascend 0.30.0rc1, 0.30.0rc2": "a19e044a1a5587cb",
-    }),
-    NativeForm(ZERO_BUBBLE, f"{RUNNER}._correct_optimistic_seq_lens_cpu", {
-        "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "29fe0ebc8096798a",
-    }),
-    NativeForm(ZERO_BUBBLE, "vllm_ascend.spec_decode.utils:correct_optimistic_seq_lens_cpu", {
-        "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "7db625ecada16444",
-    }),
+    NativeForm(
+        SLOT_MAPPING,
+        f"{BT}:BlockTable.compute_slot_mapping",
+        {
+            "vllm-ascend 0.26.0rc1, 0.27.1rc1": "5250ceb1fbacc2b0",
+            "vllm-ascend 0.28.0rc1": "f135df3afd3916ef",
+            "vllm-ascend 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "bbc3c06f3fe997a9",
+        },
+    ),
+    NativeForm(
+        SLOT_MAPPING,
+        f"{BT}:_compute_slot_mapping_kernel",
+        {
+            "vllm-ascend 0.26.0rc1, 0.27.1rc1": "49b4d57f338f45be",
+            "vllm-ascend 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "e5131bc402724f50",
+        },
+    ),
+    NativeForm(
+        ZERO_BUBBLE,
+        f"{RUNNER}._prepare_inputs",
+        {
+            "vllm-ascend 0.26.0rc1": "e7d04da1543e2abc",
+            "vllm-ascend 0.27.1rc1": "dcfe97b5eaf78b71",
+            "vllm-ascend 0.28.0rc1": "ccf7394137186f18",
+            "vllm-ascend 0.29.0rc1": "911158504153eb11",
+            "vllm-ascend 0.30.0rc1, 0.30.0rc2": "a19e044a1a5587cb",
+        },
+    ),
+    NativeForm(
+        ZERO_BUBBLE,
+        f"{RUNNER}._correct_optimistic_seq_lens_cpu",
+        {
+            "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "29fe0ebc8096798a",
+        },
+    ),
+    NativeForm(
+        ZERO_BUBBLE,
+        "vllm_ascend.spec_decode.utils:correct_optimistic_seq_lens_cpu",
+        {
+            "vllm-ascend 0.26.0rc1, 0.27.1rc1, 0.28.0rc1, 0.29.0rc1, 0.30.0rc1, 0.30.0rc2": "7db625ecada16444",
+        },
+    ),
 )
 
 # the releases the forms were read from (newest last)
@@ -71,8 +91,8 @@ RELEASES: tuple[str, ...] = ("0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1",
 class Check:
     concern: str
     target: str
-    fingerprint: Optional[str]        # None: absent from the tree
-    matched: Optional[str]            # label of the recorded form it equals, None: unknown
+    fingerprint: str | None  # None: absent from the tree
+    matched: str | None  # label of the recorded form it equals, None: unknown
 
     @property
     def text(self) -> str:
@@ -97,7 +117,7 @@ def check_tree(root: str) -> tuple[Check, ...]:
     return tuple(out)
 
 
-def installed_root() -> Optional[str]:
+def installed_root() -> str | None:
     """Directory holding the installed ``vllm_ascend`` package (found, not imported)."""
     try:
         spec = importlib.util.find_spec("vllm_ascend")

@@ -140,8 +140,7 @@ def optimistic_seq_lens(
     mask (both sides of that comparison carry the same optimism), and on Ascend corrected in place
     by :func:`correct_seq_lens_cpu` before attention metadata is built.
     """
-    np.add(num_computed_tokens_cpu[:num_reqs], num_scheduled_tokens[:num_reqs], out=out[:num_reqs],
-           casting="unsafe")
+    np.add(num_computed_tokens_cpu[:num_reqs], num_scheduled_tokens[:num_reqs], out=out[:num_reqs], casting="unsafe")
     out[num_reqs:] = 0
     return out[:num_reqs]
 
@@ -163,8 +162,8 @@ def correct_seq_lens_cpu(
     ``valid_sampled_token_count`` copy (vllm-ascend: ``valid_sampled_token_count_event``).
     """
     kernels.correct_optimistic_seq_lens_cpu(
-        optimistic_seq_lens_cpu, prev_positions, prev_num_draft_tokens, valid_sampled_token_count,
-        num_reqs, num_prev)
+        optimistic_seq_lens_cpu, prev_positions, prev_num_draft_tokens, valid_sampled_token_count, num_reqs, num_prev
+    )
 
 
 def discard_request_mask(seq_lens: np.ndarray, num_tokens: np.ndarray, num_reqs: int, out: np.ndarray) -> np.ndarray:

@@ -65,27 +65,68 @@ def correct_counts(
     ``m > 1``), where ``previous + valid`` is short by ``m - 1`` and only ``base="cpu"`` is right
     (found by ``zb-patch selftest`` on vLLM 0.13).
     """
-    if base == "cpu" and prev_positions is not None and valid_sampled_token_count is not None \
-            and prev_num_draft_tokens is not None:
-        cpu_exact = _subtract_rejected(cpu_num_computed_tokens[:num_reqs], num_accepted_tokens, prev_positions,
-                                       valid_sampled_token_count, prev_num_draft_tokens, num_reqs, num_prev_reqs)
+    if (
+        base == "cpu"
+        and prev_positions is not None
+        and valid_sampled_token_count is not None
+        and prev_num_draft_tokens is not None
+    ):
+        cpu_exact = _subtract_rejected(
+            cpu_num_computed_tokens[:num_reqs],
+            num_accepted_tokens,
+            prev_positions,
+            valid_sampled_token_count,
+            prev_num_draft_tokens,
+            num_reqs,
+            num_prev_reqs,
+        )
         kernels.update_token_counts(
-            num_computed_tokens, None, None, None, None, cpu_exact, num_scheduled_tokens, seq_lens,
-            num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-            num_tokens=num_tokens, num_positions=num_positions)
+            num_computed_tokens,
+            None,
+            None,
+            None,
+            None,
+            cpu_exact,
+            num_scheduled_tokens,
+            seq_lens,
+            num_reqs=num_reqs,
+            req_indices=req_indices,
+            query_pos=query_pos,
+            positions=positions,
+            num_tokens=num_tokens,
+            num_positions=num_positions,
+        )
         return
     if base not in ("cpu", "previous"):
         raise ValueError(f"base must be 'previous' or 'cpu', not {base!r}")
     kernels.update_token_counts(
-        num_computed_tokens, num_accepted_tokens, prev_positions, valid_sampled_token_count,
-        prev_num_draft_tokens, cpu_num_computed_tokens, num_scheduled_tokens, seq_lens,
-        num_reqs=num_reqs, req_indices=req_indices, query_pos=query_pos, positions=positions,
-        num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs)
+        num_computed_tokens,
+        num_accepted_tokens,
+        prev_positions,
+        valid_sampled_token_count,
+        prev_num_draft_tokens,
+        cpu_num_computed_tokens,
+        num_scheduled_tokens,
+        seq_lens,
+        num_reqs=num_reqs,
+        req_indices=req_indices,
+        query_pos=query_pos,
+        positions=positions,
+        num_tokens=num_tokens,
+        num_positions=num_positions,
+        num_prev_reqs=num_prev_reqs,
+    )
 
 
-def _subtract_rejected(cpu: torch.Tensor, num_accepted_tokens: torch.Tensor | None, prev_positions: torch.Tensor,
-                       valid: torch.Tensor, prev_drafts: torch.Tensor, num_reqs: int,
-                       num_prev_reqs: int | None) -> torch.Tensor:
+def _subtract_rejected(
+    cpu: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    prev_positions: torch.Tensor,
+    valid: torch.Tensor,
+    prev_drafts: torch.Tensor,
+    num_reqs: int,
+    num_prev_reqs: int | None,
+) -> torch.Tensor:
     """``cpu - (drafts + 1 - valid)`` on participating rows (torch ops on the tensors' device)."""
     bound = valid.numel() if num_prev_reqs is None else min(int(num_prev_reqs), valid.numel())
     bound = min(bound, prev_drafts.numel())
@@ -122,5 +163,13 @@ def slot_mapping(
     ``out[num_tokens:max_num_tokens]`` is padded with ``PAD_SLOT_ID``.  ``config``: context-parallel
     and hybrid-block options of :func:`zb_patch.kernels.slot_mapper`.
     """
-    kernels.compute_slot_mapping(query_start_loc, positions, block_table, out, block_size=block_size,
-                                 max_num_tokens=max_num_tokens, num_reqs=num_reqs, **config)
+    kernels.compute_slot_mapping(
+        query_start_loc,
+        positions,
+        block_table,
+        out,
+        block_size=block_size,
+        max_num_tokens=max_num_tokens,
+        num_reqs=num_reqs,
+        **config,
+    )

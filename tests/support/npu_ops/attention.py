@@ -34,15 +34,26 @@ OP = "npu_fused_infer_attention_score"
 _INT_MAX = 2147483647
 
 
-def npu_fused_infer_attention_score(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
-                                    atten_mask: torch.Tensor | None = None,
-                                    actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                                    num_heads: int = 1, scale: float = 1.0, input_layout: str = "BSH",
-                                    num_key_value_heads: int = 0, sparse_mode: int = 0,
-                                    block_table: torch.Tensor | None = None, block_size: int = 0,
-                                    **other) -> tuple[torch.Tensor, torch.Tensor]:
-    only_defaults(OP, other, {"pre_tokens": _INT_MAX, "next_tokens": _INT_MAX, "inner_precise": 0,
-                              "softmax_lse_flag": False})
+def npu_fused_infer_attention_score(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    atten_mask: torch.Tensor | None = None,
+    actual_seq_lengths=None,
+    actual_seq_lengths_kv=None,
+    num_heads: int = 1,
+    scale: float = 1.0,
+    input_layout: str = "BSH",
+    num_key_value_heads: int = 0,
+    sparse_mode: int = 0,
+    block_table: torch.Tensor | None = None,
+    block_size: int = 0,
+    **other,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    only_defaults(
+        OP, other, {"pre_tokens": _INT_MAX, "next_tokens": _INT_MAX, "inner_precise": 0, "softmax_lse_flag": False}
+    )
     if input_layout != "TND":
         raise unsupported(OP, f"input_layout={input_layout!r} (only 'TND')")
     if sparse_mode != 3:
@@ -67,8 +78,9 @@ def npu_fused_infer_attention_score(query: torch.Tensor, key: torch.Tensor, valu
         kv_lens = [e - s for s, e in zip(kv_starts, kv_lens_arg)]
     else:
         if block_size <= 0 or key.dim() != 3 or key.shape[1] != block_size or key.shape[2] != kv_heads * head_dim:
-            raise unsupported(OP, f"paged key {tuple(key.shape)} with block_size={block_size} "
-                                  f"(only [blocks, block_size, KVN*D])")
+            raise unsupported(
+                OP, f"paged key {tuple(key.shape)} with block_size={block_size} (only [blocks, block_size, KVN*D])"
+            )
         if block_table.shape[0] < len(q_ends):
             raise unsupported(OP, f"block_table rows {block_table.shape[0]} < {len(q_ends)} requests")
         kv_lens = kv_lens_arg
@@ -84,8 +96,8 @@ def npu_fused_infer_attention_score(query: torch.Tensor, key: torch.Tensor, valu
         if q_len == 0:
             continue
         if block_table is None:
-            k = key[kv_starts[b]:kv_starts[b] + kv_len]
-            v = value[kv_starts[b]:kv_starts[b] + kv_len]
+            k = key[kv_starts[b] : kv_starts[b] + kv_len]
+            v = value[kv_starts[b] : kv_starts[b] + kv_len]
         else:
             n_blocks = -(-kv_len // block_size)
             blocks = block_table[b, :n_blocks].long()

@@ -15,12 +15,21 @@ import torch
 from ._check import unsupported
 
 
-def _npu_reshape_and_cache(*, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                           value_cache: torch.Tensor, slot_indices: torch.Tensor) -> None:
+def _npu_reshape_and_cache(
+    *,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_indices: torch.Tensor,
+) -> None:
     op = "_npu_reshape_and_cache"
     if key_cache.dim() != 4 or key.dim() != 3 or key_cache.shape[2:] != key.shape[1:]:
-        raise unsupported(op, f"layout key {tuple(key.shape)} / key_cache {tuple(key_cache.shape)} (only ND "
-                              "[tokens, kv_heads, head] -> [blocks, block_size, kv_heads, head])")
+        raise unsupported(
+            op,
+            f"layout key {tuple(key.shape)} / key_cache {tuple(key_cache.shape)} (only ND "
+            "[tokens, kv_heads, head] -> [blocks, block_size, kv_heads, head])",
+        )
     if value.shape != key.shape or value_cache.shape != key_cache.shape:
         raise unsupported(op, "value / value_cache shapes different from key / key_cache")
     if slot_indices.shape != (key.shape[0],):

@@ -19,7 +19,7 @@ from ._check import unsupported
 
 
 def _rms(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if gamma.shape != x.shape[x.dim() - gamma.dim():]:
+    if gamma.shape != x.shape[x.dim() - gamma.dim() :]:
         raise unsupported("npu_rms_norm", f"gamma shape {tuple(gamma.shape)} vs x shape {tuple(x.shape)}")
     dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
     xf = x.float()
@@ -32,8 +32,9 @@ def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) ->
     return _rms(x, gamma, epsilon)
 
 
-def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
-                     epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_add_rms_norm(
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if x1.shape != x2.shape:
         raise unsupported("npu_add_rms_norm", f"broadcasting x1 {tuple(x1.shape)} + x2 {tuple(x2.shape)}")
     x = x1 + x2

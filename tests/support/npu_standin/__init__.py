@@ -59,9 +59,7 @@ def family_of(ver: str, dist: str = "vllm-ascend") -> str:
     have = (int(m.group(1)), int(m.group(2)))
     fams = [f for f in FAMILIES if surface.FAMILY_FROM[f] <= have]
     if not fams:
-        raise StandinError(
-            f"NPU stand-in: {dist} {ver} is older than every covered family {FAMILIES} ({HINT})"
-        )
+        raise StandinError(f"NPU stand-in: {dist} {ver} is older than every covered family {FAMILIES} ({HINT})")
     return fams[-1]
 
 
@@ -111,8 +109,11 @@ def install(family: str | None = None) -> str:
             sys.meta_path.insert(0, _finder)
         return _family  # type: ignore[return-value]
 
-    late = [m for m in ("vllm_ascend", *surface.ROOTS) if m in sys.modules
-            and not getattr(sys.modules[m], "__npu_standin__", False)]
+    late = [
+        m
+        for m in ("vllm_ascend", *surface.ROOTS)
+        if m in sys.modules and not getattr(sys.modules[m], "__npu_standin__", False)
+    ]
     if late:
         raise StandinError(
             f"NPU stand-in: install() ran after {late} was imported; install it first "

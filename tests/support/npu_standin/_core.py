@@ -12,7 +12,8 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HINT = "add it explicitly in tests/support/npu_standin"
 
@@ -24,9 +25,7 @@ class StandinModule(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup failed, i.e. the name was not declared.
-        raise AttributeError(
-            f"NPU stand-in: {self.__name__} has no attribute {name} ({HINT})", name=name, obj=self
-        )
+        raise AttributeError(f"NPU stand-in: {self.__name__} has no attribute {name} ({HINT})", name=name, obj=self)
 
     def __repr__(self) -> str:
         return f"<NPU stand-in module {self.__name__!r}>"
@@ -78,9 +77,7 @@ def make_opaque_class(qualname: str) -> type:
     modname, _, clsname = qualname.rpartition(".")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(
-            f"NPU stand-in: {qualname} cannot be constructed on CPU ({HINT} if a test needs it)."
-        )
+        raise RuntimeError(f"NPU stand-in: {qualname} cannot be constructed on CPU ({HINT} if a test needs it).")
 
     return type(clsname, (), {"__init__": __init__, "__module__": modname, "__qualname__": clsname})
 
@@ -131,8 +128,13 @@ def standin_module(name: str) -> Kind:
 class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves the declared stand-in modules; refuses every other name under the stand-in roots."""
 
-    def __init__(self, modules: dict[str, dict[str, Kind]], roots: frozenset[str],
-                 on_create: Callable[[StandinModule], None], module_type: type = StandinModule):
+    def __init__(
+        self,
+        modules: dict[str, dict[str, Kind]],
+        roots: frozenset[str],
+        on_create: Callable[[StandinModule], None],
+        module_type: type = StandinModule,
+    ):
         self.module_type = module_type
         self.modules = modules
         self.roots = roots
@@ -148,9 +150,7 @@ class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 # A root this family does not need: answer "not here" (availability probes such
                 # as transformers' find_spec("torchvision") must see a plain absence).
                 return None
-            raise ModuleNotFoundError(
-                f"NPU stand-in: no module named {fullname!r} ({HINT})", name=fullname
-            )
+            raise ModuleNotFoundError(f"NPU stand-in: no module named {fullname!r} ({HINT})", name=fullname)
         is_pkg = any(m.startswith(fullname + ".") for m in self.modules)
         return importlib.machinery.ModuleSpec(fullname, self, is_package=is_pkg)
 

@@ -24,13 +24,13 @@ class Stream:
         self.device = device
         self.priority = priority
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         pass
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         pass
 
-    def record_event(self, event: "Event | None" = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         event = event if event is not None else Event()
         event.record(self)
         return event
@@ -41,7 +41,7 @@ class Stream:
     def query(self) -> bool:
         return True
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -54,8 +54,9 @@ class Stream:
 class Event:
     """No-op NPU event: complete as soon as recorded."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any
+    ) -> None:
         self.enable_timing = enable_timing
         self.recorded = False
 
@@ -71,7 +72,7 @@ class Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         raise RuntimeError("NPU stand-in: Event.elapsed_time needs a device clock; not available on CPU")
 
     def __repr__(self) -> str:

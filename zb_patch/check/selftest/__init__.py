@@ -54,10 +54,17 @@ class ModeSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "steps": self.steps, "iterations": self.iterations, "requests": self.requests,
-            "finished": self.finished, "aborted": self.aborted, "tokens": self.tokens, "drafted": self.drafted,
-            "accepted": self.accepted, "acceptance_rate": round(self.acceptance_rate, 6),
-            "preemptions": self.preemptions, "finish_reasons": dict(sorted(self.finish_reasons.items())),
+            "steps": self.steps,
+            "iterations": self.iterations,
+            "requests": self.requests,
+            "finished": self.finished,
+            "aborted": self.aborted,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "preemptions": self.preemptions,
+            "finish_reasons": dict(sorted(self.finish_reasons.items())),
             "coverage": dict(sorted(self.coverage.items())),
             "accepted_count_syncs_per_step": {
                 "before_input_prep": round(self.per_step("accepted:before-prep"), 4),
@@ -101,14 +108,25 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "ok": self.ok, "vllm": self.vllm, "vllm_ascend": self.vllm_ascend, "seed": self.seed,
-            "steps_requested": self.steps, "num_spec_tokens": list(self.ks), "planted_bugs": list(self.plants),
+            "schema": SCHEMA,
+            "ok": self.ok,
+            "vllm": self.vllm,
+            "vllm_ascend": self.vllm_ascend,
+            "seed": self.seed,
+            "steps_requested": self.steps,
+            "num_spec_tokens": list(self.ks),
+            "planted_bugs": list(self.plants),
             "device_correction": self.correction,
             "modes": {m: s.as_dict() for m, s in self.modes.items()},
             "divergences": self.total_divergences,
-            "divergences_detail": {"per_step_fields": self.divergences, "token_streams": self.stream_mismatches,
-                                   "invariants": self.invariant_failures},
-            "examples": self.examples, "notes": self.notes, "seconds": round(self.seconds, 2),
+            "divergences_detail": {
+                "per_step_fields": self.divergences,
+                "token_streams": self.stream_mismatches,
+                "invariants": self.invariant_failures,
+            },
+            "examples": self.examples,
+            "notes": self.notes,
+            "seconds": round(self.seconds, 2),
         }
 
 
@@ -139,14 +157,26 @@ class _Progress:
             self.stream.flush()
 
 
-def run_selftest(*, steps: int = 2000, seed: int = 0, ks: tuple[int, ...] = DEFAULT_KS,
-                 modes: tuple[str, ...] | None = None, plants: tuple[str, ...] = (), plain: bool = True,
-                 correction: str = "cpu", triton: bool = False, progress: bool = False) -> Report:
+def run_selftest(
+    *,
+    steps: int = 2000,
+    seed: int = 0,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    modes: tuple[str, ...] | None = None,
+    plants: tuple[str, ...] = (),
+    plain: bool = True,
+    correction: str = "cpu",
+    triton: bool = False,
+    progress: bool = False,
+) -> Report:
     """Run the harness in this process (it installs and removes process-global vLLM state: see
     :mod:`.compat`; prefer a fresh process).  ``steps`` engine iterations of arrivals in total,
     split over the ``ks`` values; each run then drains its requests."""
-    return run_many([dict(steps=steps, seed=seed, ks=ks, modes=modes, plants=plants, plain=plain,
-                          correction=correction)], triton=triton, progress=progress)[0]
+    return run_many(
+        [dict(steps=steps, seed=seed, ks=ks, modes=modes, plants=plants, plain=plain, correction=correction)],
+        triton=triton,
+        progress=progress,
+    )[0]
 
 
 def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool = False) -> list[Report]:
@@ -162,9 +192,18 @@ def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool
     return reports
 
 
-def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple[int, ...] = DEFAULT_KS,
-                    modes: tuple[str, ...] | None = None, plants: tuple[str, ...] = (), plain: bool = True,
-                    correction: str = "cpu", progress: bool = False) -> Report:
+def _run_in_session(
+    session: Any,
+    *,
+    steps: int = 2000,
+    seed: int = 0,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    modes: tuple[str, ...] | None = None,
+    plants: tuple[str, ...] = (),
+    plain: bool = True,
+    correction: str = "cpu",
+    progress: bool = False,
+) -> Report:
     from . import compat
     from .engine import run_k
     from .runner import ASYNC_MODES, PLANTS, SYNC, ZB, ZB_ASCEND
@@ -193,8 +232,18 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
         shape = compat.EngineShape(num_spec_tokens=k)
         specs = make_workload(seed, shape, per_k, tag=f"k{k}-")
         prompt_len = {s.req_id: len(s.prompt) for s in specs}
-        res = run_k(session, shape, specs, per_k, seed=seed, modes=modes,
-                    plants=frozenset(plants), plain=plain, progress=bar, correction=correction)
+        res = run_k(
+            session,
+            shape,
+            specs,
+            per_k,
+            seed=seed,
+            modes=modes,
+            plants=frozenset(plants),
+            plain=plain,
+            progress=bar,
+            correction=correction,
+        )
         divergences += res.divergences
         stream_mismatches += res.stream_mismatches
         invariants.extend(res.invariant_failures)
@@ -224,10 +273,22 @@ def _run_in_session(session: Any, *, steps: int = 2000, seed: int = 0, ks: tuple
                 s.crashed.append(f"k={k}: {r.crashed}")
     bar.close()
     order = [m for m in (SYNC, ZB, ZB_ASCEND, "plain") if m in summaries]
-    return Report(vllm=session.vllm_version, vllm_ascend=package("vllm_ascend").raw, seed=seed,
-                  steps=steps, ks=tuple(ks), plants=tuple(plants), modes={m: summaries[m] for m in order},
-                  divergences=divergences, stream_mismatches=stream_mismatches, invariant_failures=invariants,
-                  examples=examples, notes=notes, seconds=time.monotonic() - t0, correction=correction)
+    return Report(
+        vllm=session.vllm_version,
+        vllm_ascend=package("vllm_ascend").raw,
+        seed=seed,
+        steps=steps,
+        ks=tuple(ks),
+        plants=tuple(plants),
+        modes={m: summaries[m] for m in order},
+        divergences=divergences,
+        stream_mismatches=stream_mismatches,
+        invariant_failures=invariants,
+        examples=examples,
+        notes=notes,
+        seconds=time.monotonic() - t0,
+        correction=correction,
+    )
 
 
 def format_report(rep: Report) -> str:
@@ -235,9 +296,11 @@ def format_report(rep: Report) -> str:
     w = 14
     lines = []
     asc = f", vllm-ascend {rep.vllm_ascend} installed" if rep.vllm_ascend else ""
-    lines.append(f"zb-patch selftest — vLLM {rep.vllm}{asc}; seed {rep.seed}; k = "
-                 f"{', '.join(map(str, rep.ks))}; device correction from {rep.correction} counts; "
-                 f"{rep.seconds:.1f} s")
+    lines.append(
+        f"zb-patch selftest — vLLM {rep.vllm}{asc}; seed {rep.seed}; k = "
+        f"{', '.join(map(str, rep.ks))}; device correction from {rep.correction} counts; "
+        f"{rep.seconds:.1f} s"
+    )
     if rep.plants:
         lines.append(f"PLANTED BUGS: {', '.join(rep.plants)}")
     lines.append(f"{'':<34}" + "".join(f"{m.mode:>{w + 6}}" for m in modes))
@@ -255,11 +318,13 @@ def format_report(rep: Report) -> str:
     ref = modes[0] if modes else None
     if ref is not None and ref.coverage:
         c = ref.coverage
-        lines.append(f"workload ({ref.mode}): {c.get('partial_prefill_rows', 0)} partial-prefill rows, "
-                     f"{c.get('prefix_cache_hits', 0)} prefix-cache hits, {c.get('resumed', 0)} resumptions, "
-                     f"{c.get('max_model_len_reached', 0)} max_model_len finishes, "
-                     f"{ref.finish_reasons.get('stop', 0)} stop-token finishes, {ref.aborted} aborts, "
-                     f"{c.get('condense_moves', 0)} condense moves, {c.get('row_swaps', 0)} row swaps")
+        lines.append(
+            f"workload ({ref.mode}): {c.get('partial_prefill_rows', 0)} partial-prefill rows, "
+            f"{c.get('prefix_cache_hits', 0)} prefix-cache hits, {c.get('resumed', 0)} resumptions, "
+            f"{c.get('max_model_len_reached', 0)} max_model_len finishes, "
+            f"{ref.finish_reasons.get('stop', 0)} stop-token finishes, {ref.aborted} aborts, "
+            f"{c.get('condense_moves', 0)} condense moves, {c.get('row_swaps', 0)} row swaps"
+        )
     lines.append("accepted-count syncs / step (blocking):")
 
     def sync_cell(kind: str) -> Any:
@@ -267,18 +332,23 @@ def format_report(rep: Report) -> str:
             if m.mode == "plain":
                 return "n/a"
             return f"{m.per_step(kind):.2f} ({m.per_step(kind, True):.2f})"
+
         return f
 
     row("  before input prep", sync_cell("accepted:before-prep"))
     row("  before attention metadata", sync_cell("accepted:cpu-seq-lens"))
     row("  deferred, after forward launch", sync_cell("accepted:deferred"))
-    lines.append(f"divergences: {rep.total_divergences} (per-step fields {rep.divergences}, token streams "
-                 f"{rep.stream_mismatches}, invariants {len(rep.invariant_failures)})")
+    lines.append(
+        f"divergences: {rep.total_divergences} (per-step fields {rep.divergences}, token streams "
+        f"{rep.stream_mismatches}, invariants {len(rep.invariant_failures)})"
+    )
     for inv in rep.invariant_failures[:5]:
         lines.append(f"  invariant: {inv}")
     for ex in rep.examples[:8]:
-        lines.append(f"  k={ex['k']} {ex['mode']} step {ex['step']} {ex['request']} {ex['field']}: "
-                     f"want {ex['want']} got {ex['got']}")
+        lines.append(
+            f"  k={ex['k']} {ex['mode']} step {ex['step']} {ex['request']} {ex['field']}: "
+            f"want {ex['want']} got {ex['got']}"
+        )
     for m in modes:
         for c in m.crashed:
             lines.append(f"  {m.mode} crashed: {c}")
@@ -306,9 +376,17 @@ def run_cli(args: Any) -> int:
         return 2
     out = args.out
     try:
-        rep = run_selftest(steps=steps, seed=seed, ks=ks, modes=tuple(modes) if modes else None, plants=plants,
-                           plain=plain, correction=correction, triton=triton,
-                           progress=(not quiet and sys.stderr.isatty()))
+        rep = run_selftest(
+            steps=steps,
+            seed=seed,
+            ks=ks,
+            modes=tuple(modes) if modes else None,
+            plants=plants,
+            plain=plain,
+            correction=correction,
+            triton=triton,
+            progress=(not quiet and sys.stderr.isatty()),
+        )
     except ImportError as e:
         sys.stderr.write(f"zb-patch selftest: cannot import what the harness needs: {e}\n")
         return 2

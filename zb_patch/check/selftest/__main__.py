@@ -17,8 +17,11 @@ from . import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zb_patch.check.selftest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m zb_patch.check.selftest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -27,9 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=None)
     p.add_argument("--no-plain", action="store_true")
     p.add_argument("--triton", action="store_true")
-    p.add_argument("--correction", choices=("cpu", "previous"), default="cpu",
-                   help="device count correction: from this step's CPU counts (default) or, as vLLM 0.19+, "
-                        "from last step's device counts")
+    p.add_argument(
+        "--correction",
+        choices=("cpu", "previous"),
+        default="cpu",
+        help="device count correction: from this step's CPU counts (default) or, as vLLM 0.19+, "
+        "from last step's device counts",
+    )
     p.add_argument("--plant", action="append", default=None)
     p.add_argument("--list-plants", action="store_true")
     args = p.parse_args(argv)

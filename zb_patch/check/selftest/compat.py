@@ -71,11 +71,22 @@ def _vllm_version() -> str:
 def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None:
     os.makedirs(path, exist_ok=True)
     cfg = {
-        "architectures": [arch], "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": layers, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float32",
-        "rms_norm_eps": 1e-6, "hidden_act": "silu", "rope_theta": 10000.0, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
+        "architectures": [arch],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "float32",
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     }
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
@@ -113,8 +124,13 @@ def _make_model_classes() -> tuple[type, type]:
         def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
             raise NotImplementedError("zb-patch selftest model: never run")
 
-        def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                    intermediate_tensors: Any = None, inputs_embeds: Any = None) -> torch.Tensor:
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            positions: torch.Tensor,
+            intermediate_tensors: Any = None,
+            inputs_embeds: Any = None,
+        ) -> torch.Tensor:
             raise NotImplementedError("zb-patch selftest model: never run")
 
         def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -134,8 +150,10 @@ def kernel_backend(triton: bool) -> Iterator[None]:
     os.environ["TRITON_INTERPRET"] = "1" if triton else "0"
     try:
         if triton and "triton" in sys.modules and saved in (None, "", "0"):
-            raise RuntimeError("the Triton path needs TRITON_INTERPRET=1 before Triton is imported; "
-                               "run the self-test in a fresh process (or export TRITON_INTERPRET=1)")
+            raise RuntimeError(
+                "the Triton path needs TRITON_INTERPRET=1 before Triton is imported; "
+                "run the self-test in a fresh process (or export TRITON_INTERPRET=1)"
+            )
         yield
     finally:
         if saved is None:
@@ -152,8 +170,10 @@ def vllm_session(*, vocab_size: int) -> Iterator[Session]:
     notes: list[str] = []
     saved_platform = platforms._current_platform
     if saved_platform is not None:
-        notes.append(f"a vLLM platform was already resolved in this process ({type(saved_platform).__name__}); "
-                     "swapped for the run — run the self-test in a fresh process for a clean result")
+        notes.append(
+            f"a vLLM platform was already resolved in this process ({type(saved_platform).__name__}); "
+            "swapped for the run — run the self-test in a fresh process for a clean result"
+        )
     platforms._current_platform = _make_platform_cls()()
     import vllm.plugins as plugins
 
@@ -224,18 +244,30 @@ def build_vllm_config(session: Session, shape: EngineShape, *, async_scheduling:
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
-        model=session.model_dir, skip_tokenizer_init=True, load_format="dummy", dtype="float32",
-        enforce_eager=True, max_model_len=shape.max_model_len, block_size=shape.block_size,
-        max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-        async_scheduling=async_scheduling, enable_prefix_caching=shape.enable_prefix_caching,
-        enable_chunked_prefill=True, seed=0,
-        speculative_config={"method": "eagle", "model": session.draft_dir,
-                            "num_speculative_tokens": shape.num_spec_tokens},
+        model=session.model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=shape.max_model_len,
+        block_size=shape.block_size,
+        max_num_seqs=shape.max_num_seqs,
+        max_num_batched_tokens=shape.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=shape.enable_prefix_caching,
+        enable_chunked_prefill=True,
+        seed=0,
+        speculative_config={
+            "method": "eagle",
+            "model": session.draft_dir,
+            "num_speculative_tokens": shape.num_spec_tokens,
+        },
     )
     vc = args.create_engine_config()
     if bool(vc.scheduler_config.async_scheduling) != async_scheduling:
-        raise RuntimeError(f"vLLM set async_scheduling={vc.scheduler_config.async_scheduling} "
-                           f"(asked for {async_scheduling})")
+        raise RuntimeError(
+            f"vLLM set async_scheduling={vc.scheduler_config.async_scheduling} (asked for {async_scheduling})"
+        )
     session.configs[key] = vc
     return vc
 
@@ -249,29 +281,43 @@ def make_scheduler(vllm_config: Any, shape: EngineShape, *, async_scheduling: bo
     from vllm.v1.structured_output import StructuredOutputManager
 
     spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
-    kvc = KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
+    kvc = KVCacheConfig(
+        num_blocks=shape.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+    )
     vllm_config.cache_config.num_gpu_blocks = shape.num_blocks
     cls = AsyncScheduler if async_scheduling else Scheduler
-    return cls(vllm_config=vllm_config, kv_cache_config=kvc,
-               structured_output_manager=StructuredOutputManager(vllm_config),
-               block_size=shape.block_size, log_stats=True)
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kvc,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=shape.block_size,
+        log_stats=True,
+    )
 
 
-def make_request(req_id: str, prompt: list[int], *, max_tokens: int, stop_token_ids: list[int],
-                 arrival_time: float, block_size: int) -> Any:
+def make_request(
+    req_id: str, prompt: list[int], *, max_tokens: int, stop_token_ids: list[int], arrival_time: float, block_size: int
+) -> Any:
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                        stop_token_ids=list(stop_token_ids))
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=list(stop_token_ids))
     extra: dict[str, Any] = {}
     if "eos_token_id" in _init_params(Request):  # vLLM <= 0.13 takes it explicitly
         extra["eos_token_id"] = None
-    return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
-                   arrival_time=arrival_time, block_hasher=get_request_block_hasher(block_size, sha256), **extra)
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=sp,
+        pooling_params=None,
+        arrival_time=arrival_time,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+        **extra,
+    )
 
 
 def _init_params(cls: type) -> frozenset[str]:
@@ -283,8 +329,9 @@ def _init_params(cls: type) -> frozenset[str]:
 def _required_params(cls: type) -> frozenset[str]:
     import inspect
 
-    return frozenset(n for n, p in inspect.signature(cls.__init__).parameters.items()
-                     if p.default is inspect.Parameter.empty)
+    return frozenset(
+        n for n, p in inspect.signature(cls.__init__).parameters.items() if p.default is inspect.Parameter.empty
+    )
 
 
 def abort_requests(scheduler: Any, req_ids: list[str]) -> None:
@@ -293,8 +340,7 @@ def abort_requests(scheduler: Any, req_ids: list[str]) -> None:
     scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
 
 
-def model_runner_output(req_ids: list[str], req_id_to_index: dict[str, int],
-                        sampled: list[list[int]]) -> Any:
+def model_runner_output(req_ids: list[str], req_id_to_index: dict[str, int], sampled: list[list[int]]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     extra: dict[str, Any] = {}
@@ -317,15 +363,24 @@ def draft_token_ids(req_ids: list[str], drafts: list[list[int]]) -> Any:
     return DraftTokenIds(req_ids, drafts)
 
 
-def make_block_table(*, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                     max_num_batched_tokens: int) -> Any:
+def make_block_table(
+    *, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int, max_num_batched_tokens: int
+) -> Any:
     """vLLM's real ``BlockTable`` on CPU tensors (the harness uses its host rows: add / append /
     move / swap; the device copy and the slot mapping are the harness's own)."""
     import torch
     from vllm.v1.worker.block_table import BlockTable
 
-    return BlockTable(block_size, max_num_reqs, max_num_blocks_per_req, max_num_batched_tokens,
-                      False, torch.device("cpu"), block_size, 1)
+    return BlockTable(
+        block_size,
+        max_num_reqs,
+        max_num_blocks_per_req,
+        max_num_batched_tokens,
+        False,
+        torch.device("cpu"),
+        block_size,
+        1,
+    )
 
 
 @dataclass
@@ -349,9 +404,14 @@ def cached_view(so: Any) -> CachedView:
     num_out = getattr(c, "num_output_tokens", None)
     if num_out is None:
         raise RuntimeError("this vLLM's CachedRequestData has no num_output_tokens (unsupported release)")
-    return CachedView(req_ids=list(c.req_ids), resumed=set(resumed), new_block_ids=list(c.new_block_ids),
-                      num_computed_tokens=list(c.num_computed_tokens), num_output_tokens=list(num_out),
-                      all_token_ids=dict(getattr(c, "all_token_ids", None) or {}))
+    return CachedView(
+        req_ids=list(c.req_ids),
+        resumed=set(resumed),
+        new_block_ids=list(c.new_block_ids),
+        num_computed_tokens=list(c.num_computed_tokens),
+        num_output_tokens=list(num_out),
+        all_token_ids=dict(getattr(c, "all_token_ids", None) or {}),
+    )
 
 
 def preempted_count(so: Any) -> int:

@@ -31,8 +31,15 @@ class Divergence:
     got: Any
 
     def as_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "mode": self.mode, "step": self.step, "request": self.req_id, "field": self.field,
-                "want": _short(self.want), "got": _short(self.got)}
+        return {
+            "k": self.k,
+            "mode": self.mode,
+            "step": self.step,
+            "request": self.req_id,
+            "field": self.field,
+            "want": _short(self.want),
+            "got": _short(self.got),
+        }
 
 
 def _short(v: Any) -> Any:
@@ -66,9 +73,16 @@ class ModeRun:
     # -- one EngineCore iteration ------------------------------------------------------------------
     def add(self, specs: list[RequestSpec]) -> None:
         for s in specs:
-            self.scheduler.add_request(compat.make_request(
-                s.req_id, list(s.prompt), max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids),
-                arrival_time=float(s.arrival), block_size=self.shape.block_size))
+            self.scheduler.add_request(
+                compat.make_request(
+                    s.req_id,
+                    list(s.prompt),
+                    max_tokens=s.max_tokens,
+                    stop_token_ids=list(s.stop_token_ids),
+                    arrival_time=float(s.arrival),
+                    block_size=self.shape.block_size,
+                )
+            )
             self.streams[s.req_id] = []
 
     def step_with_batch_queue(self, abort_after: dict[str, int]) -> None:
@@ -137,8 +151,7 @@ class ModeRun:
         return not self.queue and not self.scheduler.has_requests()
 
 
-def compare_records(k: int, ref: ModeRun, other: ModeRun, upto: int, out: list[Divergence],
-                    limit: int) -> int:
+def compare_records(k: int, ref: ModeRun, other: ModeRun, upto: int, out: list[Divergence], limit: int) -> int:
     """Compare the per-step row records of ``other`` with ``ref`` for steps <= upto; drop them."""
     n = 0
     rr, orr = ref.runner.records, other.runner.records
@@ -150,8 +163,7 @@ def compare_records(k: int, ref: ModeRun, other: ModeRun, upto: int, out: list[D
             if ra is None or rb is None:
                 n += 1
                 if len(out) < limit:
-                    out.append(Divergence(k, other.mode, step, rid, "scheduled",
-                                          ra is not None, rb is not None))
+                    out.append(Divergence(k, other.mode, step, rid, "scheduled", ra is not None, rb is not None))
                 continue
             for f in COMPARED_FIELDS:
                 va, vb = getattr(ra, f), getattr(rb, f)
@@ -181,15 +193,30 @@ class KResult:
     invariant_failures: list[str]
 
 
-def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[RequestSpec], iterations: int, *,
-          seed: int, modes: tuple[str, ...], plants: frozenset[str], plain: bool,
-          progress: Callable[[int], None] | None = None, limit: int = 20,
-          correction: str = "cpu") -> KResult:
+def run_k(
+    session: compat.Session,
+    shape: compat.EngineShape,
+    specs: list[RequestSpec],
+    iterations: int,
+    *,
+    seed: int,
+    modes: tuple[str, ...],
+    plants: frozenset[str],
+    plain: bool,
+    progress: Callable[[int], None] | None = None,
+    limit: int = 20,
+    correction: str = "cpu",
+) -> KResult:
     vc_async = compat.build_vllm_config(session, shape, async_scheduling=True)
-    runs = {m: ModeRun(m, compat.make_scheduler(vc_async, shape, async_scheduling=True),
-                       Runner(m, shape, seed=seed, plants=plants if m != SYNC else frozenset(),
-                              count_base=correction), shape)
-            for m in modes}
+    runs = {
+        m: ModeRun(
+            m,
+            compat.make_scheduler(vc_async, shape, async_scheduling=True),
+            Runner(m, shape, seed=seed, plants=plants if m != SYNC else frozenset(), count_base=correction),
+            shape,
+        )
+        for m in modes
+    }
     by_arrival: dict[int, list[RequestSpec]] = {}
     for s in specs:
         by_arrival.setdefault(s.arrival, []).append(s)
@@ -211,8 +238,9 @@ def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[Reques
                 r.crashed = f"iteration {it}: {type(e).__name__}: {e}"
                 divergences += 1
                 if len(examples) < limit:
-                    examples.append(Divergence(shape.num_spec_tokens, r.mode, r.step, "-", "crash", "no crash",
-                                               r.crashed))
+                    examples.append(
+                        Divergence(shape.num_spec_tokens, r.mode, r.step, "-", "crash", "no crash", r.crashed)
+                    )
                 if r is ref:
                     raise
         upto = min(r.completed_step for r in runs.values() if r.crashed is None)
@@ -231,8 +259,9 @@ def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[Reques
 
     if plain:
         vc_sync = compat.build_vllm_config(session, shape, async_scheduling=False)
-        p = ModeRun(PLAIN, compat.make_scheduler(vc_sync, shape, async_scheduling=False),
-                    Runner(PLAIN, shape, seed=seed), shape)
+        p = ModeRun(
+            PLAIN, compat.make_scheduler(vc_sync, shape, async_scheduling=False), Runner(PLAIN, shape, seed=seed), shape
+        )
         it = 0
         while it < max_iters:
             if it < iterations:
@@ -256,8 +285,9 @@ def run_k(session: compat.Session, shape: compat.EngineShape, specs: list[Reques
     return KResult(shape.num_spec_tokens, runs, divergences, examples, stream_mismatches, inv)
 
 
-def _check_streams(k: int, runs: dict[str, ModeRun], specs: list[RequestSpec], examples: list[Divergence],
-                   limit: int) -> tuple[int, list[str]]:
+def _check_streams(
+    k: int, runs: dict[str, ModeRun], specs: list[RequestSpec], examples: list[Divergence], limit: int
+) -> tuple[int, list[str]]:
     ref = runs[SYNC]
     bad = 0
     inv: list[str] = []
@@ -275,9 +305,17 @@ def _check_streams(k: int, runs: dict[str, ModeRun], specs: list[RequestSpec], e
             if not same:
                 bad += 1
                 if len(examples) < limit:
-                    examples.append(Divergence(k, m, -1, s.req_id, "token stream",
-                                               (tuple(want), ref.finish.get(s.req_id)),
-                                               (tuple(got), r.finish.get(s.req_id))))
+                    examples.append(
+                        Divergence(
+                            k,
+                            m,
+                            -1,
+                            s.req_id,
+                            "token stream",
+                            (tuple(want), ref.finish.get(s.req_id)),
+                            (tuple(got), r.finish.get(s.req_id)),
+                        )
+                    )
     return bad, inv
 
 

@@ -69,9 +69,18 @@ class AcceptancePattern:
         return 1 + (u >> 8) % (self.k - 1)
 
 
-def forward(kv: np.ndarray, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
-            qsl: np.ndarray, attn_seq_lens: list[int], block_table: np.ndarray, num_reqs: int,
-            block_size: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+def forward(
+    kv: np.ndarray,
+    input_ids: np.ndarray,
+    positions: np.ndarray,
+    slot_mapping: np.ndarray,
+    qsl: np.ndarray,
+    attn_seq_lens: list[int],
+    block_table: np.ndarray,
+    num_reqs: int,
+    block_size: int,
+    vocab_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """Run the fake target on one batch. Returns (target token per input token, hidden state per token).
 
     Writes the new states to ``kv`` (flat ``[num_blocks * block_size]``) at ``slot_mapping``.
@@ -110,8 +119,9 @@ def forward(kv: np.ndarray, input_ids: np.ndarray, positions: np.ndarray, slot_m
     return target, hidden
 
 
-def _write_before_read_order(read_slot: list[int | None], slot_mapping: np.ndarray, qsl: np.ndarray,
-                             num_reqs: int) -> list[int]:
+def _write_before_read_order(
+    read_slot: list[int | None], slot_mapping: np.ndarray, qsl: np.ndarray, num_reqs: int
+) -> list[int]:
     """Row order in which every row runs after the rows whose new KV it reads in the same step.
 
     A real forward writes the whole batch's K/V of a layer before that layer's attention reads, so a
@@ -123,8 +133,11 @@ def _write_before_read_order(read_slot: list[int | None], slot_mapping: np.ndarr
     for r in range(num_reqs):
         for t in range(int(qsl[r]), int(qsl[r + 1])):
             writer[int(slot_mapping[t])] = r
-    deps = {r: writer[read_slot[r]] for r in range(num_reqs)
-            if read_slot[r] is not None and read_slot[r] in writer and writer[read_slot[r]] != r}
+    deps = {
+        r: writer[read_slot[r]]
+        for r in range(num_reqs)
+        if read_slot[r] is not None and read_slot[r] in writer and writer[read_slot[r]] != r
+    }
     if not deps:
         return list(range(num_reqs))
     order: list[int] = []
@@ -146,8 +159,9 @@ def _write_before_read_order(read_slot: list[int | None], slot_mapping: np.ndarr
     return order
 
 
-def rejection_sample(target: np.ndarray, input_ids: np.ndarray, qsl: np.ndarray, num_drafts: list[int],
-                     num_reqs: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def rejection_sample(
+    target: np.ndarray, input_ids: np.ndarray, qsl: np.ndarray, num_drafts: list[int], num_reqs: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Greedy verification. Returns (sampled ``[num_reqs, k+1]`` with -1 padding, accepted drafts per row)."""
     sampled = np.full((num_reqs, k + 1), -1, dtype=np.int64)
     accepted = np.zeros(num_reqs, dtype=np.int64)
@@ -158,13 +172,14 @@ def rejection_sample(target: np.ndarray, input_ids: np.ndarray, qsl: np.ndarray,
         a = 0
         while a < d and int(input_ids[base + 1 + a]) == int(target[base + a]):
             a += 1
-        sampled[r, : a + 1] = target[base: base + a + 1]
+        sampled[r, : a + 1] = target[base : base + a + 1]
         accepted[r] = a
     return sampled, accepted
 
 
-def next_tokens(sampled: np.ndarray, discard: np.ndarray, backup: np.ndarray, vocab_size: int,
-                num_reqs: int) -> tuple[np.ndarray, np.ndarray]:
+def next_tokens(
+    sampled: np.ndarray, discard: np.ndarray, backup: np.ndarray, vocab_size: int, num_reqs: int
+) -> tuple[np.ndarray, np.ndarray]:
     """vLLM's ``prepare_next_token_ids_padded``: (next token per row, valid sampled count per row).
 
     Discarded rows: backup token, count 0. Others: the last valid sampled token, count of valid ones.
@@ -183,9 +198,19 @@ def next_tokens(sampled: np.ndarray, discard: np.ndarray, backup: np.ndarray, vo
     return nxt, valid
 
 
-def propose(hidden: np.ndarray, nxt: np.ndarray, valid: np.ndarray, qsl: np.ndarray, num_drafts: list[int],
-            attn_seq_lens: list[int], row_keys: list[int], num_reqs: int, k: int, vocab_size: int,
-            pattern: AcceptancePattern) -> np.ndarray:
+def propose(
+    hidden: np.ndarray,
+    nxt: np.ndarray,
+    valid: np.ndarray,
+    qsl: np.ndarray,
+    num_drafts: list[int],
+    attn_seq_lens: list[int],
+    row_keys: list[int],
+    num_reqs: int,
+    k: int,
+    vocab_size: int,
+    pattern: AcceptancePattern,
+) -> np.ndarray:
     """EAGLE-like padded drafting for every row: ``[num_reqs, k]`` draft tokens."""
     drafts = np.zeros((num_reqs, max(k, 1)), dtype=np.int64)
     for r in range(num_reqs):

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from zb_patch import zero_bubble as zb
+
 from . import compat, fakemodel
 from .simdevice import Event, SimDevice, fresh_h2d
 
@@ -54,31 +55,38 @@ PAD_SLOT_ID = -1
 PLANTS: dict[str, tuple[str, str]] = {
     "backup-from-seq-lens": (
         "drafter backup token indexed with the optimistic CPU seq_len instead of num_tokens_no_spec - 1",
-        "vLLM #38098 (fixed by #38556)"),
+        "vLLM #38098 (fixed by #38556)",
+    ),
     "no-input-prep-wait": (
         "pinned staging buffers rewritten while the previous step's host-to-device copies are in flight "
         "(in-place CPU update during an in-flight copy)",
-        "vLLM #24527 / #25279, #24799 review"),
+        "vLLM #24527 / #25279, #24799 review",
+    ),
     "accepted-counts-by-row": (
         "device correction reads last step's accepted counts at the current row, not through "
         "prev_positions (stale counts after condense / reorder)",
-        "vLLM #38556 fix 2, vllm-ascend #13863 / #13865"),
+        "vLLM #38556 fix 2, vllm-ascend #13863 / #13865",
+    ),
     "uncorrected-cpu-seq-lens": (
         "Ascend attention given the optimistic CPU seq_lens (no correct_optimistic_seq_lens_cpu)",
-        "vllm-ascend #8461 / #10506 (acceptance drops or crashes)"),
+        "vllm-ascend #8461 / #10506 (acceptance drops or crashes)",
+    ),
     "backup-staging-reuse": (
         "drafter backup tokens copied from a pinned buffer that the next step rewrites before the copy ran "
         "(vLLM 0.19+ / vllm-ascend 0.23 reuse backup_next_token_ids; safe only while a wait on this "
         "step's accepted counts follows)",
-        "found by this harness; same class as vllm-ascend #15719"),
+        "found by this harness; same class as vllm-ascend #15719",
+    ),
     "live-cpu-values": (
         "device correction reads this step's CPU counts through a non-blocking copy of the live host "
         "buffer that the deferred correction changes in place after the launch (in-place CPU update "
         "during an in-flight copy)",
-        "vLLM #24799 review (acceptance 1024/2034 -> 656/2094), #25279"),
+        "vLLM #24799 review (acceptance 1024/2034 -> 656/2094), #25279",
+    ),
     "deferred-without-wait": (
         "deferred CPU correction reads the accepted-count host buffer without waiting for its copy",
-        "vllm-ascend #9482 / #9456 (dirty reads of valid counts)"),
+        "vllm-ascend #9482 / #9456 (dirty reads of valid counts)",
+    ),
 }
 
 
@@ -122,8 +130,19 @@ class RowRec:
     checks: dict[str, tuple[int, int]] = field(default_factory=dict)  # internal consistency (want, got)
 
 
-COMPARED_FIELDS = ("num_computed", "positions", "seq_len", "slot_mapping", "input_ids", "sampled", "drafted",
-                   "accepted", "discarded", "next_token", "cpu_num_computed")
+COMPARED_FIELDS = (
+    "num_computed",
+    "positions",
+    "seq_len",
+    "slot_mapping",
+    "input_ids",
+    "sampled",
+    "drafted",
+    "accepted",
+    "discarded",
+    "next_token",
+    "cpu_num_computed",
+)
 
 
 class PersistentBatch:
@@ -141,9 +160,12 @@ class PersistentBatch:
         self.token_ids_cpu = np.full((r, m + 8), -1, dtype=np.int32)
         self.num_tokens_no_spec = np.zeros(r, dtype=np.int32)
         self.num_prompt = np.zeros(r, dtype=np.int32)
-        self.block_table = compat.make_block_table(block_size=shape.block_size, max_num_reqs=r,
-                                                   max_num_blocks_per_req=max_blocks,
-                                                   max_num_batched_tokens=shape.max_num_batched_tokens)
+        self.block_table = compat.make_block_table(
+            block_size=shape.block_size,
+            max_num_reqs=r,
+            max_num_blocks_per_req=max_blocks,
+            max_num_batched_tokens=shape.max_num_batched_tokens,
+        )
 
     @property
     def num_reqs(self) -> int:
@@ -213,7 +235,7 @@ class PersistentBatch:
             self._move(last, empty)
             moved += 1
             last -= 1
-        del self.req_ids[self.num_reqs:]
+        del self.req_ids[self.num_reqs :]
         self.removed.clear()
         return moved
 
@@ -234,7 +256,7 @@ class PersistentBatch:
         st.prev_num_draft_len = len(toks)
         if toks:
             start = int(self.num_tokens_no_spec[idx])
-            self.token_ids_cpu[idx, start: start + len(toks)] = toks
+            self.token_ids_cpu[idx, start : start + len(toks)] = toks
 
 
 @dataclass
@@ -267,14 +289,20 @@ class PendingOutput:
     def get_output(self) -> Any:
         self.event.synchronize("output")
         rows = self.host_sampled.numpy()
-        sampled = [[] if i in self.discarded else [int(t) for t in rows[i] if t >= 0]
-                   for i in range(len(self.req_ids))]
+        sampled = [[] if i in self.discarded else [int(t) for t in rows[i] if t >= 0] for i in range(len(self.req_ids))]
         return compat.model_runner_output(self.req_ids, self.req_id_to_index, sampled)
 
 
 class Runner:
-    def __init__(self, mode: str, shape: compat.EngineShape, *, seed: int,
-                 plants: frozenset[str] = frozenset(), count_base: str = "cpu") -> None:
+    def __init__(
+        self,
+        mode: str,
+        shape: compat.EngineShape,
+        *,
+        seed: int,
+        plants: frozenset[str] = frozenset(),
+        count_base: str = "cpu",
+    ) -> None:
         if count_base not in ("cpu", "previous"):
             raise ValueError(f"device correction base must be 'cpu' or 'previous', not {count_base!r}")
         self.mode, self.shape, self.plants = mode, shape, plants
@@ -337,8 +365,16 @@ class Runner:
         self.steps_with_spec = 0
         self.steps_executed = 0
         self.coverage: dict[str, int] = dict.fromkeys(
-            ("partial_prefill_rows", "prefix_cache_hits", "resumed", "condense_moves", "row_swaps",
-             "rows_reused_from_previous_step"), 0)
+            (
+                "partial_prefill_rows",
+                "prefix_cache_hits",
+                "resumed",
+                "condense_moves",
+                "row_swaps",
+                "rows_reused_from_previous_step",
+            ),
+            0,
+        )
 
     # =============================================================================================
     # execute_model
@@ -377,8 +413,9 @@ class Runner:
             b.remove(rid)
         to_add: list[ReqState] = []
         for nr in so.scheduled_new_reqs:
-            st = ReqState(nr.req_id, list(nr.prompt_token_ids), [], int(nr.num_computed_tokens),
-                          compat.first_group(nr.block_ids))
+            st = ReqState(
+                nr.req_id, list(nr.prompt_token_ids), [], int(nr.num_computed_tokens), compat.first_group(nr.block_ids)
+            )
             if st.num_computed > 0:
                 self.coverage["prefix_cache_hits"] += 1
             self.requests[nr.req_id] = st
@@ -437,8 +474,11 @@ class Runner:
             b.set_spec(idx, st, spec)
         if self.is_zb:
             # prev_num_draft_tokens.np.fill(0) + [prev_idx] = d  (zero-bubble: no wait here)
-            zb.optimistic_advance(np.array(queued_prev, dtype=np.int64),
-                                  np.array([q[1] for q in queued], dtype=np.int64), self.prev_num_draft_np)
+            zb.optimistic_advance(
+                np.array(queued_prev, dtype=np.int64),
+                np.array([q[1] for q in queued], dtype=np.int64),
+                self.prev_num_draft_np,
+            )
         for st in to_add:
             idx = b.add(st)
             b.set_spec(idx, st, spec)
@@ -461,10 +501,13 @@ class Runner:
             if not prev_map:
                 return
             prev_idx = np.array([prev_map.get(rid, -1) for rid, _, _ in queued], dtype=np.int64)
-            corr = zb.deferred_cpu_corrections(prev_idx, np.array([d for _, d, _ in queued]), valid,
-                                               num_prev=self.prev_num_reqs)
-            cur_idx = np.array([b.req_id_to_index.get(rid, -1) if p >= 0 else -1
-                                for (rid, _, _), p in zip(queued, prev_idx)], dtype=np.int64)
+            corr = zb.deferred_cpu_corrections(
+                prev_idx, np.array([d for _, d, _ in queued]), valid, num_prev=self.prev_num_reqs
+            )
+            cur_idx = np.array(
+                [b.req_id_to_index.get(rid, -1) if p >= 0 else -1 for (rid, _, _), p in zip(queued, prev_idx)],
+                dtype=np.int64,
+            )
             for (_, _, st), p, c in zip(queued, prev_idx, corr):
                 if p >= 0:
                     st.num_computed -= int(c)
@@ -523,8 +566,8 @@ class Runner:
         positions_cpu = b.num_computed_cpu[req_indices].astype(np.int64) + self.query_pos_np[:total]
         self.input_ids_np[:total] = b.token_ids_cpu[req_indices, positions_cpu]
         self.qsl_np[0] = 0
-        self.qsl_np[1: n + 1] = cu
-        self.qsl_np[n + 1:] = total
+        self.qsl_np[1 : n + 1] = cu
+        self.qsl_np[n + 1 :] = total
         dev.h2d(self.qsl_dev, self.qsl_np)
         num_tokens = np.array([self.requests[r].num_tokens for r in req_ids], dtype=np.int32)
         prev_map = b.prev_req_id_to_index if self.async_sched else None
@@ -579,15 +622,31 @@ class Runner:
                 if by_row and correcting:
                     prev_pos = torch.where(prev_pos >= 0, torch.arange(n, dtype=prev_pos.dtype), prev_pos)
                 zb.correct_counts(
-                    self.num_computed_dev, None, prev_pos if correcting else None,
-                    valid_dev if correcting else None, self.prev_num_draft_dev if correcting else None,
-                    self.cpu_values_dev[:n], self.num_sched_dev[:n], self.seq_lens_dev,
-                    num_reqs=n, req_indices=self.req_indices_dev, query_pos=self.query_pos_dev,
-                    positions=self.positions_dev, num_tokens=total,
-                    num_prev_reqs=num_prev if correcting else None, base=self.count_base)
-                zb.slot_mapping(self.qsl_dev[: n + 1], self.positions_dev[:total], self.bt_dev, self.slot_dev,
-                                block_size=shape.block_size, max_num_tokens=shape.max_num_batched_tokens,
-                                num_reqs=n)
+                    self.num_computed_dev,
+                    None,
+                    prev_pos if correcting else None,
+                    valid_dev if correcting else None,
+                    self.prev_num_draft_dev if correcting else None,
+                    self.cpu_values_dev[:n],
+                    self.num_sched_dev[:n],
+                    self.seq_lens_dev,
+                    num_reqs=n,
+                    req_indices=self.req_indices_dev,
+                    query_pos=self.query_pos_dev,
+                    positions=self.positions_dev,
+                    num_tokens=total,
+                    num_prev_reqs=num_prev if correcting else None,
+                    base=self.count_base,
+                )
+                zb.slot_mapping(
+                    self.qsl_dev[: n + 1],
+                    self.positions_dev[:total],
+                    self.bt_dev,
+                    self.slot_dev,
+                    block_size=shape.block_size,
+                    max_num_tokens=shape.max_num_batched_tokens,
+                    num_reqs=n,
+                )
 
             dev.launch(correct)
         dev.h2d(self.discard_dev, self.discard_np, n)
@@ -595,20 +654,37 @@ class Runner:
 
         if self.mode == ZB_ASCEND:
             attn_seq_lens_np = self.optimistic_seq_lens_np
-            if (self.prev_valid_dev is not None and prev_map and self.valid_event is not None
-                    and "uncorrected-cpu-seq-lens" not in self.plants):
+            if (
+                self.prev_valid_dev is not None
+                and prev_map
+                and self.valid_event is not None
+                and "uncorrected-cpu-seq-lens" not in self.plants
+            ):
                 # vllm-ascend 0.23 _correct_optimistic_seq_lens_cpu: wait, then fix on the CPU
                 self.valid_event.synchronize("accepted:cpu-seq-lens")
-                zb.correct_seq_lens_cpu(self.optimistic_seq_lens_np, self.prev_positions_np,
-                                        self.prev_num_draft_np, self.valid_cpu.numpy(), n,
-                                        num_prev=self.prev_num_reqs)
+                zb.correct_seq_lens_cpu(
+                    self.optimistic_seq_lens_np,
+                    self.prev_positions_np,
+                    self.prev_num_draft_np,
+                    self.valid_cpu.numpy(),
+                    n,
+                    num_prev=self.prev_num_reqs,
+                )
             attn_seq_lens = [int(x) for x in attn_seq_lens_np[:n]]
         self.coverage["partial_prefill_rows"] += int(self.discard_np[:n].sum())
-        return StepCtx(step=step, n=n, total=total, req_ids=req_ids, spec_d=spec_d,
-                       attn_seq_lens=attn_seq_lens, discard=self.discard_np[:n].copy())
+        return StepCtx(
+            step=step,
+            n=n,
+            total=total,
+            req_ids=req_ids,
+            spec_d=spec_d,
+            attn_seq_lens=attn_seq_lens,
+            discard=self.discard_np[:n].copy(),
+        )
 
-    def _prepare_input_ids(self, so: Any, n: int, total: int, cu: np.ndarray, req_ids: list[str],
-                           spec_d: list[int]) -> None:
+    def _prepare_input_ids(
+        self, so: Any, n: int, total: int, cu: np.ndarray, req_ids: list[str], spec_d: list[int]
+    ) -> None:
         """vLLM ``_prepare_input_ids``: CPU ids, then scatter last step's sampled / draft ids on device."""
         dev = self.dev
         dev.h2d(self.input_ids_dev, self.input_ids_np, total)
@@ -661,8 +737,9 @@ class Runner:
             qsl = self.qsl_dev[: n + 1].numpy()
             dev_sl = self.seq_lens_dev[:n].tolist()
             sl = ctx.attn_seq_lens if ctx.attn_seq_lens is not None else dev_sl
-            ctx.target, ctx.hidden = fakemodel.forward(self.kv, ids, pos, slots, qsl, sl, self.bt_dev.numpy(), n,
-                                                       shape.block_size, shape.vocab_size)
+            ctx.target, ctx.hidden = fakemodel.forward(
+                self.kv, ids, pos, slots, qsl, sl, self.bt_dev.numpy(), n, shape.block_size, shape.vocab_size
+            )
             nc = self.num_computed_dev[:n].tolist()
             for r, rid in enumerate(ctx.req_ids):
                 s, e = int(qsl[r]), int(qsl[r + 1])
@@ -688,7 +765,8 @@ class Runner:
 
         def rejection_sampler() -> None:
             ctx.sampled, ctx.accepted = fakemodel.rejection_sample(
-                ctx.target, self.input_ids_dev.numpy(), self.qsl_dev.numpy(), ctx.spec_d, n, k)
+                ctx.target, self.input_ids_dev.numpy(), self.qsl_dev.numpy(), ctx.spec_d, n, k
+            )
 
         dev.launch(rejection_sampler)
 
@@ -720,8 +798,9 @@ class Runner:
         vocab = self.shape.vocab_size
 
         def prepare_next() -> None:
-            nxt, valid = fakemodel.next_tokens(ctx.sampled, self.discard_dev[:n].numpy(), self.backup_dev[:n].numpy(),
-                                               vocab, n)
+            nxt, valid = fakemodel.next_tokens(
+                ctx.sampled, self.discard_dev[:n].numpy(), self.backup_dev[:n].numpy(), vocab, n
+            )
             next_dev.copy_(torch.from_numpy(nxt))
             valid_dev.copy_(torch.from_numpy(valid))
             for r, rid in enumerate(ctx.req_ids):
@@ -743,9 +822,23 @@ class Runner:
 
         def drafter() -> None:
             sl = ctx.attn_seq_lens if ctx.attn_seq_lens is not None else self.seq_lens_dev[:n].tolist()
-            drafts_dev.copy_(torch.from_numpy(fakemodel.propose(
-                ctx.hidden, next_dev.numpy(), valid_dev.numpy(), qsl_snapshot.numpy(), ctx.spec_d, sl, row_keys,
-                n, k, vocab, self.pattern)))
+            drafts_dev.copy_(
+                torch.from_numpy(
+                    fakemodel.propose(
+                        ctx.hidden,
+                        next_dev.numpy(),
+                        valid_dev.numpy(),
+                        qsl_snapshot.numpy(),
+                        ctx.spec_d,
+                        sl,
+                        row_keys,
+                        n,
+                        k,
+                        vocab,
+                        self.pattern,
+                    )
+                )
+            )
 
         dev.launch(drafter)
         self.prev_next_dev = next_dev
@@ -782,14 +875,16 @@ class Runner:
             sampled_lists.append(toks)
             if toks:
                 start = int(b.num_tokens_no_spec[i])
-                b.token_ids_cpu[i, start: start + len(toks)] = toks
+                b.token_ids_cpu[i, start : start + len(toks)] = toks
                 b.num_tokens_no_spec[i] = start + len(toks)
                 self.requests[rid].output.extend(toks)
         ev = dev.record()
         ev.synchronize("drafts")
         drafts = drafts_dev.numpy()
-        self.plain_drafts = (req_ids_copy, [[] if i in discarded else [int(t) for t in drafts[i, :k]]
-                                            for i in range(n)])
+        self.plain_drafts = (
+            req_ids_copy,
+            [[] if i in discarded else [int(t) for t in drafts[i, :k]] for i in range(n)],
+        )
         return PendingOutput(req_ids_copy, req_id_to_index_copy, discarded, host_sampled, out_event)
 
     def take_draft_token_ids(self) -> Any:

@@ -31,8 +31,7 @@ class RequestSpec:
 def make_workload(seed: int, shape: EngineShape, iterations: int, *, tag: str = "") -> list[RequestSpec]:
     rng = random.Random(seed * 7919 + shape.num_spec_tokens)
     vocab = shape.vocab_size
-    prefixes = [tuple(rng.randrange(NUM_STOP_TOKENS, vocab) for _ in range(shape.block_size * 2))
-                for _ in range(3)]
+    prefixes = [tuple(rng.randrange(NUM_STOP_TOKENS, vocab) for _ in range(shape.block_size * 2)) for _ in range(3)]
     specs: list[RequestSpec] = []
     n = 0
     for it in range(iterations):
