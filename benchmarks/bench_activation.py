@@ -8,8 +8,8 @@ once per process. This script starts ``--runs`` FRESH interpreters (default 5); 
    patch / guard target (vllm-ascend's runner, the proposer, vLLM's GPU runner, ...);
 2. imports ``zb_patch.plugin`` (what vLLM's entry-point loading does), timed on its own;
 3. times ``register()`` with ``ZB_PATCH=1`` (wall time, and the process's CPU time: on a shared, loaded
-   machine the wall time mostly measures waiting for a core) -- the activation: settings, version detection, adapter selection,
-   verification of every target by fingerprint, and the patching itself.
+   machine the wall time mostly measures waiting for a core) -- the activation: settings, version detection, adapter
+   selection, verification of every target by fingerprint, and the patching itself.
 
 The activation is split into the zb-patch modules ``register()`` imports (``zb_patch.registry``, ``.detect``,
 ``.versions`` and the adapters, imported explicitly first so they can be timed), the time spent inside
@@ -172,7 +172,8 @@ def main(argv: list[str]) -> int:
         run = json.loads(out.strip().splitlines()[-1])
         runs.append(run)
         print(
-            f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms (zb-patch imports {run['zb_import_ms']:.1f}, "
+            f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms "
+            f"(zb-patch imports {run['zb_import_ms']:.1f}, "
             f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
             f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
             f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms",

@@ -610,7 +610,8 @@ def main() -> int:
             + " ".join(fmt(x) for x in gr)
         )
     print(
-        "\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func | host: compiled  eager   prep  zb-fused zb-func"
+        "\ncorrection (us)        gpu: compiled  eager   prep  zb-fused zb-func"
+        " | host: compiled  eager   prep  zb-fused zb-func"
     )
     for r in results["correction"]:
         if "error" in r:

@@ -54,7 +54,8 @@ def main() -> int:
             [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, f"vllm=={args.version}"]
         )
         wheel = glob.glob(os.path.join(tmp, "vllm-*.whl"))[0]
-    digest = hashlib.sha256(open(wheel, "rb").read()).hexdigest()
+    with open(wheel, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
     with zipfile.ZipFile(wheel) as zf:
         texts = {path: zf.read(path).decode() for path in SOURCES}
     parts = [

@@ -160,9 +160,9 @@ def detect_role() -> str:
     import multiprocessing
 
     name = multiprocessing.current_process().name
-    role = _role_from_process_name(name)
-    if role:
-        return role
+    named = _role_from_process_name(name)
+    if named:
+        return named
     if os.environ.get("RAY_RAYLET_PID") and "ray" in sys.modules:
         return "worker"
     return "frontend" if name == "MainProcess" else f"unknown({name})"

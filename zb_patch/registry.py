@@ -123,7 +123,7 @@ def _module_tree(filename: str, mtime: float, size: int) -> ast.Module:
     return ast.parse("".join(lines))
 
 
-def _first_line(node: ast.AST) -> int:
+def _first_line(node: ast.stmt) -> int:
     return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
 
 
@@ -239,7 +239,7 @@ def _function_fingerprint(fn: types.FunctionType, filename: str) -> str | None:
             tree = ast.parse(padding + header + block)
         except SyntaxError:
             continue  # cut inside a string, a bracket or a continuation: try the next candidate line
-        body = tree.body[0].body if header else tree.body
+        body = getattr(tree.body[0], "body", []) if header else tree.body
         node = body[0] if len(body) == 1 else None
         if (
             not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -661,12 +661,13 @@ def resolve(target: str, *, import_missing: bool = False) -> Resolved:
                 if attr in base.__dict__:
                     inherited = f" (inherited from {base.__module__}.{base.__qualname__})"
                     break
+        where = target.split(":")[1].rsplit(".", 1)[0] if len(parts) > 1 else module_name
         return Resolved(
             target,
             False,
             owner=owner,
             attr=attr,
-            reason=f"{attr!r} not defined in {target.split(':')[1].rsplit('.', 1)[0] if len(parts) > 1 else module_name}{inherited}",
+            reason=f"{attr!r} not defined in {where}{inherited}",
         )
     raw = d[attr]
     original = raw
@@ -963,7 +964,7 @@ class PatchSet:
                 aliases = _check_aliases(patch, res.original)
                 replacement = _mark(patch.make(res.original), patch, res.raw)
                 setattr(res.owner, res.attr, replacement)
-                rebound = []
+                rebound: list[tuple[Any, str, Any]] = []
                 done.append((res.owner, res.attr, res.raw, rebound))
                 for mod, name, _spec in aliases:
                     rebound.append((mod, name, mod.__dict__[name]))

@@ -131,7 +131,8 @@ import vllm.plugins as P
 names = sorted(ep.name for ep in __import__("importlib.metadata").metadata.entry_points(group=P.DEFAULT_PLUGINS_GROUP))
 load_general_plugins()
 from vllm.platforms import current_platform
-print(json.dumps({"general": names, "platform": type(current_platform).__module__ + "." + type(current_platform).__name__}))
+platform = type(current_platform).__module__ + "." + type(current_platform).__name__
+print(json.dumps({"general": names, "platform": platform}))
 """
 
 

@@ -71,7 +71,9 @@ def write_models(root: str, seed: int = 0) -> tuple[str, str]:
 
 
 def _layer(prefix: str, g: torch.Generator, scale: float) -> dict[str, torch.Tensor]:
-    r = lambda *s: (torch.randn(*s, generator=g) * scale).contiguous()
+    def r(*s):
+        return (torch.randn(*s, generator=g) * scale).contiguous()
+
     return {
         f"{prefix}.input_layernorm.weight": torch.ones(HIDDEN),
         f"{prefix}.post_attention_layernorm.weight": torch.ones(HIDDEN),

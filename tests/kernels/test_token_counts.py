@@ -391,7 +391,7 @@ def test_prepared_launcher_over_consecutive_steps(dev, tiles):
         drafts = torch.randint(0, 4, (prev_n,), dtype=torch.int32, generator=g)
         valid = (torch.randint(0, 5, (prev_n,), generator=g) % (drafts.long() + 1) + 1) if step else None
         cpu = torch.randint(0, 3000, (n,), dtype=torch.int32, generator=g)
-        for b, d in ((kb, dev), (rb, "cpu")):
+        for b, _d in ((kb, dev), (rb, "cpu")):
             b["prev_positions"][:n].copy_(prev)
             b["prev_num_draft_tokens"][:prev_n].copy_(drafts)
             b["num_scheduled_tokens"][:n].copy_(sched)

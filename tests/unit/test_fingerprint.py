@@ -291,21 +291,21 @@ def _tricky(upstream, src=TRICKY_SRC, name="tricky"):
 
 
 def _tricky_functions(mod):
-    O = mod.Outer
+    outer = mod.Outer
     return {
         "decorated": mod.decorated,
         "one_liner": mod.one_liner,
         "column_0_continuations": mod.column_0_continuations,
         "in_if": mod.in_if,
         "in_try": mod.in_try,
-        "Inner.mangled": O.Inner.__dict__["mangled"],
-        "Deepest.am": O.Inner.Deepest.__dict__["am"],
-        "conditional": O.__dict__["conditional"],
-        "prop.fget": O.__dict__["prop"].fget,
-        "prop.fset": O.__dict__["prop"].fset,
-        "s": O.__dict__["s"],
-        "c": O.__dict__["c"],
-        "__private": O.__dict__["_Outer__private"],
+        "Inner.mangled": outer.Inner.__dict__["mangled"],
+        "Deepest.am": outer.Inner.Deepest.__dict__["am"],
+        "conditional": outer.__dict__["conditional"],
+        "prop.fget": outer.__dict__["prop"].fget,
+        "prop.fset": outer.__dict__["prop"].fset,
+        "s": outer.__dict__["s"],
+        "c": outer.__dict__["c"],
+        "__private": outer.__dict__["_Outer__private"],
         "after_class_at_column_0": mod.after_class_at_column_0,
         "make_closure": mod.make_closure,
         "last_without_newline": mod.last_without_newline,

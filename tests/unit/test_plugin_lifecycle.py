@@ -221,7 +221,8 @@ pid = os.fork()
 if pid == 0:
     st = plugin.status()
     item = st["report"]["items"][0]
-    print("CHILD", st["pid"] == os.getpid(), st["state"], item["verdict"], item["reason"], m.Runner().step(1), flush=True)
+    same_pid = st["pid"] == os.getpid()
+    print("CHILD", same_pid, st["state"], item["verdict"], item["reason"], m.Runner().step(1), flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
 print("PARENT", plugin.status()["pid"] == os.getpid(), m.Runner().step(1))

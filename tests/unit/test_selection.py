@@ -86,7 +86,7 @@ def test_adapter_table_is_well_formed():
         assert lo < hi
     # ranges of different adapters never overlap
     spans = sorted(a.vllm_ascend for a in V.adapters())
-    for (lo1, hi1), (lo2, hi2) in zip(spans, spans[1:]):
+    for (_lo1, hi1), (lo2, _hi2) in zip(spans, spans[1:]):
         assert hi1 <= lo2
     with pytest.raises(KeyError):
         V.by_id("nope")

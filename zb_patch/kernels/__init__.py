@@ -25,7 +25,7 @@ when a Triton path is taken, so this package imports with torch alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -40,10 +40,6 @@ from ._checks import (
 from ._launch import interpret_mode
 from .reference import PAD_SLOT_ID, slot_mapping_reference, token_counts_reference
 from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .slot_mapping import SlotMappingLauncher
-    from .token_counts import TokenCountsLauncher
 
 __all__ = [
     "PAD_SLOT_ID",
@@ -100,7 +96,7 @@ def slot_mapper(
     Bad arguments raise ``ValueError`` naming the argument (:mod:`zb_patch.kernels._checks`): the
     buffers' layout here, the per-step arguments at each call, identically on both paths.
     """
-    config = dict(
+    config: dict[str, Any] = dict(
         block_size=block_size,
         max_num_tokens=max_num_tokens,
         block_table_stride=block_table_stride,

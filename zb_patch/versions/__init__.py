@@ -23,7 +23,6 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from typing import Optional
 
 from ..detect import Versions
 from ..registry import PatchSet, find_node, fingerprint_node, split_target

@@ -14,6 +14,7 @@ is declared in surface.py as ``unavailable`` and raises ``RuntimeError`` when ca
 from __future__ import annotations
 
 import contextlib
+import enum as _enum
 from typing import Any
 
 
@@ -123,7 +124,6 @@ def device_count() -> int:
 # PyPI's torchvision wheels are built against CUDA torch and fail to load beside the CPU torch
 # (`operator torchvision::nms does not exist`). transformers imports a few of its names at import
 # time. InterpolationMode is a plain enum upstream; this is the same enum.
-import enum as _enum
 
 
 class ImageReadMode(_enum.Enum):

@@ -185,10 +185,15 @@ def run_many(runs: list[dict[str, Any]], *, triton: bool = False, progress: bool
     from . import compat
 
     reports: list[Report] = []
-    with compat.kernel_backend(triton), compat.stdout_to_stderr(), compat.quiet_vllm_logs():
-        with compat.vllm_session(vocab_size=compat.EngineShape(num_spec_tokens=1).vocab_size) as session:
-            for kw in runs:
-                reports.append(_run_in_session(session, progress=progress, **kw))
+    vocab_size = compat.EngineShape(num_spec_tokens=1).vocab_size
+    with (
+        compat.kernel_backend(triton),
+        compat.stdout_to_stderr(),
+        compat.quiet_vllm_logs(),
+        compat.vllm_session(vocab_size=vocab_size) as session,
+    ):
+        for kw in runs:
+            reports.append(_run_in_session(session, progress=progress, **kw))
     return reports
 
 
@@ -350,10 +355,10 @@ def format_report(rep: Report) -> str:
             f"want {ex['want']} got {ex['got']}"
         )
     for m in modes:
-        for c in m.crashed:
-            lines.append(f"  {m.mode} crashed: {c}")
-    for n in rep.notes:
-        lines.append(f"note: {n}")
+        for crash in m.crashed:
+            lines.append(f"  {m.mode} crashed: {crash}")
+    for note in rep.notes:
+        lines.append(f"note: {note}")
     lines.append("RESULT: PASS" if rep.ok else "RESULT: FAIL")
     return "\n".join(lines)
 

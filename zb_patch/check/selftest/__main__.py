@@ -2,8 +2,8 @@
 
 Same as ``zb-patch selftest`` plus: ``--ks`` (num_speculative_tokens values), ``--modes``,
 ``--no-plain``, ``--triton`` (run the device ops through the Triton kernels; on CPU that needs
-Triton's interpreter), ``--correction {cpu,previous}`` (the device count correction's base), and ``--plant BUG`` (repeatable; switch on a planted bug —
-the run must then FAIL).  ``--list-plants`` prints the planted bugs.
+Triton's interpreter), ``--correction {cpu,previous}`` (the device count correction's base), and ``--plant BUG``
+(repeatable; switch on a planted bug — the run must then FAIL).  ``--list-plants`` prints the planted bugs.
 """
 
 from __future__ import annotations

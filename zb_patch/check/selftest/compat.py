@@ -95,7 +95,7 @@ def _write_model_dir(path: str, arch: str, layers: int, vocab_size: int) -> None
 def _make_platform_cls() -> type:
     from vllm.platforms.interface import UnspecifiedPlatform
 
-    class CpuSelftestPlatform(UnspecifiedPlatform):  # type: ignore[misc, valid-type]
+    class CpuSelftestPlatform(UnspecifiedPlatform):
         """Minimal CPU platform: enough for VllmConfig + the scheduler; no kernels, no pinning."""
 
         device_type = "cpu"
@@ -182,7 +182,7 @@ def vllm_session(*, vocab_size: int) -> Iterator[Session]:
 
     registered: list[str] = []
     tmp = tempfile.TemporaryDirectory(prefix="zb-selftest-")
-    kv_utils = None
+    kv_utils: Any = None
     saved_none_hash: Any = None
     try:
         from vllm.model_executor.models.registry import ModelRegistry
@@ -192,7 +192,9 @@ def vllm_session(*, vocab_size: int) -> Iterator[Session]:
             if name not in ModelRegistry.get_supported_archs():
                 ModelRegistry.register_model(name, cls)
                 registered.append(name)
-        import vllm.v1.core.kv_cache_utils as kv_utils
+        import vllm.v1.core.kv_cache_utils as kv_cache_utils
+
+        kv_utils = kv_cache_utils
         from vllm.utils.hashing import sha256
 
         saved_none_hash = getattr(kv_utils, "NONE_HASH", None)
@@ -323,15 +325,13 @@ def make_request(
 def _init_params(cls: type) -> frozenset[str]:
     import inspect
 
-    return frozenset(inspect.signature(cls.__init__).parameters)
+    return frozenset(inspect.signature(cls).parameters)
 
 
 def _required_params(cls: type) -> frozenset[str]:
     import inspect
 
-    return frozenset(
-        n for n, p in inspect.signature(cls.__init__).parameters.items() if p.default is inspect.Parameter.empty
-    )
+    return frozenset(n for n, p in inspect.signature(cls).parameters.items() if p.default is inspect.Parameter.empty)
 
 
 def abort_requests(scheduler: Any, req_ids: list[str]) -> None:

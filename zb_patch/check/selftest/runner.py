@@ -523,7 +523,7 @@ class Runner:
         swaps = 0
         if n < 2:
             return 0
-        key = zlib.crc32("|".join(b.req_ids[:n]).encode())  # type: ignore[arg-type]
+        key = zlib.crc32("|".join(b.req_ids[:n]).encode())
         rng = random.Random((self.seed * 1_000_003) ^ key)
         u = rng.random()
         if u < 0.3:
