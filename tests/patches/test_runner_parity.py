@@ -320,6 +320,7 @@ def test_planted_mistake_is_caught(H, release, ZB, sess, monkeypatch, plant):
         assert R.resolve("vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs").patched_by is None
         return
     res = H.parity(sess, _shape(2), 300, seed=0, release=release)
+    print(f"plant {plant}: {res['divergences']} divergences, first {res['examples'][:1]}")  # shown with -rP
     assert res["divergences"] > 0, f"planted mistake {plant!r} went unnoticed"
     assert res["first_divergence"] == expected, res["examples"][:3]
 
