@@ -1,7 +1,7 @@
 """One engine configuration in this process: vLLM's offline ``LLM`` on the vllm-ascend platform (CPU emulation,
 tests/support/npu_engine), the tiny target + EAGLE head, the workload; writes the run's result as JSON.
 
-    python tests/engine/run_engine.py --models DIR --out result.json [--async] [--workload JSON]
+    python tests/engine/run_engine.py --models DIR --out result.json [--async] [--workload JSON] [--plant NAME]
 
 ZB_PATCH=1 in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
 Per-request drafted / accepted counts and preemptions are read where vLLM's scheduler counts them
@@ -28,6 +28,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--async", dest="async_scheduling", action="store_true")
     ap.add_argument("--workload", default="{}")
+    ap.add_argument(
+        "--plant", help="planted mistakes of tests/engine/plants.py (comma-separated), installed before generating"
+    )
     args = ap.parse_args(argv)
 
     import npu_engine
@@ -59,6 +62,10 @@ def main(argv: list[str]) -> int:
         worker_cls=npu_engine.WORKER_CLS,
         speculative_config={"method": "eagle", "model": draft, "num_speculative_tokens": wl.num_speculative_tokens},
     )
+    if args.plant:
+        import plants
+
+        plants.install(args.plant)
     reqs = wl.requests(tiny_model.VOCAB)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
@@ -70,10 +77,20 @@ def main(argv: list[str]) -> int:
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
+        "plant": args.plant or "",
+        "plant_hits": _plant_hits(args.plant),
     }
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def _plant_hits(plant: str | None) -> dict:
+    if not plant:
+        return {}
+    import plants
+
+    return dict(plants.HITS)
 
 
 def _zb_patch_status() -> dict:

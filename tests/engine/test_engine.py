@@ -1,13 +1,16 @@
 """Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops): the same
 workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine process per configuration
 (tests/engine/run_engine.py). Token ids per request must be identical across the runs, and the drafted /
-accepted counts of the async runs equal to sync's.
+accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload; and the planted
+mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR
+say (docs/e2e.md, "Planted mistakes").
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,52 +40,52 @@ CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"
 TIMEOUT_S = 1500
 
 
-def _run(name: str, models: str, out_dir: str, wl: Workload) -> tuple[str, dict, float]:
+def _run(name: str, models: str, out_dir: str, wl: Workload, plant: str = "", check: bool = True):
+    """One engine process of configuration ``name`` (CONFIGS); returns (name, result or None, seconds, stderr)."""
     flags, extra_env = CONFIGS[name]
-    out = os.path.join(out_dir, f"{name}.json")
+    tag = f"{name}-k{wl.num_speculative_tokens}-{plant or 'none'}"
+    out = os.path.join(out_dir, f"{tag}.json")
     env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
     env.update(extra_env)
+    cmd = [sys.executable, os.path.join(HERE, "run_engine.py"), "--models", models, "--out", out]
+    cmd += ["--workload", json.dumps(wl.to_json()), *flags] + (["--plant", plant] if plant else [])
     start = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "run_engine.py"),
-            "--models",
-            models,
-            "--out",
-            out,
-            "--workload",
-            json.dumps(wl.to_json()),
-            *flags,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    secs = time.monotonic() - start
     if proc.returncode != 0:
-        raise AssertionError(f"engine run {name} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+        if check:
+            raise AssertionError(f"engine run {tag} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+        return tag, None, secs, proc.stderr
     with open(out) as f:
-        return name, json.load(f), time.monotonic() - start
+        return tag, json.load(f), secs, proc.stderr
+
+
+def _in_pairs(jobs):
+    """Run the engine processes two at a time (the CI box has two cores)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda job: job(), jobs))
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    wl = BIG if os.environ.get("E2E_BIG") else SMALL
+def models(tmp_path_factory):
     models = str(tmp_path_factory.mktemp("models"))
     tiny_model.write_models(models)
+    return models
+
+
+@pytest.fixture(scope="module")
+def runs(models, tmp_path_factory):
+    wl = BIG if os.environ.get("E2E_BIG") else SMALL
     out_dir = str(tmp_path_factory.mktemp("runs"))
-    # two engine processes at a time (the CI box has two cores)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda n: _run(n, models, out_dir, wl), CONFIGS))
-    runs = {name: res for name, res, _ in results}
+    results = _in_pairs([lambda n=n: _run(n, models, out_dir, wl) for n in CONFIGS])
+    runs = dict(zip(CONFIGS, (res for _, res, _, _ in results)))
     divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-    print("\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    print(f"\nk = {wl.num_speculative_tokens}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
     for name, res in runs.items():
         for line in divergences(runs["sync"], res):
             print(f"{name} vs sync: {line}")
-    for name, _, secs in results:
-        print(f"{name}: {secs:.0f} s (engine process)")
+    for tag, _, secs, _ in results:
+        print(f"{tag}: {secs:.0f} s (engine process)")
     return wl, runs
 
 
@@ -157,3 +160,86 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     }
     assert plain["state"] == "off"
     assert divergences(res["async"], res["async+zb"]) == []
+
+
+# -- k = 1, 3, 4: the same three configurations on a smaller workload (k = 2 is the workload above) -------------
+
+K_SWEEP = (1, 3, 4)
+K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no request reaches max_model_len
+
+
+@pytest.fixture(scope="module")
+def k_sweep(models, tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("k_sweep"))
+    wls = {k: dataclasses.replace(K_SWEEP_WORKLOAD, num_speculative_tokens=k) for k in K_SWEEP}
+    jobs = [lambda n=n, k=k: _run(n, models, out_dir, wls[k]) for k in K_SWEEP for n in CONFIGS]
+    results = iter(_in_pairs(jobs))
+    sweep = {k: {n: next(results)[1] for n in CONFIGS} for k in K_SWEEP}
+    for k, runs in sweep.items():
+        divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
+        print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    return sweep
+
+
+@pytest.mark.parametrize("k", K_SWEEP)
+def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
+    runs = k_sweep[k]
+    assert K_SWEEP_WORKLOAD.reaches_max_model_len(tiny_model.VOCAB) == set()
+    assert sum(runs["sync"]["drafted"].values()) > 0
+    assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
+    for name in ("async", "async+zb"):
+        assert divergences(runs["sync"], runs[name]) == [], name
+    assert divergences(runs["async"], runs["async+zb"]) == []
+
+
+# -- planted mistakes (tests/engine/plants.py): each run as async + ZB_PATCH=1 with the plant on -----------------
+
+# plant -> (request, field) of the first divergence from the unplanted async+zb run (divergences() order: tokens
+# before counts, requests in order) on the k = 2 workload
+PLANT_DIVERGENCE = {
+    "slot-mapping-off-by-one": ("2", "tokens"),
+    "host-seq-lens-optimistic": ("2", "tokens"),
+}
+# plant -> the error it must raise: the -1 backup token reaches the EAGLE head's embedding
+PLANT_ERROR = {"backup-token-minus-one": ("eagle_proposer.py", "IndexError: index out of range in self")}
+# harmless on this path (docs/e2e.md says why): one process with both, which must change values and no token / count
+HARMLESS = "drafter-reads-optimistic-num-computed,stale-padded-seq-lens"
+
+
+@pytest.fixture(scope="module")
+def planted(runs, models, tmp_path_factory):
+    wl, _ = runs
+    out_dir = str(tmp_path_factory.mktemp("plants"))
+    names = [*PLANT_DIVERGENCE, *PLANT_ERROR, HARMLESS]
+    results = _in_pairs([lambda p=p: _run("async+zb", models, out_dir, wl, plant=p, check=False) for p in names])
+    return {p: (res, stderr) for p, (_, res, _, stderr) in zip(names, results)}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANT_DIVERGENCE))
+def test_planted_mistake_diverges(runs, planted, plant):
+    _, res = runs
+    got, stderr = planted[plant]
+    assert got is not None, stderr[-3000:]
+    assert got["plant"] == plant and got["plant_hits"].get(plant, 0) > 0
+    divs = divergences(res["async+zb"], got)
+    print(f"\n{plant}: " + "; ".join(divs[:4]))
+    assert divs, f"planted mistake {plant!r} went unnoticed"
+    request, field = divs[0].split()[:2]
+    assert (request, field.rstrip(":")) == PLANT_DIVERGENCE[plant], divs[:4]
+
+
+@pytest.mark.parametrize("plant", sorted(PLANT_ERROR))
+def test_planted_mistake_raises(planted, plant):
+    got, stderr = planted[plant]
+    where, error = PLANT_ERROR[plant]
+    assert got is None, "the planted run finished"
+    assert error in stderr and where in stderr, stderr[-3000:]
+
+
+def test_harmless_plants_change_values_but_not_tokens(runs, planted):
+    _, res = runs
+    got, stderr = planted[HARMLESS]
+    assert got is not None, stderr[-3000:]
+    for plant in HARMLESS.split(","):
+        assert got["plant_hits"].get(plant, 0) > 0, (plant, got["plant_hits"])
+    assert divergences(res["async+zb"], got) == []
