@@ -162,7 +162,7 @@ def token_counts_reference(
     num_positions: int | None = None,
     num_prev_reqs: int | None = None,
 ) -> None:
-    """Reference for :func:`zb_patch.kernels.token_counts.update_token_counts` (see there).
+    """Reference for :func:`zb_patch.kernels.update_token_counts` (semantics: :mod:`zb_patch.kernels.token_counts`).
 
     Step 1 is vLLM's ``update_num_computed_tokens_for_batch_change`` (0.19-0.23) with the later
     hardening: a row participates when ``0 <= prev < num_prev`` (``num_prev`` defaults to the length of

@@ -58,7 +58,7 @@ step pass only what changes — this is the form with ~7 us of host time per ste
            num_tokens=total_num_scheduled_tokens)
 
 replaces upstream's correction (or its ``num_computed_tokens[:n].copy_(cpu)`` else-branch) and the
-positions / seq_lens lines that follow it.  The functional :func:`update_token_counts` takes the same
+positions / seq_lens lines that follow it.  The functional :func:`zb_patch.kernels.update_token_counts` takes the same
 tensors per call (slower on the host: it keys 11 tensors per call).
 
 Why it is one program (and why that is Ascend-shaped)
@@ -237,7 +237,7 @@ class TokenCountsLauncher:
                  num_tokens=total_num_scheduled_tokens)
 
     The buffers must not be reallocated while the launcher lives (their addresses are kept).
-    Semantics: :func:`update_token_counts`.
+    Semantics: :func:`zb_patch.kernels.update_token_counts`.
     """
 
     def __init__(
@@ -417,69 +417,6 @@ class TokenCountsLauncher:
             self._fast[key] = launcher.direct_launcher(compiled, self._device_index)
 
 
-def update_token_counts(
-    num_computed_tokens: torch.Tensor,
-    num_accepted_tokens: torch.Tensor | None,
-    prev_positions: torch.Tensor | None,
-    valid_sampled_token_count: torch.Tensor | None,
-    prev_num_draft_tokens: torch.Tensor | None,
-    cpu_num_computed_tokens: torch.Tensor,
-    num_scheduled_tokens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    num_reqs: int,
-    req_indices: torch.Tensor | None = None,
-    query_pos: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    num_tokens: int = 0,
-    num_positions: int | None = None,
-    num_prev_reqs: int | None = None,
-    tiles: tuple[int, int] | None = None,
-    direct_launch: bool | None = None,
-) -> None:
-    """Triton launch of the fused correction (see the module docstring); no host synchronisation.
-
-    ``num_prev_reqs`` bounds the previous positions that participate (defaults to
-    ``len(valid_sampled_token_count)``).  ``tiles`` overrides ``(REQ_TILE, TOK_TILE)`` (tests);
-    ``direct_launch=False`` keeps Triton's normal launch path (benchmarks).  Every argument is
-    checked on each call; hot paths bind their buffers once in a :class:`TokenCountsLauncher` instead.
-    """
-    limits = check_token_counts_buffers(
-        num_computed_tokens=num_computed_tokens,
-        seq_lens=seq_lens,
-        num_scheduled_tokens=num_scheduled_tokens,
-        prev_positions=prev_positions,
-        prev_num_draft_tokens=prev_num_draft_tokens,
-        num_accepted_tokens=num_accepted_tokens,
-        req_indices=req_indices,
-        query_pos=query_pos,
-        positions=positions,
-        num_reqs=num_reqs,
-    )
-    num_reqs, num_tokens, num_positions = check_token_counts_call(
-        limits, num_reqs, cpu_num_computed_tokens, valid_sampled_token_count, num_tokens, num_positions, num_prev_reqs
-    )
-    launch_token_counts(
-        num_computed_tokens,
-        num_accepted_tokens,
-        prev_positions,
-        valid_sampled_token_count,
-        prev_num_draft_tokens,
-        cpu_num_computed_tokens,
-        num_scheduled_tokens,
-        seq_lens,
-        num_reqs=num_reqs,
-        req_indices=req_indices,
-        query_pos=query_pos,
-        positions=positions,
-        num_tokens=num_tokens,
-        num_positions=num_positions,
-        num_prev_reqs=num_prev_reqs,
-        tiles=tiles,
-        direct_launch=direct_launch,
-    )
-
-
 def launch_token_counts(
     num_computed_tokens: torch.Tensor,
     num_accepted_tokens: torch.Tensor | None,
@@ -500,7 +437,7 @@ def launch_token_counts(
     tiles: tuple[int, int] | None = None,
     direct_launch: bool | None = None,
 ) -> None:
-    """:func:`update_token_counts` without the checks, for callers that made them (the dispatcher)."""
+    """:func:`zb_patch.kernels.update_token_counts` without the checks, for callers that made them (it)."""
     correct = prev_positions is not None and valid_sampled_token_count is not None and prev_num_draft_tokens is not None
     has_positions = positions is not None
     num_prev = 0
@@ -539,4 +476,4 @@ def launch_token_counts(
     )
 
 
-__all__ = ["TokenCountsLauncher", "update_token_counts"]
+__all__ = ["TokenCountsLauncher", "launch_token_counts"]
