@@ -37,6 +37,24 @@ def slot_mapping_off_by_one() -> None:
     zb.device_correction = device_correction
 
 
+def slot_mapping_kernel_off_by_one() -> None:
+    """vllm-ascend 0.19-0.25 (adapter ascend-0.19-0.25): zb-patch's slot-mapping kernel, which replaces
+    ``BlockTable.compute_slot_mapping``, writes every scheduled token's slot one back (its KV overwrites the previous
+    token's; slot 0 becomes the padding id and is not written). Wraps the patched method, so it only changes values
+    where zb-patch's kernel wrote them."""
+    from vllm_ascend.worker.block_table import BlockTable
+
+    patched = BlockTable.compute_slot_mapping
+
+    def compute_slot_mapping(self, num_reqs, query_start_loc, positions):
+        patched(self, num_reqs, query_start_loc, positions)
+        if "_zb_slot_mapper" in self.__dict__:  # zb-patch's launcher wrote this table's slots
+            self.slot_mapping.gpu[: positions.shape[0]] -= 1
+            HITS["slot-mapping-kernel-off-by-one"] += 1
+
+    BlockTable.compute_slot_mapping = compute_slot_mapping
+
+
 def host_seq_lens_optimistic() -> None:
     """The host correction is skipped: ``seq_lens.cpu`` / ``num_computed_tokens_cpu`` keep the optimistic counts
     (every draft accepted) that Ascend attention and the proposer read."""
@@ -109,6 +127,7 @@ def stale_padded_seq_lens() -> None:
 
 PLANTS: dict[str, Callable[[], None]] = {
     "slot-mapping-off-by-one": slot_mapping_off_by_one,
+    "slot-mapping-kernel-off-by-one": slot_mapping_kernel_off_by_one,
     "host-seq-lens-optimistic": host_seq_lens_optimistic,
     "backup-token-minus-one": backup_token_minus_one,
     "drafter-reads-optimistic-num-computed": drafter_reads_optimistic_num_computed,

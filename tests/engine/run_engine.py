@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
         "plant": args.plant or "",

@@ -18,6 +18,7 @@ from unittest import mock
 
 import torch
 import vllm_ascend.ops.triton.triton_utils as triton_utils
+import vllm.v1.worker.worker_base as worker_base
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
 from vllm.utils.torch_utils import set_random_seed
@@ -56,9 +57,12 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         self.model_runner.profile_run()
         return KV_CACHE_BYTES
 
-    def compile_or_warm_up_model(self) -> float:
+    def compile_or_warm_up_model(self):
         assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
         set_random_seed(self.model_config.seed)
+        # vLLM 0.23 collects CompilationTimes(language_model, encoder) from every worker; 0.18 a float (seconds)
+        if hasattr(worker_base, "CompilationTimes"):
+            return worker_base.CompilationTimes(language_model=0.0, encoder=0.0)
         return 0.0
 
 
