@@ -1,0 +1,52 @@
+"""Test launcher of one engine configuration: installs the NPU emulation (tests/support/npu_engine) and runs the
+product's engine child (zb_patch.check.engine.child) with the worker double, optionally with planted mistakes.
+
+    python tests/engine/run_engine.py --models DIR --out result.json [--async] [--workload JSON] [--plant NAMES]
+    python tests/engine/run_engine.py --check-device
+
+``zb-patch selftest --engine`` uses it as its child when ``ZB_PATCH_ENGINE_CHILD`` names this file (the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
+sys.path.insert(0, HERE)
+
+EMULATED_DEVICE = {"available": True, "name": "CPU emulation of the NPU ops (tests/support/npu_ops)", "count": 1}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--plant", help="planted mistakes of tests/engine/plants.py (comma-separated)")
+    args, rest = ap.parse_known_args(argv)
+
+    # before install() imports vLLM: the child needs the EngineCore in this process (the emulation lives here)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import npu_engine
+
+    npu_engine.install()
+    from zb_patch.check.engine import child
+
+    def after_build() -> dict:
+        if not args.plant:
+            return {"plant": "", "plant_hits": {}}
+        import plants
+
+        plants.install(args.plant)
+        return {"plant": args.plant, "plant_hits": plants.HITS}  # a live Counter: filled while generating
+
+    return child.main(
+        rest,
+        llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
+        after_build=after_build,
+        device=lambda: EMULATED_DEVICE,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
