@@ -14,6 +14,7 @@ engine when there is none. The tests run it through the CPU emulation of the NPU
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -148,7 +149,7 @@ def run_engine_selftest(
     for k in ks:
         wk = replace(wl, num_speculative_tokens=k)
         print(f"zb-patch selftest --engine: k = {k}: {len(CONFIGS)} engine runs, {parallel} at a time", file=log)
-        runs = run_all([lambda n=n, wk=wk: run_config(n, models, root, wk) for n in CONFIGS], parallel)
+        runs = run_all([functools.partial(run_config, n, models, root, wk) for n in CONFIGS], parallel)
         entry: dict[str, Any] = {"seconds": {r.tag: round(r.seconds, 1) for r in runs}}
         crashed = [r for r in runs if r.result is None]
         if crashed:
