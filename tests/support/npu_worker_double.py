@@ -17,8 +17,8 @@ import socket
 from unittest import mock
 
 import torch
-import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm.v1.worker.worker_base as worker_base
+import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
 from vllm.utils.torch_utils import set_random_seed
