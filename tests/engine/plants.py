@@ -1,10 +1,11 @@
-"""Planted mistakes in the zero-bubble path (test-only switches, issue item 6): ``run_engine.py --plant NAME``
+"""Planted mistakes in zb-patch's paths (test-only switches, issue item 6): ``run_engine.py --plant NAME``
 installs one in the engine process after ``LLM(...)`` is built (zb-patch's wrappers are applied by then) and before
 any request is generated. Each plant wraps a zb-patch method or a release function at the point where the mistake
-would live; zb-patch's own code is not edited.
+would live; zb-patch's own code is not edited. Which plants apply depends on the release's adapter: the zero-bubble
+ones on vllm-ascend 0.18 (ascend-0.18), the slot-mapping-kernel one on 0.19-0.25 (ascend-0.19-0.25).
 
-The test (test_plants.py) runs each plant as the async + ZB_PATCH=1 configuration and asserts the divergence it must
-cause against the unplanted run (``EXPECTED``).
+tests/engine/test_engine.py runs the installed release's plants (``EXPECTED[release].plants``) as the async +
+ZB_PATCH=1 configuration and asserts what each must do against the unplanted run.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ rejection sampler and proposer are the release's own code. Replaced (each listed
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
 - KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
 - the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+The one release difference (0.18.0 / 0.23.0): what ``compile_or_warm_up_model`` returns (see there).
 """
 
 from __future__ import annotations
