@@ -8,7 +8,9 @@ import torch
 from zb_patch.check.engine import model as tiny_model
 from zb_patch.check.engine.workload import Workload
 
-transformers = pytest.importorskip("transformers", reason="the tiny-model reference needs transformers (va018-e2e env)")
+transformers = pytest.importorskip(
+    "transformers", reason="the tiny-model reference needs transformers (va018-e2e / va023-e2e envs)"
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ rejection sampler and proposer are the release's own code. Replaced (each listed
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
 - KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
 - the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+The one release difference (0.18.0 / 0.23.0): what ``compile_or_warm_up_model`` returns (see there).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 from unittest import mock
 
 import torch
+import vllm.v1.worker.worker_base as worker_base
 import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
@@ -56,9 +58,12 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         self.model_runner.profile_run()
         return KV_CACHE_BYTES
 
-    def compile_or_warm_up_model(self) -> float:
+    def compile_or_warm_up_model(self):
         assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
         set_random_seed(self.model_config.seed)
+        # vLLM 0.23 collects CompilationTimes(language_model, encoder) from every worker; 0.18 a float (seconds)
+        if hasattr(worker_base, "CompilationTimes"):
+            return worker_base.CompilationTimes(language_model=0.0, encoder=0.0)
         return 0.0
 
 

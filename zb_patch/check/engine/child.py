@@ -103,6 +103,8 @@ def main(
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        # the platform's choice (vllm-ascend: 128 tokens); the workload's KV block count is sized for it
+        "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
         **extra,

@@ -46,7 +46,8 @@ def _llama_config(layers: int, arch: str) -> dict:
         "rope_theta": 10000.0,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",
+        # "dtype": transformers >= 4.56 (4.57 for vLLM 0.18, 5.x for 0.23) reads it; "torch_dtype" is deprecated
+        "dtype": "float32",
         "bos_token_id": 1,
         "eos_token_id": 2,
     }

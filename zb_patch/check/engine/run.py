@@ -106,8 +106,8 @@ def compare(runs: dict[str, dict], wl: Workload) -> tuple[list[str], list[str]]:
     """(failures, notes) of the three configurations' results.
 
     Counts are compared with sync's except for requests that end at ``max_model_len``: there vLLM's synchronous
-    scheduler verifies one draft more than its async scheduler, with and without zb-patch alike (vLLM 0.18.0,
-    docs/e2e.md "Findings"); those differences are notes. zb-patch must equal classic async in every field.
+    scheduler verifies one draft more than its async scheduler, with and without zb-patch alike (vLLM 0.18.0 and
+    0.23.0, docs/e2e.md "Findings"); those differences are notes. zb-patch must equal classic async in every field.
     """
     failures: list[str] = []
     notes: list[str] = []
