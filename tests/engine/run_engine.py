@@ -2,6 +2,7 @@
 tests/support/npu_engine), the tiny target + EAGLE head, the workload; writes the run's result as JSON.
 
     python tests/engine/run_engine.py --models DIR --out result.json [--async] [--workload JSON] [--plant NAME]
+        [--drafter eagle|mtp]
 
 ZB_PATCH=1 in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
 Per-request drafted / accepted counts and preemptions are read where vLLM's scheduler counts them
@@ -31,6 +32,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--plant", help="planted mistakes of tests/engine/plants.py (comma-separated), installed before generating"
     )
+    ap.add_argument(
+        "--drafter",
+        choices=("eagle", "mtp"),
+        default="eagle",
+        help="eagle: Llama target + EAGLE head; mtp: MiMo target, its own MTP layer drafts (write_mtp_model)",
+    )
     args = ap.parse_args(argv)
 
     import npu_engine
@@ -40,11 +47,20 @@ def main(argv: list[str]) -> int:
     from workload import Workload
 
     wl = Workload(**json.loads(args.workload))
-    counts = _observe_scheduler()
+    counts, per_pos = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    target, draft = os.path.join(args.models, "target"), os.path.join(args.models, "eagle")
+    k = wl.num_speculative_tokens
+    if args.drafter == "mtp":  # the draft is the target checkpoint's own MTP layer
+        target, speculative_config = os.path.join(args.models, "mimo"), {"method": "mtp", "num_speculative_tokens": k}
+    else:
+        target = os.path.join(args.models, "target")
+        speculative_config = {
+            "method": "eagle",
+            "model": os.path.join(args.models, "eagle"),
+            "num_speculative_tokens": k,
+        }
     llm = LLM(
         model=target,
         skip_tokenizer_init=True,
@@ -60,7 +76,7 @@ def main(argv: list[str]) -> int:
         async_scheduling=args.async_scheduling,
         distributed_executor_backend="uni",
         worker_cls=npu_engine.WORKER_CLS,
-        speculative_config={"method": "eagle", "model": draft, "num_speculative_tokens": wl.num_speculative_tokens},
+        speculative_config=speculative_config,
     )
     if args.plant:
         import plants
@@ -74,10 +90,15 @@ def main(argv: list[str]) -> int:
     result = {
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
+        **{field: [c[i] for i in range(k)] for field, c in per_pos.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
         "plant": args.plant or "",
+        "drafter": args.drafter,
+        "draft_model": type(
+            llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.get_model()
+        ).__name__,
         "plant_hits": _plant_hits(args.plant),
     }
     with open(args.out, "w") as f:
@@ -99,19 +120,23 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
-def _observe_scheduler() -> dict:
-    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions)."""
+def _observe_scheduler() -> tuple[dict, dict]:
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), and drafted /
+    accepted per draft position over all requests (as its SpecDecodingStats.observe_draft counts them)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     counts = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
+    per_pos = {k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
 
     def make_spec_decoding_stats(
         self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
     ):
-        invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
-        counts["drafted"][request_id] += num_draft_tokens - invalid
+        valid = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
+        counts["drafted"][request_id] += valid
         counts["accepted"][request_id] += num_accepted_tokens
+        per_pos["drafted_per_pos"].update(range(valid))
+        per_pos["accepted_per_pos"].update(range(num_accepted_tokens))
         return make_stats(self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id)
 
     def _preempt_request(self, request, timestamp):
@@ -120,7 +145,7 @@ def _observe_scheduler() -> dict:
 
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
-    return counts
+    return counts, per_pos
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops): the same
 workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine process per configuration
 (tests/engine/run_engine.py). Token ids per request must be identical across the runs, and the drafted /
-accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload; and the planted
-mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR
-say (docs/e2e.md, "Planted mistakes").
+accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload, and with the MTP
+drafter (MiMo target + its MTP layer) at k = 1..4 on that workload; and the planted mistakes of
+tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR say
+(docs/e2e.md, "Planted mistakes").
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
@@ -40,15 +41,18 @@ CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"
 TIMEOUT_S = 1500
 
 
-def _run(name: str, models: str, out_dir: str, wl: Workload, plant: str = "", check: bool = True):
+def _run(
+    name: str, models: str, out_dir: str, wl: Workload, plant: str = "", check: bool = True, drafter: str = "eagle"
+):
     """One engine process of configuration ``name`` (CONFIGS); returns (name, result or None, seconds, stderr)."""
     flags, extra_env = CONFIGS[name]
-    tag = f"{name}-k{wl.num_speculative_tokens}-{plant or 'none'}"
+    tag = f"{drafter}-{name}-k{wl.num_speculative_tokens}-{plant or 'none'}"
     out = os.path.join(out_dir, f"{tag}.json")
     env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
     env.update(extra_env)
     cmd = [sys.executable, os.path.join(HERE, "run_engine.py"), "--models", models, "--out", out]
-    cmd += ["--workload", json.dumps(wl.to_json()), *flags] + (["--plant", plant] if plant else [])
+    cmd += ["--workload", json.dumps(wl.to_json()), "--drafter", drafter, *flags]
+    cmd += ["--plant", plant] if plant else []
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     secs = time.monotonic() - start
@@ -70,6 +74,7 @@ def _in_pairs(jobs):
 def models(tmp_path_factory):
     models = str(tmp_path_factory.mktemp("models"))
     tiny_model.write_models(models)
+    tiny_model.write_mtp_model(models)
     return models
 
 
@@ -162,34 +167,83 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     assert divergences(res["async"], res["async+zb"]) == []
 
 
-# -- k = 1, 3, 4: the same three configurations on a smaller workload (k = 2 is the workload above) -------------
+# -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload
+# above; the MTP drafter runs only here) ------------------------------------------------------------------------
 
-K_SWEEP = (1, 3, 4)
+K_SWEEP = {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)}
+DRAFT_MODEL = {"eagle": "EagleLlamaForCausalLM", "mtp": "MiMoMTP"}  # the class the runner's drafter runs
 K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no request reaches max_model_len
 
 
 @pytest.fixture(scope="module")
 def k_sweep(models, tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("k_sweep"))
-    wls = {k: dataclasses.replace(K_SWEEP_WORKLOAD, num_speculative_tokens=k) for k in K_SWEEP}
-    jobs = [lambda n=n, k=k: _run(n, models, out_dir, wls[k]) for k in K_SWEEP for n in CONFIGS]
-    results = iter(_in_pairs(jobs))
-    sweep = {k: {n: next(results)[1] for n in CONFIGS} for k in K_SWEEP}
-    for k, runs in sweep.items():
-        divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-        print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    """drafter -> {k: {configuration: result}}, each drafter's engine processes run on first use."""
+    done = {}
+
+    def sweep(drafter: str) -> dict:
+        if drafter not in done:
+            out_dir = str(tmp_path_factory.mktemp(f"k_sweep_{drafter}"))
+            wls = {k: dataclasses.replace(K_SWEEP_WORKLOAD, num_speculative_tokens=k) for k in K_SWEEP[drafter]}
+            jobs = [lambda n=n, k=k: _run(n, models, out_dir, wls[k], drafter=drafter) for k in wls for n in CONFIGS]
+            results = _in_pairs(jobs)
+            it = iter(results)
+            done[drafter] = {k: {n: next(it)[1] for n in CONFIGS} for k in wls}
+            print("\n" + ", ".join(f"{tag}: {secs:.0f} s" for tag, _, secs, _ in results))
+            for k, runs in done[drafter].items():
+                divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
+                print(f"\n{drafter}, k = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+                print("sync drafted / accepted per draft position:", _per_position(runs["sync"]))
+        return done[drafter]
+
     return sweep
 
 
-@pytest.mark.parametrize("k", K_SWEEP)
-def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
-    runs = k_sweep[k]
+def _per_position(result: dict) -> list[str]:
+    return [f"{a}/{d}" for d, a in zip(result["drafted_per_pos"], result["accepted_per_pos"])]
+
+
+@pytest.mark.parametrize("drafter, k", [(d, k) for d, ks in K_SWEEP.items() for k in ks])
+def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
+    runs = k_sweep(drafter)[k]
     assert K_SWEEP_WORKLOAD.reaches_max_model_len(tiny_model.VOCAB) == set()
+    assert {(r["drafter"], r["draft_model"]) for r in runs.values()} == {(drafter, DRAFT_MODEL[drafter])}
     assert sum(runs["sync"]["drafted"].values()) > 0
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
     for name in ("async", "async+zb"):
         assert divergences(runs["sync"], runs[name]) == [], name
     assert divergences(runs["async"], runs["async+zb"]) == []
+    for field in ("drafted_per_pos", "accepted_per_pos"):
+        assert runs["async"][field] == runs["async+zb"][field] == runs["sync"][field], field
+
+
+@pytest.mark.parametrize("drafter", sorted(K_SWEEP))
+def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
+    """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
+    lower at the last draft position than at the first yet not zero (the MTP drafter's later drafts reuse its one
+    layer on its own earlier drafts)."""
+    sweep = k_sweep(drafter)
+    drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
+    accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())
+    assert 0.2 <= accepted / drafted <= 0.8, (accepted, drafted)
+    for k, runs in sweep.items():
+        sync = runs["sync"]
+        rates = [sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d]
+        assert max(rates) - min(rates) >= 0.2, (k, rates)
+        by_pos = [a / d for a, d in zip(sync["accepted_per_pos"], sync["drafted_per_pos"])]
+        assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
+
+
+def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
+    """The MiMo target's engine tokens equal transformers' Qwen2 (MiMo's base architecture; it ignores the MTP
+    weights), greedy, on the same checkpoint: Qwen2's qkv biases go through the same emulated ops correctly."""
+    from test_tiny_model import reference_tokens
+    from transformers import Qwen2ForCausalLM
+
+    model_dir = tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("reference_mtp")))
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    expected = reference_tokens(model, K_SWEEP_WORKLOAD)
+    for k, runs in k_sweep("mtp").items():
+        assert runs["sync"]["tokens"] == expected, k
 
 
 # -- planted mistakes (tests/engine/plants.py): each run as async + ZB_PATCH=1 with the plant on -----------------
