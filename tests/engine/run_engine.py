@@ -47,7 +47,8 @@ def main(argv: list[str]) -> int:
     from workload import Workload
 
     wl = Workload(**json.loads(args.workload))
-    counts, per_pos = _observe_scheduler()
+    per_pos = _observe_draft_positions()  # first: it binds the arguments by upstream's own signature
+    counts = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -120,23 +121,41 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
-def _observe_scheduler() -> tuple[dict, dict]:
-    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), and drafted /
-    accepted per draft position over all requests (as its SpecDecodingStats.observe_draft counts them)."""
+def _observe_draft_positions() -> dict:
+    """Drafted / accepted per draft position over all requests, as vLLM's ``SpecDecodingStats.observe_draft`` counts
+    them (accepted n: positions 0..n-1), read from the scheduler's per-request ``make_spec_decoding_stats`` call."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    per_pos = {k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")}
+    make_stats = Scheduler.make_spec_decoding_stats
+    signature = inspect.signature(make_stats)
+
+    def make_spec_decoding_stats(self, *args, **kwargs):
+        call = signature.bind(self, *args, **kwargs).arguments
+        invalid = (call.get("num_invalid_spec_tokens") or {}).get(call.get("request_id"), 0)
+        per_pos["drafted_per_pos"].update(range(call["num_draft_tokens"] - invalid))
+        per_pos["accepted_per_pos"].update(range(call["num_accepted_tokens"]))
+        return make_stats(self, *args, **kwargs)
+
+    Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
+    return per_pos
+
+
+def _observe_scheduler() -> dict:
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     counts = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
-    per_pos = {k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
 
     def make_spec_decoding_stats(
         self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
     ):
-        valid = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
-        counts["drafted"][request_id] += valid
+        invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
+        counts["drafted"][request_id] += num_draft_tokens - invalid
         counts["accepted"][request_id] += num_accepted_tokens
-        per_pos["drafted_per_pos"].update(range(valid))
-        per_pos["accepted_per_pos"].update(range(num_accepted_tokens))
         return make_stats(self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id)
 
     def _preempt_request(self, request, timestamp):
@@ -145,7 +164,7 @@ def _observe_scheduler() -> tuple[dict, dict]:
 
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
-    return counts, per_pos
+    return counts
 
 
 if __name__ == "__main__":
