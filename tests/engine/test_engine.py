@@ -1,32 +1,32 @@
-"""Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops): the same
-workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine process per configuration
-(tests/engine/run_engine.py). Token ids per request must be identical across the runs, and the drafted /
-accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload, and with the MTP
-drafter (MiMo target + its MTP layer) at k = 1..4 on that workload; and the planted mistakes of
-tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR say
-(docs/e2e.md, "Planted mistakes").
+"""Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops), run by the
+product's own ``zb-patch selftest --engine`` (zb_patch/check/engine) with the tests' launcher as its child
+(tests/engine/run_engine.py, named in ``ZB_SELFTEST_ENGINE_CHILD``): the same workload with async scheduling off, on,
+and on with ZB_PATCH=1, one engine process per configuration. Token ids per request must be identical across the
+runs, and the drafted / accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller
+workload, and with the MTP drafter (``--drafter mtp``: MiMo target + its own MTP layer) at k = 1..4 on that workload;
+and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as
+PLANT_DIVERGENCE / PLANT_ERROR say (docs/e2e.md, "Planted mistakes").
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va018-e2e env)")
 
-import tiny_model  # noqa: E402
-from workload import Workload, divergences, summarize, table  # noqa: E402
+from zb_patch.check.engine import model as tiny_model  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.workload import Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.join(HERE, "run_engine.py")
 SMALL = Workload()
 BIG = Workload(
     num_requests=48,
@@ -37,61 +37,83 @@ BIG = Workload(
     max_num_seqs=8,
     num_gpu_blocks=6,
 )
-CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"], {"ZB_PATCH": "1"})}
-TIMEOUT_S = 1500
 
 
-def _run(
-    name: str, models: str, out_dir: str, wl: Workload, plant: str = "", check: bool = True, drafter: str = "eagle"
-):
-    """One engine process of configuration ``name`` (CONFIGS); returns (name, result or None, seconds, stderr)."""
-    flags, extra_env = CONFIGS[name]
-    tag = f"{drafter}-{name}-k{wl.num_speculative_tokens}-{plant or 'none'}"
-    out = os.path.join(out_dir, f"{tag}.json")
-    env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
-    env.update(extra_env)
-    cmd = [sys.executable, os.path.join(HERE, "run_engine.py"), "--models", models, "--out", out]
-    cmd += ["--workload", json.dumps(wl.to_json()), "--drafter", drafter, *flags]
-    cmd += ["--plant", plant] if plant else []
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    secs = time.monotonic() - start
-    if proc.returncode != 0:
-        if check:
-            raise AssertionError(f"engine run {tag} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
-        return tag, None, secs, proc.stderr
-    with open(out) as f:
-        return tag, json.load(f), secs, proc.stderr
+@pytest.fixture(scope="module", autouse=True)
+def emulated_child():
+    """Every engine process of this module is the tests' launcher (NPU emulation + worker double)."""
+    old = os.environ.get(CHILD_ENV)
+    os.environ[CHILD_ENV] = LAUNCHER
+    yield
+    if old is None:
+        os.environ.pop(CHILD_ENV, None)
+    else:
+        os.environ[CHILD_ENV] = old
 
 
-def _in_pairs(jobs):
-    """Run the engine processes two at a time (the CI box has two cores)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda job: job(), jobs))
+def _selftest_cli(wl: Workload, ks, keep: str, drafter: str = "eagle") -> tuple[int, dict]:
+    """``zb-patch selftest --engine --json`` (two engine processes at a time: the CI box has two cores)."""
+    cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2"]
+    cmd += ["--k", ",".join(map(str, ks)), "--keep", keep, "--workload", json.dumps(wl.to_json())]
+    cmd += ["--drafter", drafter]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * 3600)
+    print("\n" + proc.stderr[-2000:])
+    return proc.returncode, json.loads(proc.stdout)  # stdout carries the report and nothing else
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    models = str(tmp_path_factory.mktemp("models"))
-    tiny_model.write_models(models)
-    tiny_model.write_mtp_model(models)
-    return models
-
-
-@pytest.fixture(scope="module")
-def runs(models, tmp_path_factory):
-    wl = BIG if os.environ.get("E2E_BIG") else SMALL
-    out_dir = str(tmp_path_factory.mktemp("runs"))
-    results = _in_pairs([lambda n=n: _run(n, models, out_dir, wl) for n in CONFIGS])
-    runs = dict(zip(CONFIGS, (res for _, res, _, _ in results)))
+def _kept_results(keep: str, k: int, suffix: str = "plain") -> dict[str, dict]:
+    runs = {}
+    for name in CONFIGS:
+        with open(os.path.join(keep, f"{name}-k{k}-{suffix}.json")) as f:
+            runs[name] = json.load(f)
     divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-    print(f"\nk = {wl.num_speculative_tokens}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    print(f"\n{runs['sync']['drafter']}, k = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    per_pos = zip(runs["sync"]["accepted_per_pos"], runs["sync"]["drafted_per_pos"])
+    print("sync accepted / drafted per draft position: " + ", ".join(f"{a}/{d}" for a, d in per_pos))
     for name, res in runs.items():
         for line in divergences(runs["sync"], res):
             print(f"{name} vs sync: {line}")
-    for tag, _, secs, _ in results:
-        print(f"{tag}: {secs:.0f} s (engine process)")
-    return wl, runs
+    return runs
+
+
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory):
+    """The operator's command on the main workload (k = 2); its runs' results are kept for the tests below."""
+    wl = BIG if os.environ.get("E2E_BIG") else SMALL
+    keep = str(tmp_path_factory.mktemp("selftest"))
+    rc, report = _selftest_cli(wl, [wl.num_speculative_tokens], keep)
+    return wl, rc, report, keep
+
+
+@pytest.fixture(scope="module")
+def models(selftest):
+    return os.path.join(selftest[3], "models")
+
+
+@pytest.fixture(scope="module")
+def runs(selftest):
+    wl, _, _, keep = selftest
+    return wl, _kept_results(keep, wl.num_speculative_tokens)
+
+
+def test_engine_selftest_passes(selftest):
+    """PASS and exit 0, one table row per configuration, the device and versions reported."""
+    wl, rc, report, _ = selftest
+    entry = report["k"][str(wl.num_speculative_tokens)]
+    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
+    assert [row["run"] for row in entry["rows"]] == list(CONFIGS)
+    assert report["device"]["available"] and report["versions"]["vllm_ascend"] != "not installed"
+
+
+def test_engine_selftest_without_npu_says_so():
+    """Without the emulation the child finds no torch_npu: no engine runs, the report says why, exit 2."""
+    env = {k: v for k, v in os.environ.items() if k != CHILD_ENV}
+    proc = subprocess.run(
+        [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no NPU: torch_npu cannot be imported" in proc.stdout
+    assert "Verdict: NO-DEVICE" in proc.stdout
 
 
 def test_every_request_generates_its_tokens(runs):
@@ -171,40 +193,38 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
 # above; the MTP drafter runs only here) ------------------------------------------------------------------------
 
 K_SWEEP = {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)}
-DRAFT_MODEL = {"eagle": "EagleLlamaForCausalLM", "mtp": "MiMoMTP"}  # the class the runner's drafter runs
 K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no request reaches max_model_len
+DRAFT_MODEL = {"eagle": "EagleLlamaForCausalLM", "mtp": "MiMoMTP"}  # the class the runner's drafter runs
+KEPT_SUFFIX = {"eagle": "plain", "mtp": "drafter-mtp"}  # run.run_config's tag of the kept results
 
 
 @pytest.fixture(scope="module")
-def k_sweep(models, tmp_path_factory):
-    """drafter -> {k: {configuration: result}}, each drafter's engine processes run on first use."""
+def k_sweep(tmp_path_factory):
+    """drafter -> (rc, report, {k: {configuration: result}}) of ``zb-patch selftest --engine --k ... --drafter D``
+    on the smaller workload, run on first use."""
     done = {}
 
-    def sweep(drafter: str) -> dict:
+    def sweep(drafter: str):
         if drafter not in done:
-            out_dir = str(tmp_path_factory.mktemp(f"k_sweep_{drafter}"))
-            wls = {k: dataclasses.replace(K_SWEEP_WORKLOAD, num_speculative_tokens=k) for k in K_SWEEP[drafter]}
-            jobs = [lambda n=n, k=k: _run(n, models, out_dir, wls[k], drafter=drafter) for k in wls for n in CONFIGS]
-            results = _in_pairs(jobs)
-            it = iter(results)
-            done[drafter] = {k: {n: next(it)[1] for n in CONFIGS} for k in wls}
-            print("\n" + ", ".join(f"{tag}: {secs:.0f} s" for tag, _, secs, _ in results))
-            for k, runs in done[drafter].items():
-                divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-                print(f"\n{drafter}, k = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
-                print("sync drafted / accepted per draft position:", _per_position(runs["sync"]))
+            keep = str(tmp_path_factory.mktemp(f"k_sweep_{drafter}"))
+            rc, report = _selftest_cli(K_SWEEP_WORKLOAD, K_SWEEP[drafter], keep, drafter)
+            done[drafter] = rc, report, {k: _kept_results(keep, k, KEPT_SUFFIX[drafter]) for k in K_SWEEP[drafter]}
         return done[drafter]
 
     return sweep
 
 
-def _per_position(result: dict) -> list[str]:
-    return [f"{a}/{d}" for d, a in zip(result["drafted_per_pos"], result["accepted_per_pos"])]
+@pytest.mark.parametrize("drafter", sorted(K_SWEEP))
+def test_k_sweep_selftest_passes(k_sweep, drafter):
+    rc, report, _ = k_sweep(drafter)
+    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
+    assert report["drafter"] == drafter
+    assert sorted(report["k"]) == [str(k) for k in K_SWEEP[drafter]]
 
 
 @pytest.mark.parametrize("drafter, k", [(d, k) for d, ks in K_SWEEP.items() for k in ks])
 def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
-    runs = k_sweep(drafter)[k]
+    runs = k_sweep(drafter)[2][k]
     assert K_SWEEP_WORKLOAD.reaches_max_model_len(tiny_model.VOCAB) == set()
     assert {(r["drafter"], r["draft_model"]) for r in runs.values()} == {(drafter, DRAFT_MODEL[drafter])}
     assert sum(runs["sync"]["drafted"].values()) > 0
@@ -221,7 +241,7 @@ def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
     """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
     lower at the last draft position than at the first yet not zero (the MTP drafter's later drafts reuse its one
     layer on its own earlier drafts)."""
-    sweep = k_sweep(drafter)
+    sweep = k_sweep(drafter)[2]
     drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
     accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())
     assert 0.2 <= accepted / drafted <= 0.8, (accepted, drafted)
@@ -242,7 +262,7 @@ def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
     model_dir = tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("reference_mtp")))
     model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
     expected = reference_tokens(model, K_SWEEP_WORKLOAD)
-    for k, runs in k_sweep("mtp").items():
+    for k, runs in k_sweep("mtp")[2].items():
         assert runs["sync"]["tokens"] == expected, k
 
 
@@ -265,8 +285,8 @@ def planted(runs, models, tmp_path_factory):
     wl, _ = runs
     out_dir = str(tmp_path_factory.mktemp("plants"))
     names = [*PLANT_DIVERGENCE, *PLANT_ERROR, HARMLESS]
-    results = _in_pairs([lambda p=p: _run("async+zb", models, out_dir, wl, plant=p, check=False) for p in names])
-    return {p: (res, stderr) for p, (_, res, _, stderr) in zip(names, results)}
+    jobs = [lambda p=p: run_config("async+zb", models, out_dir, wl, extra_args=["--plant", p]) for p in names]
+    return {p: (r.result, r.stderr) for p, r in zip(names, run_all(jobs, parallel=2))}
 
 
 @pytest.mark.parametrize("plant", sorted(PLANT_DIVERGENCE))
