@@ -4,8 +4,9 @@ product's own ``zb-patch selftest --engine`` (zb_patch/check/engine) with the te
 (tests/engine/run_engine.py, named in ``ZB_SELFTEST_ENGINE_CHILD``): the same workload with async scheduling off, on,
 and on with ZB_PATCH=1, one engine process per configuration. Token ids per request must be identical across the
 runs, and the drafted / accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller
-workload; and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must do what the
-release's ``EXPECTED`` entry says (docs/e2e.md, "Planted mistakes").
+workload, and with the MTP drafter (``--drafter mtp``: MiMo target + its own MTP layer) at k = 1..4 on that workload;
+and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must do what the release's
+``EXPECTED`` entry says (docs/e2e.md, "Planted mistakes").
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
@@ -102,22 +103,25 @@ def emulated_child():
         os.environ[CHILD_ENV] = old
 
 
-def _selftest_cli(wl: Workload, ks, keep: str) -> tuple[int, dict]:
+def _selftest_cli(wl: Workload, ks, keep: str, drafter: str = "eagle") -> tuple[int, dict]:
     """``zb-patch selftest --engine --json`` (two engine processes at a time: the CI box has two cores)."""
     cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2"]
     cmd += ["--k", ",".join(map(str, ks)), "--keep", keep, "--workload", json.dumps(wl.to_json())]
+    cmd += ["--drafter", drafter]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * 3600)
     print("\n" + proc.stderr[-2000:])
     return proc.returncode, json.loads(proc.stdout)  # stdout carries the report and nothing else
 
 
-def _kept_results(keep: str, k: int) -> dict[str, dict]:
+def _kept_results(keep: str, k: int, suffix: str = "plain") -> dict[str, dict]:
     runs = {}
     for name in CONFIGS:
-        with open(os.path.join(keep, f"{name}-k{k}-plain.json")) as f:
+        with open(os.path.join(keep, f"{name}-k{k}-{suffix}.json")) as f:
             runs[name] = json.load(f)
     divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-    print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    print(f"\n{runs['sync']['drafter']}, k = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    per_pos = zip(runs["sync"]["accepted_per_pos"], runs["sync"]["drafted_per_pos"])
+    print("sync accepted / drafted per draft position: " + ", ".join(f"{a}/{d}" for a, d in per_pos))
     for name, res in runs.items():
         for line in divergences(runs["sync"], res):
             print(f"{name} vs sync: {line}")
@@ -240,35 +244,81 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     assert divergences(res["async"], res["async+zb"]) == []
 
 
-# -- k = 1, 3, 4: the same three configurations on a smaller workload (k = 2 is the workload above) -------------
+# -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload
+# above; the MTP drafter runs only here) ------------------------------------------------------------------------
 
-K_SWEEP = (1, 3, 4)
+K_SWEEP = {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)}
 K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no request reaches max_model_len
+DRAFT_MODEL = {"eagle": "EagleLlamaForCausalLM", "mtp": "MiMoMTP"}  # the class the runner's drafter runs
+KEPT_SUFFIX = {"eagle": "plain", "mtp": "drafter-mtp"}  # run.run_config's tag of the kept results
 
 
 @pytest.fixture(scope="module")
 def k_sweep(tmp_path_factory):
-    """``zb-patch selftest --engine --k 1,3,4`` on the smaller workload."""
-    keep = str(tmp_path_factory.mktemp("k_sweep"))
-    rc, report = _selftest_cli(K_SWEEP_WORKLOAD, K_SWEEP, keep)
-    return rc, report, {k: _kept_results(keep, k) for k in K_SWEEP}
+    """drafter -> (rc, report, {k: {configuration: result}}) of ``zb-patch selftest --engine --k ... --drafter D``
+    on the smaller workload, run on first use."""
+    done = {}
+
+    def sweep(drafter: str):
+        if drafter not in done:
+            keep = str(tmp_path_factory.mktemp(f"k_sweep_{drafter}"))
+            rc, report = _selftest_cli(K_SWEEP_WORKLOAD, K_SWEEP[drafter], keep, drafter)
+            done[drafter] = rc, report, {k: _kept_results(keep, k, KEPT_SUFFIX[drafter]) for k in K_SWEEP[drafter]}
+        return done[drafter]
+
+    return sweep
 
 
-def test_k_sweep_selftest_passes(k_sweep):
-    rc, report, _ = k_sweep
+@pytest.mark.parametrize("drafter", sorted(K_SWEEP))
+def test_k_sweep_selftest_passes(k_sweep, drafter):
+    rc, report, _ = k_sweep(drafter)
     assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
-    assert sorted(report["k"]) == [str(k) for k in K_SWEEP]
+    assert report["drafter"] == drafter
+    assert sorted(report["k"]) == [str(k) for k in K_SWEEP[drafter]]
 
 
-@pytest.mark.parametrize("k", K_SWEEP)
-def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
-    runs = k_sweep[2][k]
+@pytest.mark.parametrize("drafter, k", [(d, k) for d, ks in K_SWEEP.items() for k in ks])
+def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
+    runs = k_sweep(drafter)[2][k]
     assert K_SWEEP_WORKLOAD.reaches_max_model_len(tiny_model.VOCAB) == set()
+    assert {(r["drafter"], r["draft_model"]) for r in runs.values()} == {(drafter, DRAFT_MODEL[drafter])}
     assert sum(runs["sync"]["drafted"].values()) > 0
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
     for name in ("async", "async+zb"):
         assert divergences(runs["sync"], runs[name]) == [], name
     assert divergences(runs["async"], runs["async+zb"]) == []
+    for field in ("drafted_per_pos", "accepted_per_pos"):
+        assert runs["async"][field] == runs["async+zb"][field] == runs["sync"][field], field
+
+
+@pytest.mark.parametrize("drafter", sorted(K_SWEEP))
+def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
+    """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
+    lower at the last draft position than at the first yet not zero (the MTP drafter's later drafts reuse its one
+    layer on its own earlier drafts)."""
+    sweep = k_sweep(drafter)[2]
+    drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
+    accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())
+    assert 0.2 <= accepted / drafted <= 0.8, (accepted, drafted)
+    for k, runs in sweep.items():
+        sync = runs["sync"]
+        rates = [sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d]
+        assert max(rates) - min(rates) >= 0.2, (k, rates)
+        by_pos = [a / d for a, d in zip(sync["accepted_per_pos"], sync["drafted_per_pos"])]
+        assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
+
+
+def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
+    """The MiMo target's engine tokens equal transformers' Qwen2 (MiMo's base architecture; it ignores the MTP
+    weights), greedy, on the same checkpoint: Qwen2's qkv biases go through the same emulated ops correctly."""
+    from test_tiny_model import reference_tokens
+    from transformers import Qwen2ForCausalLM
+
+    model_dir = tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("reference_mtp")))
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    expected = reference_tokens(model, K_SWEEP_WORKLOAD)
+    for k, runs in k_sweep("mtp")[2].items():
+        assert runs["sync"]["tokens"] == expected, k
 
 
 # -- planted mistakes (tests/engine/plants.py): each run as async + ZB_PATCH=1 with the plant on -----------------

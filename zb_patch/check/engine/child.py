@@ -3,11 +3,12 @@ this process) on the installed platform, the tiny target + draft of :mod:`.model
 :mod:`.workload`; writes the run's result as JSON.
 
     python -m zb_patch.check.engine.child --models DIR --out result.json [--async] [--workload JSON]
+        [--drafter eagle|mtp]
     python -m zb_patch.check.engine.child --check-device
 
 ``ZB_PATCH=1`` in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
-Per-request drafted / accepted counts and preemptions are read where vLLM's scheduler counts them
-(``make_spec_decoding_stats`` per request, ``_preempt_request``), without changing what it does.
+Per-request drafted / accepted counts, drafted / accepted per draft position and preemptions are read where vLLM's
+scheduler counts them (``make_spec_decoding_stats`` per request, ``_preempt_request``), without changing what it does.
 
 The tests start this through a launcher that first installs the NPU emulation (tests/engine/run_engine.py): it
 calls :func:`main` with ``llm_overrides`` (its worker class), ``after_build`` (planted mistakes) and ``device``.
@@ -23,6 +24,8 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+DRAFTERS = ("eagle", "mtp")
 
 
 def npu_device() -> dict:
@@ -50,10 +53,16 @@ def main(
     ap.add_argument(
         "--check-device", action="store_true", help="print whether an NPU is usable, as JSON; exit 3 if not"
     )
-    ap.add_argument("--models", help="directory written by zb_patch.check.engine.model.write_models")
+    ap.add_argument("--models", help="directory written by zb_patch.check.engine.model.write_models / write_mtp_model")
     ap.add_argument("--out", help="result JSON path")
     ap.add_argument("--async", dest="async_scheduling", action="store_true")
     ap.add_argument("--workload", default="{}", help="Workload fields as JSON")
+    ap.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default="eagle",
+        help="eagle: Llama target + EAGLE head (write_models); mtp: MiMo target, its own MTP layer (write_mtp_model)",
+    )
     args = ap.parse_args(argv)
     if args.check_device:
         report = device()
@@ -69,11 +78,11 @@ def main(
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
-    counts = _observe_scheduler()
+    counts, per_pos = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    target, draft = os.path.join(args.models, "target"), os.path.join(args.models, "eagle")
+    target, speculative_config = _target_and_draft(args.models, args.drafter, wl.num_speculative_tokens)
     llm = LLM(
         model=target,
         skip_tokenizer_init=True,
@@ -88,7 +97,7 @@ def main(
         enable_prefix_caching=False,
         async_scheduling=args.async_scheduling,
         distributed_executor_backend="uni",
-        speculative_config={"method": "eagle", "model": draft, "num_speculative_tokens": wl.num_speculative_tokens},
+        speculative_config=speculative_config,
         **(llm_overrides or {}),
     )
     if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
@@ -102,16 +111,29 @@ def main(
     result = {
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
+        **{field: [c[i] for i in range(wl.num_speculative_tokens)] for field, c in per_pos.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
         # the platform's choice (vllm-ascend: 128 tokens); the workload's KV block count is sized for it
         "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
+        "drafter": args.drafter,
+        "draft_model": type(
+            llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.get_model()
+        ).__name__,
         **extra,
     }
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def _target_and_draft(models: str, drafter: str, k: int) -> tuple[str, dict]:
+    """The target directory and the speculative config of ``drafter`` (the layout of .model's writers)."""
+    if drafter == "mtp":  # the draft is the target checkpoint's own MTP layer
+        return os.path.join(models, "mimo"), {"method": "mtp", "num_speculative_tokens": k}
+    draft = os.path.join(models, "eagle")
+    return os.path.join(models, "target"), {"method": "eagle", "model": draft, "num_speculative_tokens": k}
 
 
 def _engine_core_elsewhere(llm) -> bool:
@@ -125,11 +147,16 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
-def _observe_scheduler() -> dict:
-    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions)."""
+def _observe_scheduler() -> tuple[dict, dict]:
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), and drafted /
+    accepted per draft position over all requests (as its ``SpecDecodingStats.observe_draft``: accepted n counts
+    positions 0..n-1)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     counts: dict[str, collections.Counter] = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
+    per_pos: dict[str, collections.Counter] = {
+        k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")
+    }
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
     signature = inspect.signature(make_stats)
 
@@ -139,6 +166,8 @@ def _observe_scheduler() -> dict:
         invalid = (a.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
         counts["drafted"][request_id] += a["num_draft_tokens"] - invalid
         counts["accepted"][request_id] += a["num_accepted_tokens"]
+        per_pos["drafted_per_pos"].update(range(a["num_draft_tokens"] - invalid))
+        per_pos["accepted_per_pos"].update(range(a["num_accepted_tokens"]))
         return make_stats(self, *args, **kwargs)
 
     def _preempt_request(self, request, timestamp):
@@ -147,7 +176,7 @@ def _observe_scheduler() -> dict:
 
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
-    return counts
+    return counts, per_pos
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``zb-patch selftest --engine``: generate tokens through the installed stack with and without zb-patch.
 
-Writes the tiny target + draft of :mod:`.model`, then runs the workload of :mod:`.workload` once per
+Writes the tiny target + draft of :mod:`.model` (EAGLE head, or with ``drafter="mtp"`` a MiMo target with its own
+MTP layer), then runs the workload of :mod:`.workload` once per
 configuration, each in its own process (:mod:`.child`): synchronous scheduling, async scheduling without zb-patch
 and async scheduling with ``ZB_PATCH=1``. PASS when every run finishes, the token ids of every request are
 identical in all three, the zb-patch run equals classic async in drafted and accepted counts per request, both
@@ -28,7 +29,7 @@ from typing import Any, TextIO
 
 from zb_patch.detect import package
 
-from .model import VOCAB, write_models
+from .model import VOCAB, write_models, write_mtp_model
 from .workload import Workload, divergences, summarize, table
 
 SCHEMA = "zb-patch-selftest-engine/1"
@@ -132,11 +133,22 @@ def compare(runs: dict[str, dict], wl: Workload) -> tuple[list[str], list[str]]:
 
 
 def run_engine_selftest(
-    wl: Workload, ks: Sequence[int], parallel: int = 1, keep: str | None = None, log: TextIO | None = None
+    wl: Workload,
+    ks: Sequence[int],
+    parallel: int = 1,
+    keep: str | None = None,
+    log: TextIO | None = None,
+    drafter: str = "eagle",
 ) -> dict:
     """The whole comparison for each k in ``ks``; returns the report (see :data:`SCHEMA`)."""
     log = log or sys.stderr
-    report: dict[str, Any] = {"schema": SCHEMA, "versions": _versions(), "workload": wl.to_json(), "k": {}}
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "versions": _versions(),
+        "workload": wl.to_json(),
+        "drafter": drafter,
+        "k": {},
+    }
     device = check_device()
     report["device"] = device
     if not device["available"]:
@@ -145,12 +157,17 @@ def run_engine_selftest(
     root = keep or tempfile.mkdtemp(prefix="zb-patch-engine-")
     os.makedirs(root, exist_ok=True)
     models = os.path.join(root, "models")
-    write_models(models)
+    if drafter == "mtp":
+        write_mtp_model(models)
+        extra_args: tuple[str, ...] = ("--drafter", "mtp")  # in the run's tag too: results "<config>-k<k>-drafter-mtp"
+    else:
+        write_models(models)
+        extra_args = ()
     failures: list[str] = []
     for k in ks:
         wk = replace(wl, num_speculative_tokens=k)
         print(f"zb-patch selftest --engine: k = {k}: {len(CONFIGS)} engine runs, {parallel} at a time", file=log)
-        runs = run_all([functools.partial(run_config, n, models, root, wk) for n in CONFIGS], parallel)
+        runs = run_all([functools.partial(run_config, n, models, root, wk, extra_args) for n in CONFIGS], parallel)
         entry: dict[str, Any] = {"seconds": {r.tag: round(r.seconds, 1) for r in runs}}
         crashed = [r for r in runs if r.result is None]
         if crashed:
@@ -175,6 +192,7 @@ def run_engine_selftest(
 def render(report: dict) -> str:
     """The human-readable report: one table per k, failures, notes, verdict."""
     lines = [f"versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}"]
+    lines.append(f"drafter: {report['drafter']}")
     lines.append(f"device: {report['device'].get('name') or report['device'].get('reason')}")
     wl = report["workload"]
     lines.append(
@@ -198,7 +216,7 @@ def run_cli(args) -> int:
     """``zb-patch selftest --engine``: the report goes to ``args.out`` (stdout); progress to stderr."""
     wl = Workload(**json.loads(args.workload)) if args.workload else Workload()
     ks = [int(k) for k in args.k.split(",")]
-    report = run_engine_selftest(wl, ks, parallel=args.jobs, keep=args.keep, log=sys.stderr)
+    report = run_engine_selftest(wl, ks, parallel=args.jobs, keep=args.keep, log=sys.stderr, drafter=args.drafter)
     print(json.dumps(report, indent=2) if args.json else render(report), file=args.out)
     return {"PASS": 0, "FAIL": 1}.get(report["verdict"], 2)
 
