@@ -62,6 +62,7 @@ def main(argv: list[str]) -> int:
         worker_cls=npu_engine.WORKER_CLS,
         speculative_config={"method": "eagle", "model": draft, "num_speculative_tokens": wl.num_speculative_tokens},
     )
+    _take_drafts_in_process(llm)
     if args.plant:
         import plants
 
@@ -99,6 +100,25 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
+def _take_drafts_in_process(llm) -> None:
+    """vLLM before #30319 (0.13.x): the in-process client's ``get_output`` runs the engine core's ``step_fn`` but not
+    its ``post_step`` (the sync path's ``take_draft_token_ids``), so the scheduler never receives a draft and sync
+    runs verify none. Follow each step with ``post_step``, as the engine core's busy loop does."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    if not isinstance(client, InprocClient) or "post_step" in InprocClient.get_output.__code__.co_names:
+        return
+    core, step_fn = client.engine_core, client.engine_core.step_fn
+
+    def step_then_post_step():
+        outputs, model_executed = step_fn()
+        core.post_step(model_executed)
+        return outputs, model_executed
+
+    core.step_fn = step_then_post_step
+
+
 def _observe_scheduler() -> dict:
     """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions)."""
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -106,13 +126,16 @@ def _observe_scheduler() -> dict:
     counts = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
 
-    def make_spec_decoding_stats(
-        self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
-    ):
-        invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
+    def make_spec_decoding_stats(self, stats, *, num_draft_tokens, num_accepted_tokens, **rest):
+        # vLLM 0.18 passes the request id and the request's invalid (padding) drafts; 0.13 passes neither: its one
+        # caller, update_from_output's per-request loop, holds the id as req_id
+        request_id = rest["request_id"] if "request_id" in rest else sys._getframe(1).f_locals["req_id"]
+        invalid = (rest.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
         counts["drafted"][request_id] += num_draft_tokens - invalid
         counts["accepted"][request_id] += num_accepted_tokens
-        return make_stats(self, stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id)
+        return make_stats(
+            self, stats, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens, **rest
+        )
 
     def _preempt_request(self, request, timestamp):
         counts["preemptions"][request.request_id] += 1

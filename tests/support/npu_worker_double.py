@@ -20,7 +20,6 @@ import torch
 import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
-from vllm.utils.torch_utils import set_random_seed
 
 KV_CACHE_BYTES = 1 << 30  # ample; num_gpu_blocks_override sizes the cache
 A2_AICORES, A2_VECTORCORES = 24, 48
@@ -49,7 +48,7 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         # init_device_properties_triton() asks the NPU driver for its core counts (the Triton kernels size their
         # grids with them); these are an Atlas A2's (24 AI cores, 48 vector cores).
         triton_utils._NUM_AICORE, triton_utils._NUM_VECTORCORE = A2_AICORES, A2_VECTORCORES
-        set_random_seed(self.model_config.seed)
+        ascend_worker.set_random_seed(self.model_config.seed)
         return device
 
     def determine_available_memory(self) -> int:
@@ -58,7 +57,7 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
 
     def compile_or_warm_up_model(self) -> float:
         assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
-        set_random_seed(self.model_config.seed)
+        ascend_worker.set_random_seed(self.model_config.seed)
         return 0.0
 
 
