@@ -3,8 +3,8 @@ installs one in the engine process after ``LLM(...)`` is built (zb-patch's wrapp
 any request is generated. Each plant wraps a zb-patch method or a release function at the point where the mistake
 would live; zb-patch's own code is not edited.
 
-The test (test_plants.py) runs each plant as the async + ZB_PATCH=1 configuration and asserts the divergence it must
-cause against the unplanted run (``EXPECTED``).
+The test (test_engine.py) runs each plant as the async + ZB_PATCH=1 configuration and asserts the divergence it must
+cause against the unplanted run, per release.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ HITS: collections.Counter = collections.Counter()  # per plant: the calls in whi
 
 
 def _zero_bubble():
-    from zb_patch.versions.ascend_0_18 import ZERO_BUBBLE
+    """The ZeroBubble instance of the adapter zb-patch applied in this process (ZeroBubble013 / ZeroBubble018)."""
+    import importlib
 
-    return ZERO_BUBBLE
+    from zb_patch import plugin
+
+    adapter = plugin.status()["adapter"]  # "ascend-0.13" -> zb_patch.versions.ascend_0_13
+    return importlib.import_module("zb_patch.versions." + adapter.replace("-", "_").replace(".", "_")).ZERO_BUBBLE
 
 
 def slot_mapping_off_by_one() -> None:

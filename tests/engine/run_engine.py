@@ -120,11 +120,24 @@ def _take_drafts_in_process(llm) -> None:
 
 
 def _observe_scheduler() -> dict:
-    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions)."""
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), and apart the
+    drafts it verified in a step that was not a pure decode step (it also computed prompt tokens, or recomputed
+    tokens): vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk and verifies them
+    with the last chunk."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    counts = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
+    fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
+    counts = {k: collections.Counter() for k in fields}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
+    update = Scheduler.update_from_output
+    step = {}
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        cached = scheduler_output.scheduled_cached_reqs
+        step["computed"] = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        step["computed"].update(zip(cached.req_ids, cached.num_computed_tokens))  # before the step
+        step["scheduled"] = scheduler_output.num_scheduled_tokens
+        return update(self, scheduler_output, model_runner_output)
 
     def make_spec_decoding_stats(self, stats, *, num_draft_tokens, num_accepted_tokens, **rest):
         # vLLM 0.18 passes the request id and the request's invalid (padding) drafts; 0.13 passes neither: its one
@@ -133,6 +146,11 @@ def _observe_scheduler() -> dict:
         invalid = (rest.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
         counts["drafted"][request_id] += num_draft_tokens - invalid
         counts["accepted"][request_id] += num_accepted_tokens
+        # a pure decode step starts past the prompt and computes the last sampled token and the drafts
+        past_prompt = step["computed"][request_id] >= self.requests[request_id].num_prompt_tokens
+        if not (past_prompt and step["scheduled"][request_id] == num_draft_tokens + 1):
+            counts["drafted_in_prefill"][request_id] += num_draft_tokens - invalid
+            counts["accepted_in_prefill"][request_id] += num_accepted_tokens
         return make_stats(
             self, stats, num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens, **rest
         )
@@ -141,6 +159,7 @@ def _observe_scheduler() -> dict:
         counts["preemptions"][request.request_id] += 1
         return preempt(self, request, timestamp)
 
+    Scheduler.update_from_output = update_from_output
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
     return counts

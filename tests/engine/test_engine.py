@@ -1,9 +1,9 @@
-"""Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops): the same
-workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine process per configuration
-(tests/engine/run_engine.py). Token ids per request must be identical across the runs, and the drafted /
-accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload; and the planted
-mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR
-say (docs/e2e.md, "Planted mistakes").
+"""Tokens through vLLM's real engine on the vllm-ascend platform (0.13.0 or 0.18.0, whichever the env installs; CPU
+emulation of the NPU ops): the same workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine
+process per configuration (tests/engine/run_engine.py). Token ids per request must be identical across the runs, and
+the drafted / accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload; and
+the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as the release's
+EXPECTED entry says (docs/e2e.md, "Planted mistakes"). What differs between the releases is in EXPECTED.
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
@@ -11,6 +11,7 @@ E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -20,12 +21,48 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va018-e2e env)")
+pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va013-e2e / va018-e2e env)")
 
 import tiny_model  # noqa: E402
 from workload import Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What a release's runs must show where the releases differ."""
+
+    adapter: str  # the adapter zb-patch applies (zb_patch/versions)
+    # vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk (its update_draft_token_ids
+    # has no is_prefill_chunk check, 0.18's has) and verifies them with the request's last prompt chunk; async
+    # scheduling adds draft placeholders only once the prompt is done. run_engine counts those drafts apart.
+    sync_drafts_with_prefill: bool
+    # plant -> (request, field) of the first divergence from the unplanted async+zb run (divergences() order:
+    # tokens before counts, requests in order) on the k = 2 workload
+    plant_divergence: dict
+    # plant -> (where, error) it must stop with
+    plant_error: dict
+
+
+# the plants hit the same first divergence on both releases (docs/e2e.md, "Planted mistakes")
+EXPECTED = {
+    "0.13": Expected(
+        adapter="ascend-0.13",
+        sync_drafts_with_prefill=True,
+        plant_divergence={"slot-mapping-off-by-one": ("2", "tokens"), "host-seq-lens-optimistic": ("2", "tokens")},
+        plant_error={"backup-token-minus-one": ("eagle_proposer.py", "IndexError: index out of range in self")},
+    ),
+    "0.18": Expected(
+        adapter="ascend-0.18",
+        sync_drafts_with_prefill=False,
+        plant_divergence={"slot-mapping-off-by-one": ("2", "tokens"), "host-seq-lens-optimistic": ("2", "tokens")},
+        plant_error={"backup-token-minus-one": ("eagle_proposer.py", "IndexError: index out of range in self")},
+    ),
+}
+RELEASE = ".".join(importlib.metadata.version("vllm-ascend").split(".")[:2])
+EXPECT = EXPECTED[RELEASE]
+
 SMALL = Workload()
 BIG = Workload(
     num_requests=48,
@@ -81,6 +118,7 @@ def runs(models, tmp_path_factory):
     runs = dict(zip(CONFIGS, (res for _, res, _, _ in results)))
     divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
     print(f"\nk = {wl.num_speculative_tokens}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    print(f"drafts verified with prompt tokens: {_drafts_with_prefill(runs)}")
     for name, res in runs.items():
         for line in divergences(runs["sync"], res):
             print(f"{name} vs sync: {line}")
@@ -129,6 +167,29 @@ def test_preemption_happens(runs):
         assert sum(r["preemptions"].values()) > 0, name
 
 
+def _decode_counts(result: dict) -> dict:
+    """``result`` with drafted / accepted counting only the drafts verified in decode steps (without the ones
+    verified together with prompt tokens: ``drafted_in_prefill`` / ``accepted_in_prefill``)."""
+    out = dict(result)
+    for field in ("drafted", "accepted"):
+        apart = result[f"{field}_in_prefill"]
+        out[field] = {r: n - apart.get(r, 0) for r, n in result[field].items() if n - apart.get(r, 0)}
+    return out
+
+
+def _drafts_with_prefill(runs: dict) -> dict:
+    return {name: sum(r["drafted_in_prefill"].values()) for name, r in runs.items()}
+
+
+def test_drafts_verified_with_prompt_tokens_only_in_sync_on_013(runs):
+    """EXPECT.sync_drafts_with_prefill: on 0.13 the sync run verifies drafts with the last chunk of chunked prompts
+    (the async runs never do); on 0.18 no run does."""
+    _, res = runs
+    with_prefill = _drafts_with_prefill(res)
+    assert (with_prefill["sync"] > 0) == EXPECT.sync_drafts_with_prefill, with_prefill
+    assert with_prefill["async"] == with_prefill["async+zb"] == 0, with_prefill
+
+
 def test_runs_are_configured_as_named(runs):
     _, res = runs
     assert res["sync"]["async_scheduling"] is False
@@ -138,24 +199,23 @@ def test_runs_are_configured_as_named(runs):
 
 @pytest.mark.parametrize("name", ["async", "async+zb"])
 def test_async_matches_sync(runs, name):
-    """Token ids per request equal to the sync run's; drafted and accepted counts too, except for requests that
-    end at max_model_len: there vLLM 0.18's sync run verifies (and accepts) one draft more than its async runs,
-    with and without zb-patch alike (docs/e2e.md, "Findings"; test_zero_bubble_matches_classic_async_exactly
-    holds zb-patch to classic async exactly)."""
+    """Token ids per request equal to the sync run's; drafted and accepted counts of the decode steps too, except
+    for requests that end at max_model_len: there the sync run verifies (and accepts) one draft more than the
+    async runs, with and without zb-patch alike, on 0.13 and 0.18 (docs/e2e.md, "Findings";
+    test_zero_bubble_matches_classic_async_exactly holds zb-patch to classic async exactly). Drafts verified with
+    prompt tokens: test_drafts_verified_with_prompt_tokens_only_in_sync_on_013."""
     wl, res = runs
     at_limit = wl.reaches_max_model_len(tiny_model.VOCAB)
     assert at_limit, "the workload must contain requests that reach max_model_len"
     assert divergences(res["sync"], res[name], fields=("tokens",)) == []
-    counts = [
-        d for d in divergences(res["sync"], res[name], fields=("drafted", "accepted")) if d.split()[0] not in at_limit
-    ]
-    assert counts == []
+    counts = divergences(_decode_counts(res["sync"]), _decode_counts(res[name]), fields=("drafted", "accepted"))
+    assert [d for d in counts if d.split()[0] not in at_limit] == []
 
 
 def test_zero_bubble_matches_classic_async_exactly(runs):
     _, res = runs
     zb, plain = res["async+zb"]["zb_patch_status"], res["async"]["zb_patch_status"]
-    assert (zb["state"], zb["adapter"]) == ("applied", "ascend-0.18"), {
+    assert (zb["state"], zb["adapter"]) == ("applied", EXPECT.adapter), {
         k: zb.get(k) for k in ("state", "adapter", "reason")
     }
     assert plain["state"] == "off"
@@ -178,6 +238,7 @@ def k_sweep(models, tmp_path_factory):
     for k, runs in sweep.items():
         divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
         print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+        print(f"drafts verified with prompt tokens: {_drafts_with_prefill(runs)}")
     return sweep
 
 
@@ -188,20 +249,16 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
     assert sum(runs["sync"]["drafted"].values()) > 0
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
     for name in ("async", "async+zb"):
-        assert divergences(runs["sync"], runs[name]) == [], name
+        assert divergences(runs["sync"], runs[name], fields=("tokens",)) == [], name
+        assert divergences(_decode_counts(runs["sync"]), _decode_counts(runs[name])) == [], name
+    with_prefill = _drafts_with_prefill(runs)
+    assert (with_prefill["sync"] > 0) == EXPECT.sync_drafts_with_prefill, with_prefill
+    assert with_prefill["async"] == with_prefill["async+zb"] == 0, with_prefill
     assert divergences(runs["async"], runs["async+zb"]) == []
 
 
 # -- planted mistakes (tests/engine/plants.py): each run as async + ZB_PATCH=1 with the plant on -----------------
 
-# plant -> (request, field) of the first divergence from the unplanted async+zb run (divergences() order: tokens
-# before counts, requests in order) on the k = 2 workload
-PLANT_DIVERGENCE = {
-    "slot-mapping-off-by-one": ("2", "tokens"),
-    "host-seq-lens-optimistic": ("2", "tokens"),
-}
-# plant -> the error it must raise: the -1 backup token reaches the EAGLE head's embedding
-PLANT_ERROR = {"backup-token-minus-one": ("eagle_proposer.py", "IndexError: index out of range in self")}
 # harmless on this path (docs/e2e.md says why): one process with both, which must change values and no token / count
 HARMLESS = "drafter-reads-optimistic-num-computed,stale-padded-seq-lens"
 
@@ -210,12 +267,12 @@ HARMLESS = "drafter-reads-optimistic-num-computed,stale-padded-seq-lens"
 def planted(runs, models, tmp_path_factory):
     wl, _ = runs
     out_dir = str(tmp_path_factory.mktemp("plants"))
-    names = [*PLANT_DIVERGENCE, *PLANT_ERROR, HARMLESS]
+    names = [*EXPECT.plant_divergence, *EXPECT.plant_error, HARMLESS]
     results = _in_pairs([lambda p=p: _run("async+zb", models, out_dir, wl, plant=p, check=False) for p in names])
     return {p: (res, stderr) for p, (_, res, _, stderr) in zip(names, results)}
 
 
-@pytest.mark.parametrize("plant", sorted(PLANT_DIVERGENCE))
+@pytest.mark.parametrize("plant", sorted(EXPECT.plant_divergence))
 def test_planted_mistake_diverges(runs, planted, plant):
     _, res = runs
     got, stderr = planted[plant]
@@ -225,13 +282,13 @@ def test_planted_mistake_diverges(runs, planted, plant):
     print(f"\n{plant}: " + "; ".join(divs[:4]))
     assert divs, f"planted mistake {plant!r} went unnoticed"
     request, field = divs[0].split()[:2]
-    assert (request, field.rstrip(":")) == PLANT_DIVERGENCE[plant], divs[:4]
+    assert (request, field.rstrip(":")) == EXPECT.plant_divergence[plant], divs[:4]
 
 
-@pytest.mark.parametrize("plant", sorted(PLANT_ERROR))
+@pytest.mark.parametrize("plant", sorted(EXPECT.plant_error))
 def test_planted_mistake_raises(planted, plant):
     got, stderr = planted[plant]
-    where, error = PLANT_ERROR[plant]
+    where, error = EXPECT.plant_error[plant]
     assert got is None, "the planted run finished"
     assert error in stderr and where in stderr, stderr[-3000:]
 

@@ -7,7 +7,9 @@ import tiny_model
 import torch
 from workload import Workload
 
-transformers = pytest.importorskip("transformers", reason="the tiny-model reference needs transformers (va018-e2e env)")
+transformers = pytest.importorskip(
+    "transformers", reason="the tiny-model reference needs transformers (va013-e2e / va018-e2e env)"
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,11 @@ rejection sampler and proposer are the release's own code. Replaced (each listed
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
 - KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
 - the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+
+The same double serves vllm-ascend 0.13.0 and 0.18.0. Their differences here: 0.13 imports ``torch_npu._inductor`` in
+``__init__`` (0.18 in ``_init_device``, replaced here), so the 0.13 stand-in declares that module; the seed is set
+through the release worker's own ``set_random_seed`` (vLLM 0.13 keeps it in ``model_executor.utils``, 0.18 in
+``utils.torch_utils``).
 """
 
 from __future__ import annotations
