@@ -2,7 +2,8 @@
 installs one in the engine process after ``LLM(...)`` is built (zb-patch's wrappers are applied by then) and before
 any request is generated. Each plant wraps a zb-patch method or a release function at the point where the mistake
 would live; zb-patch's own code is not edited. Which plants apply depends on the release's adapter: the zero-bubble
-ones on vllm-ascend 0.18 (ascend-0.18), the slot-mapping-kernel one on 0.19-0.25 (ascend-0.19-0.25).
+ones on vllm-ascend 0.13 / 0.18 (ascend-0.13 / ascend-0.18), the slot-mapping-kernel one on 0.19-0.25
+(ascend-0.19-0.25).
 
 tests/engine/test_engine.py runs the installed release's plants (``EXPECTED[release].plants``) as the async +
 ZB_PATCH=1 configuration and asserts what each must do against the unplanted run.
@@ -17,9 +18,13 @@ HITS: collections.Counter = collections.Counter()  # per plant: the calls in whi
 
 
 def _zero_bubble():
-    from zb_patch.versions.ascend_0_18 import ZERO_BUBBLE
+    """The ZeroBubble instance of the adapter zb-patch applied in this process (ZeroBubble013 / ZeroBubble018)."""
+    import importlib
 
-    return ZERO_BUBBLE
+    from zb_patch import plugin
+
+    adapter = plugin.status()["adapter"]  # "ascend-0.13" -> zb_patch.versions.ascend_0_13
+    return importlib.import_module("zb_patch.versions." + adapter.replace("-", "_").replace(".", "_")).ZERO_BUBBLE
 
 
 def slot_mapping_off_by_one() -> None:

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from npu_ops import activation, attention, kv_cache, norm
+from npu_ops import activation, attention, kv_cache, norm, rope
 from npu_ops.triton_ascend import get_element
 
 g = torch.Generator().manual_seed(0)
@@ -69,6 +69,37 @@ def test_reshape_and_cache_writes_slots_and_skips_padding():
         kv_cache._npu_reshape_and_cache(
             key=k.flatten(1), value=v.flatten(1), key_cache=kc, value_cache=vc, slot_indices=slots
         )
+
+
+def test_rotary_embedding_neox_matches_loop():
+    """vLLM's RoPE (NeoX halves) from its definition: angle = position * base ** (-2 i / head_size)."""
+    tokens, heads, kv_heads, d, base = 3, 2, 1, 8, 10000.0
+    inv_freq = [base ** (-2 * i / d) for i in range(d // 2)]
+    max_pos = 16
+    angles = torch.tensor([[p * f for f in inv_freq] for p in range(max_pos)], dtype=torch.float64)
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float()
+    positions = torch.tensor([0, 5, 11])
+    q, k = rnd(tokens, heads * d), rnd(tokens, kv_heads * d)
+    q0, k0 = q.clone(), k.clone()
+    assert rope._npu_rotary_embedding(positions, q, k, d, cache, True) is None  # in place
+    for x, x0, n in ((q, q0, heads), (k, k0, kv_heads)):
+        for t, p in enumerate(positions.tolist()):
+            for h in range(n):
+                for i in range(d // 2):
+                    a, b = float(x0[t, h * d + i]), float(x0[t, h * d + i + d // 2])
+                    c, s = math.cos(p * inv_freq[i]), math.sin(p * inv_freq[i])
+                    assert x[t, h * d + i].item() == pytest.approx(a * c - b * s, rel=1e-5, abs=1e-6)
+                    assert x[t, h * d + i + d // 2].item() == pytest.approx(b * c + a * s, rel=1e-5, abs=1e-6)
+
+
+def test_rotary_embedding_refuses_other_modes():
+    positions, cache = torch.tensor([0, 1]), rnd(4, 8)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: is_neox_style=False"):
+        rope._npu_rotary_embedding(positions, rnd(2, 8), rnd(2, 8), 8, cache, False)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: cos_sin_cache"):
+        rope._npu_rotary_embedding(positions, rnd(2, 16), rnd(2, 16), 16, cache, True)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: query"):
+        rope._npu_rotary_embedding(positions, rnd(2, 2, 8), rnd(2, 8), 8, cache, True)
 
 
 def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):

@@ -9,7 +9,7 @@ from zb_patch.check.engine import model as tiny_model
 from zb_patch.check.engine.workload import Workload
 
 transformers = pytest.importorskip(
-    "transformers", reason="the tiny-model reference needs transformers (va018-e2e / va023-e2e envs)"
+    "transformers", reason="the tiny-model reference needs transformers (va013-e2e / va018-e2e / va023-e2e envs)"
 )
 
 

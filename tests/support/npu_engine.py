@@ -18,12 +18,12 @@ def install() -> None:
         return
     import npu_standin
 
-    npu_standin.install()
+    family = npu_standin.install()
     import npu_ops
     import npu_ops.triton_ascend
 
     # before vllm_ascend.ops.triton resolves the triton-ascend extension ops (at import)
-    npu_ops.triton_ascend.bind()
+    npu_ops.triton_ascend.bind(family)
     import torch
     import torch_npu  # the stand-in
 

@@ -102,6 +102,7 @@ def main(
     )
     if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
         raise RuntimeError("the engine self-test needs the EngineCore in this process (one worker)")
+    _take_drafts_in_process(llm)
     extra = after_build() if after_build else {}
     reqs = wl.requests(VOCAB)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
@@ -147,33 +148,73 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
+def _take_drafts_in_process(llm) -> None:
+    """vLLM before #30319 (0.13.x): the in-process client's ``get_output`` runs the engine core's ``step_fn`` but not
+    its ``post_step`` (the sync path's ``take_draft_token_ids``), so the scheduler never receives a draft and sync
+    runs verify none. Follow each step with ``post_step``, as the engine core's busy loop does."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    if not isinstance(client, InprocClient) or "post_step" in InprocClient.get_output.__code__.co_names:
+        return
+    core, step_fn = client.engine_core, client.engine_core.step_fn
+
+    def step_then_post_step():
+        outputs, model_executed = step_fn()
+        core.post_step(model_executed)
+        return outputs, model_executed
+
+    core.step_fn = step_then_post_step
+
+
 def _observe_scheduler() -> tuple[dict, dict]:
-    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), and drafted /
-    accepted per draft position over all requests (as its ``SpecDecodingStats.observe_draft``: accepted n counts
-    positions 0..n-1)."""
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), apart the drafts
+    it verified in a step that was not a pure decode step (it also computed prompt tokens, or recomputed tokens:
+    vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk and verifies them with the last
+    chunk), and drafted / accepted per draft position over all requests (as its ``SpecDecodingStats.observe_draft``:
+    accepted n counts positions 0..n-1)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    counts: dict[str, collections.Counter] = {k: collections.Counter() for k in ("drafted", "accepted", "preemptions")}
+    fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
+    counts: dict[str, collections.Counter] = {k: collections.Counter() for k in fields}
     per_pos: dict[str, collections.Counter] = {
         k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")
     }
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
+    update = Scheduler.update_from_output
     signature = inspect.signature(make_stats)
+    step: dict[str, dict] = {}
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        cached = scheduler_output.scheduled_cached_reqs
+        step["computed"] = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        step["computed"].update(zip(cached.req_ids, cached.num_computed_tokens))  # before the step
+        step["scheduled"] = scheduler_output.num_scheduled_tokens
+        return update(self, scheduler_output, model_runner_output)
 
     def make_spec_decoding_stats(self, *args, **kwargs):
         a = signature.bind(self, *args, **kwargs).arguments
-        request_id = a["request_id"]
-        invalid = (a.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
-        counts["drafted"][request_id] += a["num_draft_tokens"] - invalid
-        counts["accepted"][request_id] += a["num_accepted_tokens"]
-        per_pos["drafted_per_pos"].update(range(a["num_draft_tokens"] - invalid))
-        per_pos["accepted_per_pos"].update(range(a["num_accepted_tokens"]))
+        # vLLM 0.18+ passes the request id and its invalid (padding) drafts; 0.13 passes neither: its one caller,
+        # update_from_output's per-request loop, holds the id as req_id
+        request_id = a["request_id"] if "request_id" in a else sys._getframe(1).f_locals["req_id"]
+        drafted = a["num_draft_tokens"] - (a.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
+        accepted = a["num_accepted_tokens"]
+        counts["drafted"][request_id] += drafted
+        counts["accepted"][request_id] += accepted
+        # a pure decode step starts past the prompt and computes the last sampled token and the drafts
+        past_prompt = step["computed"][request_id] >= self.requests[request_id].num_prompt_tokens
+        if not (past_prompt and step["scheduled"][request_id] == a["num_draft_tokens"] + 1):
+            counts["drafted_in_prefill"][request_id] += drafted
+            counts["accepted_in_prefill"][request_id] += accepted
+        per_pos["drafted_per_pos"].update(range(drafted))
+        per_pos["accepted_per_pos"].update(range(accepted))
         return make_stats(self, *args, **kwargs)
 
     def _preempt_request(self, request, timestamp):
         counts["preemptions"][request.request_id] += 1
         return preempt(self, request, timestamp)
 
+    Scheduler.update_from_output = update_from_output
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
     return counts, per_pos
