@@ -1,31 +1,31 @@
-"""Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops): the same
-workload with async scheduling off, on, and on with ZB_PATCH=1 -- one engine process per configuration
-(tests/engine/run_engine.py). Token ids per request must be identical across the runs, and the drafted /
-accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller workload; and the planted
-mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as PLANT_DIVERGENCE / PLANT_ERROR
-say (docs/e2e.md, "Planted mistakes").
+"""Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops), run by the
+product's own ``zb-patch selftest --engine`` (zb_patch/check/engine) with the tests' launcher as its child
+(tests/engine/run_engine.py, named in ``ZB_PATCH_ENGINE_CHILD``): the same workload with async scheduling off, on,
+and on with ZB_PATCH=1, one engine process per configuration. Token ids per request must be identical across the
+runs, and the drafted / accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller
+workload; and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as
+PLANT_DIVERGENCE / PLANT_ERROR say (docs/e2e.md, "Planted mistakes").
 
 E2E_BIG=1 runs the larger workload (more requests, longer prompts).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va018-e2e env)")
 
-import tiny_model  # noqa: E402
-from workload import Workload, divergences, summarize, table  # noqa: E402
+from zb_patch.check.engine import model as tiny_model  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.workload import Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.join(HERE, "run_engine.py")
 SMALL = Workload()
 BIG = Workload(
     num_requests=48,
@@ -36,57 +36,80 @@ BIG = Workload(
     max_num_seqs=8,
     num_gpu_blocks=6,
 )
-CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"], {"ZB_PATCH": "1"})}
-TIMEOUT_S = 1500
 
 
-def _run(name: str, models: str, out_dir: str, wl: Workload, plant: str = "", check: bool = True):
-    """One engine process of configuration ``name`` (CONFIGS); returns (name, result or None, seconds, stderr)."""
-    flags, extra_env = CONFIGS[name]
-    tag = f"{name}-k{wl.num_speculative_tokens}-{plant or 'none'}"
-    out = os.path.join(out_dir, f"{tag}.json")
-    env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
-    env.update(extra_env)
-    cmd = [sys.executable, os.path.join(HERE, "run_engine.py"), "--models", models, "--out", out]
-    cmd += ["--workload", json.dumps(wl.to_json()), *flags] + (["--plant", plant] if plant else [])
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    secs = time.monotonic() - start
-    if proc.returncode != 0:
-        if check:
-            raise AssertionError(f"engine run {tag} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
-        return tag, None, secs, proc.stderr
-    with open(out) as f:
-        return tag, json.load(f), secs, proc.stderr
+@pytest.fixture(scope="module", autouse=True)
+def emulated_child():
+    """Every engine process of this module is the tests' launcher (NPU emulation + worker double)."""
+    old = os.environ.get(CHILD_ENV)
+    os.environ[CHILD_ENV] = LAUNCHER
+    yield
+    if old is None:
+        os.environ.pop(CHILD_ENV, None)
+    else:
+        os.environ[CHILD_ENV] = old
 
 
-def _in_pairs(jobs):
-    """Run the engine processes two at a time (the CI box has two cores)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda job: job(), jobs))
+def _selftest_cli(wl: Workload, ks, keep: str) -> tuple[int, dict]:
+    """``zb-patch selftest --engine --json`` (two engine processes at a time: the CI box has two cores)."""
+    cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2"]
+    cmd += ["--k", ",".join(map(str, ks)), "--keep", keep, "--workload", json.dumps(wl.to_json())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * 3600)
+    print("\n" + proc.stderr[-2000:])
+    return proc.returncode, json.loads(proc.stdout)  # stdout carries the report and nothing else
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    models = str(tmp_path_factory.mktemp("models"))
-    tiny_model.write_models(models)
-    return models
-
-
-@pytest.fixture(scope="module")
-def runs(models, tmp_path_factory):
-    wl = BIG if os.environ.get("E2E_BIG") else SMALL
-    out_dir = str(tmp_path_factory.mktemp("runs"))
-    results = _in_pairs([lambda n=n: _run(n, models, out_dir, wl) for n in CONFIGS])
-    runs = dict(zip(CONFIGS, (res for _, res, _, _ in results)))
+def _kept_results(keep: str, k: int) -> dict[str, dict]:
+    runs = {}
+    for name in CONFIGS:
+        with open(os.path.join(keep, f"{name}-k{k}-plain.json")) as f:
+            runs[name] = json.load(f)
     divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-    print(f"\nk = {wl.num_speculative_tokens}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
+    print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
     for name, res in runs.items():
         for line in divergences(runs["sync"], res):
             print(f"{name} vs sync: {line}")
-    for tag, _, secs, _ in results:
-        print(f"{tag}: {secs:.0f} s (engine process)")
-    return wl, runs
+    return runs
+
+
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory):
+    """The operator's command on the main workload (k = 2); its runs' results are kept for the tests below."""
+    wl = BIG if os.environ.get("E2E_BIG") else SMALL
+    keep = str(tmp_path_factory.mktemp("selftest"))
+    rc, report = _selftest_cli(wl, [wl.num_speculative_tokens], keep)
+    return wl, rc, report, keep
+
+
+@pytest.fixture(scope="module")
+def models(selftest):
+    return os.path.join(selftest[3], "models")
+
+
+@pytest.fixture(scope="module")
+def runs(selftest):
+    wl, _, _, keep = selftest
+    return wl, _kept_results(keep, wl.num_speculative_tokens)
+
+
+def test_engine_selftest_passes(selftest):
+    """PASS and exit 0, one table row per configuration, the device and versions reported."""
+    wl, rc, report, _ = selftest
+    entry = report["k"][str(wl.num_speculative_tokens)]
+    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
+    assert [row["run"] for row in entry["rows"]] == list(CONFIGS)
+    assert report["device"]["available"] and report["versions"]["vllm_ascend"] != "not installed"
+
+
+def test_engine_selftest_without_npu_says_so():
+    """Without the emulation the child finds no torch_npu: no engine runs, the report says why, exit 2."""
+    env = {k: v for k, v in os.environ.items() if k != CHILD_ENV}
+    proc = subprocess.run(
+        [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no NPU: torch_npu cannot be imported" in proc.stdout
+    assert "Verdict: NO-DEVICE" in proc.stdout
 
 
 def test_every_request_generates_its_tokens(runs):
@@ -169,21 +192,22 @@ K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no 
 
 
 @pytest.fixture(scope="module")
-def k_sweep(models, tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("k_sweep"))
-    wls = {k: dataclasses.replace(K_SWEEP_WORKLOAD, num_speculative_tokens=k) for k in K_SWEEP}
-    jobs = [lambda n=n, k=k: _run(n, models, out_dir, wls[k]) for k in K_SWEEP for n in CONFIGS]
-    results = iter(_in_pairs(jobs))
-    sweep = {k: {n: next(results)[1] for n in CONFIGS} for k in K_SWEEP}
-    for k, runs in sweep.items():
-        divs = {name: len(divergences(runs["sync"], res)) for name, res in runs.items()}
-        print(f"\nk = {k}\n" + table([summarize(n, r) for n, r in runs.items()], divs))
-    return sweep
+def k_sweep(tmp_path_factory):
+    """``zb-patch selftest --engine --k 1,3,4`` on the smaller workload."""
+    keep = str(tmp_path_factory.mktemp("k_sweep"))
+    rc, report = _selftest_cli(K_SWEEP_WORKLOAD, K_SWEEP, keep)
+    return rc, report, {k: _kept_results(keep, k) for k in K_SWEEP}
+
+
+def test_k_sweep_selftest_passes(k_sweep):
+    rc, report, _ = k_sweep
+    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
+    assert sorted(report["k"]) == [str(k) for k in K_SWEEP]
 
 
 @pytest.mark.parametrize("k", K_SWEEP)
 def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
-    runs = k_sweep[k]
+    runs = k_sweep[2][k]
     assert K_SWEEP_WORKLOAD.reaches_max_model_len(tiny_model.VOCAB) == set()
     assert sum(runs["sync"]["drafted"].values()) > 0
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
@@ -211,8 +235,8 @@ def planted(runs, models, tmp_path_factory):
     wl, _ = runs
     out_dir = str(tmp_path_factory.mktemp("plants"))
     names = [*PLANT_DIVERGENCE, *PLANT_ERROR, HARMLESS]
-    results = _in_pairs([lambda p=p: _run("async+zb", models, out_dir, wl, plant=p, check=False) for p in names])
-    return {p: (res, stderr) for p, (_, res, _, stderr) in zip(names, results)}
+    jobs = [lambda p=p: run_config("async+zb", models, out_dir, wl, extra_args=["--plant", p]) for p in names]
+    return {p: (r.result, r.stderr) for p, r in zip(names, run_all(jobs, parallel=2))}
 
 
 @pytest.mark.parametrize("plant", sorted(PLANT_DIVERGENCE))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import tiny_model
 import torch
-from workload import Workload
+
+from zb_patch.check.engine import model as tiny_model
+from zb_patch.check.engine.workload import Workload
 
 transformers = pytest.importorskip("transformers", reason="the tiny-model reference needs transformers (va018-e2e env)")
 

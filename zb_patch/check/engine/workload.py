@@ -1,5 +1,5 @@
-"""The engine workload and the comparison of runs -- plain data, independent of the NPU emulation (a real-NPU
-self test can reuse it).
+"""The engine workload and the comparison of runs: plain data, shared by ``zb-patch selftest --engine`` and the
+tests.
 
 A run's result is ``{"tokens": {req: [ids]}, "drafted": {req: n}, "accepted": {req: n}, "preemptions": {req: n}}``.
 """

@@ -3,8 +3,8 @@
 Seeded weights: a random embedding and LM head, random layers at a small scale, and an EAGLE head whose fc
 passes the sampled token's embedding through (see eagle_weights). Not yet crafted for wide greedy margins.
 
-Independent of the NPU emulation (plain transformers configs + torch tensors): the same builder is meant to
-serve a real-NPU self test later.
+Plain config dicts + torch tensors (safetensors writes them): the same files serve ``zb-patch selftest --engine``
+on an NPU and the tests' CPU emulation.
 """
 
 from __future__ import annotations
