@@ -1,11 +1,13 @@
-"""Build ``.gpu-stack/``: the Python packages the engine e2e (tests/engine/run_engine.py on the vllm-ascend platform)
-needs on the GPU box, which has torch (CUDA) + Triton and nothing of vLLM's, and no network. The device tool carries
-the folder beside the repo (``carry=[".gpu-stack"]``, 64 MiB with the working tree); on the box
-``PYTHONPATH=.gpu-stack:tests/support:.`` makes it importable (benchmarks/bench_engine_gpu.py sets that up).
+"""Build ``.gpu-stack/``: the Python packages the engine e2e (the vllm-ascend platform over CUDA, benchmarks/
+bench_engine_gpu.py) needs on the GPU box, which has torch (CUDA) + Triton + numpy and nothing of vLLM's, and no
+network. The device tool carries the folder beside the repo (``carry=[".gpu-stack"]``, 64 MiB with the working tree).
 
-    python benchmarks/gpu_stack.py --python 3.12 [--release 0.18.0] [--site /work/main/.tox/va018/lib/python3.11/site-packages]
+    python benchmarks/gpu_stack.py --python 3.12 [--release 0.18.0] [--site <site-packages of a va018 env>]
 
-What goes in (docs/environments.md, "GPU box"):
+The folder holds ``STACK.json`` (release, target Python, every distribution with its version and origin, sizes, the
+archive's sha256) and ``stack-<release>-cp<XY>.tar.xz``; on the box :func:`unpack` extracts it once per digest
+(bench_engine_gpu.py: into ``.gpu-stack-unpacked/``, refusing another Python than the one it was built for) and
+``PYTHONPATH=<unpacked>:tests/support:.`` makes it importable. What goes in (docs/environments.md, "GPU box"):
 
 * vLLM and vllm-ascend of ``--release``: their pure-Python sources only (every compiled file dropped: vLLM's CUDA
   kernels are built for another torch and never load beside the box's, vllm-ascend's need CANN), byte-identical
@@ -15,12 +17,12 @@ What goes in (docs/environments.md, "GPU box"):
   only torch + triton + numpy, the box's set), at the versions of ``requirements/<env>.txt`` (the release's tested
   lock), as the target Python's wheels (``pip download``: compiled ones must match the box's ``--python``).
 * ``zb_patch-<version>.dist-info`` with zb-patch's entry point (the package itself is the repo's, on PYTHONPATH).
-* ``STACK.json``: release, target Python, every distribution with its version and wheel, the sizes.
 
-Left out on purpose: what the box has (torch and its dependencies, triton, numpy: ``BOX_HAS``), what the path imports
-only when present (scipy, opencv, pillow, numba, ... : vLLM / transformers / vllm-ascend probe for them; see
-``OPTIONAL``), tests, ``__pycache__``, compiled files of source-only packages, model files vLLM never imports here
-(``transformers/models/*`` outside ``KEEP_TRANSFORMERS_MODELS``).
+Left out on purpose: what the box has (``BOX_HAS``: torch and its dependencies, triton, numpy), what the path imports
+only when present (``OPTIONAL``), numba and scipy (``STAND_INS``), tests, ``__pycache__``, compiled files and unread
+data of the source-only packages (``DROP_DIRS``), transformers models vLLM never imports here (outside
+``KEEP_TRANSFORMERS_MODELS``). When ``python<X.Y>`` exists here, every compiled package of the stack is imported with
+it as a check.
 
 Wheels are cached in ``~/.cache/zb-patch/gpu-stack/`` (``--wheels``); building needs network to PyPI (this machine),
 the box does not.
@@ -36,9 +38,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFEST = "STACK.json"
+MIB = 1 << 20
 
 # release -> the tox env whose lock pins its packages
 LOCKS = {"0.13.0": "va013", "0.18.0": "va018", "0.23.0": "va023"}
@@ -106,6 +112,7 @@ PACKAGES: dict[str, str] = {
     "click": "uvicorn",
     "gguf": "vllm.transformers_utils.gguf_utils",
     "pillow": "vllm.multimodal.hasher",
+    "typing-extensions": "anyio, pydantic, ... (anyio 4.16 needs >= 4.16: carried so the box's older copy is not used)",
     "llguidance": "vllm.v1.structured_output.backend_guidance (class-body annotations resolve the lazy module)",
     "xgrammar": "vllm.v1.structured_output.backend_xgrammar (dataclass field annotations)",
     "apache-tvm-ffi": "xgrammar",
@@ -118,7 +125,6 @@ BOX_HAS = (
     "triton",
     "numpy",
     "filelock",
-    "typing-extensions",
     "sympy",
     "mpmath",
     "networkx",
@@ -128,11 +134,13 @@ BOX_HAS = (
     "setuptools",
 )
 
-# Imported on this path only when installed (availability probes), so left out: the path runs without them.
+# Not carried although the path imports them (each ~20-150 MB unpacked): only EPLB's FlashLB policy and n-gram
+# drafting use them, neither runs here; tests/support/gpu_box/absent holds stand-ins that import and raise when used
+# (bench_engine_gpu.py puts them on the path only where the real package is missing).
+STAND_INS = ("numba", "scipy")
+# Imported on this path only when installed (availability probes): the path runs without them.
 OPTIONAL = (
-    "scipy",  # transformers.loss.loss_for_object_detection: is_scipy_available()
     "opencv-python-headless",  # mistral_common image tokenizer: is_opencv_installed()
-    "numba",  # vllm_ascend.eplb.core.policy.policy_flashlb imports it: see tests/support/gpu_box (absent-package stand-in)
 )
 
 # transformers/models/<name> subpackages the engine path imports (vLLM's model registry and vllm-ascend's model
@@ -235,10 +243,8 @@ def keep(relpath: str, source_only: bool) -> bool:
         return parts[-1] in ("METADATA", "entry_points.txt", "top_level.txt")
     if parts[0] == "transformers" and len(parts) > 3 and parts[1] == "models":
         return parts[2] in KEEP_TRANSFORMERS_MODELS
-    if source_only:
-        if COMPILED.search(relpath) or any(relpath.startswith(d + "/") for d in DROP_DIRS):
-            return False
-    return True
+    compiled_or_data = COMPILED.search(relpath) or any(relpath.startswith(d + "/") for d in DROP_DIRS)
+    return not (source_only and compiled_or_data)
 
 
 def unpack_wheel(wheel: str, out: str, source_only: bool) -> list[str]:
@@ -301,58 +307,243 @@ def tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+def build_tree(tree: str, release: str, python: str, site: str | None, wheels: str) -> dict:
+    """Assemble the stack's files in ``tree``; returns the manifest's distribution table."""
+    pins = lock_versions(release)
+    if pins.get("vllm-ascend") != release:
+        raise SystemExit(f"gpu_stack: the lock pins vllm-ascend {pins.get('vllm-ascend')}, not {release}")
+    os.makedirs(tree)
+    dists = {}
+    for dist in (*SOURCE_ONLY, *PACKAGES):
+        version = pins.get(canonical(dist))
+        if version is None:
+            raise SystemExit(f"gpu_stack: {dist} is not in requirements/{LOCKS[release]}.txt")
+        source_only = dist in SOURCE_ONLY
+        if source_only and site:
+            files, origin = copy_installed(site, dist, version, tree), site
+        else:
+            wheel = download(dist, version, python, wheels)
+            files, origin = unpack_wheel(wheel, tree, source_only), os.path.basename(wheel)
+        compiled = sorted(f for f in files if COMPILED.search(f))
+        dists[dist] = {"version": version, "from": origin, "files": len(files), "compiled": compiled}
+    return dists
+
+
+def archive_name(release: str, python: str) -> str:
+    return f"stack-{release}-cp{python.replace('.', '')}.tar.xz"
+
+
+def write_archive(tree: str, path: str) -> None:
+    """tar.xz of the tree, entries sorted and owner / time zeroed (the same tree gives the same archive)."""
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    with tarfile.open(path, "w:xz", preset=6) as tar:
+        for root, dirs, files in os.walk(tree):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                tar.add(full, arcname=os.path.relpath(full, tree), filter=normalise)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# Loads every compiled file of the stack in the target interpreter without importing its package (whose __init__ may
+# import torch / numpy, which this machine's python<X.Y> lacks): Python extensions through their own loader (an ABI
+# mismatch fails here), other shared libraries with ctypes (a missing dependency fails here).
+_LOAD_COMPILED = """
+import ctypes, importlib.util, json, os, sys
+tree, failed = sys.argv[1], {}
+for rel in sys.argv[2:]:
+    path = os.path.join(tree, rel)
+    base = os.path.basename(rel)
+    try:
+        if ".cpython-" in base or ".abi3." in base:
+            name = rel.split(".", 1)[0].replace("/", ".")
+            spec = importlib.util.spec_from_file_location(name, path)
+            spec.loader.create_module(spec)
+        else:
+            ctypes.CDLL(path)
+    except Exception as exc:
+        failed[rel] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(failed))
+"""
+
+
+def find_python(version: str) -> str | None:
+    """A working ``python<version>`` on PATH, else a pyenv install of it."""
+    candidates = [shutil.which(f"python{version}")]
+    pyenv = os.path.expanduser("~/.pyenv/versions")
+    if os.path.isdir(pyenv):
+        candidates += sorted(
+            os.path.join(pyenv, v, "bin", f"python{version}") for v in os.listdir(pyenv) if v.startswith(version + ".")
+        )
+    for exe in candidates:
+        if exe and subprocess.run([exe, "-c", "pass"], capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+def check_compiled(tree: str, python: str, dists: dict) -> dict:
+    """Load every compiled file of the stack with ``python<X.Y>`` when this machine has it (the wheels were chosen
+    for that interpreter)."""
+    exe = find_python(python)
+    if exe is None:
+        return {"checked": False, "reason": f"no working python{python} here"}
+    files = sorted(f for d in dists.values() for f in d["compiled"] if re.search(r"\.so(\.\d+)*$", f))
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONNOUSERSITE": "1"}
+    proc = subprocess.run(
+        [exe, "-c", _LOAD_COMPILED, tree, *files], env=env, capture_output=True, text=True, timeout=600
+    )
+    failed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"*": proc.stderr[-2000:]}
+    return {"checked": True, "python": exe, "files": len(files), "ok": not failed, "failed": failed}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", required=True, help="the box's Python major.minor (benchmarks/gpu_probe.sh prints it)")
     ap.add_argument("--release", default="0.18.0", choices=sorted(LOCKS))
-    ap.add_argument("--out", default=os.path.join(REPO, ".gpu-stack"))
+    ap.add_argument("--out", default=os.path.join(REPO, ".gpu-stack"), help="the carried folder")
     ap.add_argument("--site", help="site-packages of an installed env of the release (vLLM / vllm-ascend sources)")
     ap.add_argument("--wheels", default=DEFAULT_WHEELS, help="wheel cache")
+    ap.add_argument("--tree", help="assemble the unpacked stack here and keep it (default: a temporary folder)")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python):
         raise SystemExit(f"gpu_stack: --python {args.python!r}: give major.minor, e.g. 3.12")
 
-    pins = lock_versions(args.release)
-    if pins.get("vllm-ascend") != args.release:
-        raise SystemExit(f"gpu_stack: the lock pins vllm-ascend {pins.get('vllm-ascend')}, not {args.release}")
-    if os.path.exists(args.out):
-        shutil.rmtree(args.out)
-    os.makedirs(args.out)
-    wheels = os.path.join(args.wheels, "cp" + args.python.replace(".", ""))
-    manifest: dict = {"release": args.release, "python": args.python, "dists": {}}
-    for dist in (*SOURCE_ONLY, *PACKAGES):
-        version = pins.get(canonical(dist))
-        if version is None:
-            raise SystemExit(f"gpu_stack: {dist} is not in requirements/{LOCKS[args.release]}.txt")
-        source_only = dist in SOURCE_ONLY
-        if source_only and args.site:
-            files, origin = copy_installed(args.site, dist, version, args.out), args.site
-        else:
-            wheel = download(dist, version, args.python, wheels)
-            files, origin = unpack_wheel(wheel, args.out, source_only), os.path.basename(wheel)
-        compiled = sorted(f for f in files if COMPILED.search(f))
-        manifest["dists"][dist] = {"version": version, "from": origin, "files": len(files), "compiled": compiled}
-    manifest["zb_patch"] = zb_patch_dist_info(args.out)
-    manifest["bytes"] = tree_bytes(args.out)
-    repo_files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    manifest["repo_bytes"] = sum(os.path.getsize(os.path.join(REPO, f)) for f in repo_files if os.path.isfile(
-        os.path.join(REPO, f)))
-    digest = hashlib.sha256(json.dumps(manifest["dists"], sort_keys=True).encode()).hexdigest()[:16]
-    manifest["digest"] = digest
-    with open(os.path.join(args.out, "STACK.json"), "w") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-    mib = 1 << 20
-    print(f"{args.out}: {manifest['bytes'] / mib:.1f} MiB ({len(manifest['dists'])} distributions, python {args.python},"
-          f" release {args.release}); repo working tree {manifest['repo_bytes'] / mib:.1f} MiB;"
-          f" together {(manifest['bytes'] + manifest['repo_bytes']) / mib:.1f} MiB of the 64 MiB carry limit")
-    biggest = sorted(
-        ((tree_bytes(os.path.join(args.out, d)), d) for d in os.listdir(args.out) if os.path.isdir(
-            os.path.join(args.out, d))), reverse=True)[:12]
+    staging = tempfile.mkdtemp(prefix="gpu-stack-")
+    tree = args.tree or os.path.join(staging, "tree")
+    if args.tree and os.path.exists(tree):
+        shutil.rmtree(tree)
+    try:
+        wheels = os.path.join(args.wheels, "cp" + args.python.replace(".", ""))
+        dists = build_tree(tree, args.release, args.python, args.site, wheels)
+        zb_version = zb_patch_dist_info(tree)
+        compiled_check = check_compiled(tree, args.python, dists)
+        os.makedirs(args.out, exist_ok=True)
+        name = archive_name(args.release, args.python)
+        for old in os.listdir(args.out):
+            if old.startswith("stack-") and old.endswith(".tar.xz"):
+                os.remove(os.path.join(args.out, old))
+        print(f"gpu_stack: compressing {tree_bytes(tree) / MIB:.1f} MiB ...", flush=True)
+        write_archive(tree, os.path.join(args.out, name))
+        manifest = {
+            "release": args.release,
+            "python": args.python,
+            "archive": name,
+            "archive_sha256": sha256(os.path.join(args.out, name)),
+            "archive_bytes": os.path.getsize(os.path.join(args.out, name)),
+            "tree_bytes": tree_bytes(tree),
+            "dists": dists,
+            "zb_patch": zb_version,
+            "box_has": list(BOX_HAS),
+            "stand_ins": list(STAND_INS),
+            "compiled_import_check": compiled_check,
+        }
+        with open(os.path.join(args.out, MANIFEST), "w") as fh:
+            json.dump(manifest, fh, indent=1, sort_keys=True)
+        biggest = sorted(
+            ((tree_bytes(os.path.join(tree, d)), d) for d in os.listdir(tree) if os.path.isdir(os.path.join(tree, d))),
+            reverse=True,
+        )[:10]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    repo_bytes = working_tree_bytes()
+    print(
+        f"{args.out}/{name}: {manifest['archive_bytes'] / MIB:.1f} MiB ({manifest['tree_bytes'] / MIB:.1f} MiB "
+        f"unpacked, {len(dists)} distributions, python {args.python}, release {args.release}); the working tree "
+        f"{repo_bytes / MIB:.1f} MiB; carried together {(manifest['archive_bytes'] + repo_bytes) / MIB:.1f} MiB "
+        f"of the 64 MiB limit"
+    )
     for size, d in biggest:
-        print(f"  {size / mib:6.1f} MiB  {d}")
-    return 0
+        print(f"  {size / MIB:6.1f} MiB  {d}")
+    if compiled_check["checked"]:
+        status = "ok" if compiled_check["ok"] else "FAILED:\n" + json.dumps(compiled_check["failed"], indent=1)
+        print(f"compiled files loaded by {compiled_check['python']}: {compiled_check['files']}, {status}")
+    else:
+        print(f"compiled modules not import-checked: {compiled_check['reason']}")
+    return 0 if compiled_check.get("ok", True) else 1
+
+
+def working_tree_bytes() -> int:
+    """What the device tool copies besides the carried folder: tracked + untracked files git does not ignore."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    paths = (os.path.join(REPO, f) for f in out.split("\0") if f)
+    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+
+
+# -- on the box: unpack, check what the box has ------------------------------------------------------------------
+
+
+def read_manifest(stack_dir: str) -> dict:
+    path = os.path.join(stack_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise SystemExit(f"gpu_stack: {path} missing: build it with benchmarks/gpu_stack.py and carry {stack_dir}")
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def unpack(stack_dir: str, dest_root: str) -> tuple[str, dict]:
+    """The unpacked stack for the running Python (unpacked once per archive digest under ``dest_root``). Refuses,
+    naming both versions, when the archive was built for another Python."""
+    manifest = read_manifest(stack_dir)
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if manifest["python"] != running:
+        raise SystemExit(
+            f"gpu_stack: {stack_dir}/{manifest['archive']} was built for Python {manifest['python']}, this is Python "
+            f"{running} ({sys.executable}): rebuild with benchmarks/gpu_stack.py --python {running}"
+        )
+    dest = os.path.join(dest_root, manifest["archive_sha256"][:16])
+    if not os.path.isfile(os.path.join(dest, MANIFEST)):
+        partial = dest + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        with tarfile.open(os.path.join(stack_dir, manifest["archive"])) as tar:
+            tar.extractall(partial, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(partial)
+        shutil.copy(os.path.join(stack_dir, MANIFEST), os.path.join(partial, MANIFEST))
+        os.replace(partial, dest)
+    return dest, manifest
+
+
+def box_report(tree: str, manifest: dict) -> dict:
+    """What the box provides of BOX_HAS, and every carried distribution's declared requirement on those packages that
+    the box's version does not meet (informational: the CPU simulation runs with the same kind of mismatches, e.g.
+    vllm-ascend's numpy<2 and torch pins)."""
+    import importlib.metadata as md
+
+    sys.path.insert(0, tree)
+    from packaging.requirements import Requirement
+
+    have = {}
+    for dist in manifest["box_has"]:
+        try:
+            have[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            have[dist] = None
+    unmet = []
+    for name in os.listdir(tree):
+        if not name.endswith(".dist-info"):
+            continue
+        meta = md.PathDistribution(__import__("pathlib").Path(tree, name))
+        for line in meta.requires or []:
+            req = Requirement(line)
+            key = canonical(req.name)
+            if key not in have or (req.marker and not req.marker.evaluate({"extra": ""})):
+                continue
+            if have[key] is None or not req.specifier.contains(have[key], prereleases=True):
+                unmet.append(f"{meta.metadata['Name']} requires {line.split(';')[0].strip()}; the box has {have[key]}")
+    return {"box_versions": have, "missing": sorted(k for k, v in have.items() if v is None), "unmet": sorted(unmet)}
 
 
 if __name__ == "__main__":
