@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,11 +70,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workload", default="{}", help="zb_patch.check.engine.workload.Workload fields as JSON")
     ap.add_argument("--k", type=int, default=2, help="num_speculative_tokens")
     ap.add_argument("--sync-debug", choices=("warn", "error"), default="warn")
-    ap.add_argument("--profile-from", type=int, default=40, help="first profiled step (earlier steps: host timing)")
+    ap.add_argument("--profile-from", type=int, default=30, help="first profiled step (earlier steps: host timing)")
     ap.add_argument("--profile-steps", type=int, default=30)
     ap.add_argument("--configs", default="sync,async,async+zb")
     ap.add_argument("--no-warmup", action="store_true", help="skip the short run that fills Triton's kernel cache")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=540.0,
+        help="seconds for the whole script (the device tool stops a command at 600 s): later runs get what is left, "
+        "and the report is written after every run",
+    )
     ap.add_argument(
         "--dry-run",
         action="store_true",
@@ -94,9 +103,18 @@ def main(argv: list[str]) -> int:
     report["stand_ins"] = os.environ.get("ZB_BENCH_STAND_INS", "")
     from zb_patch.check.engine import run
     from zb_patch.check.engine.model import write_models
+
+    # this file is the engine child; not through ZB_PATCH_ENGINE_CHILD, which the children would inherit, and zb-patch
+    # refuses to start when it sees a ZB_PATCH_* variable it does not know
+    run.child_command = lambda: [sys.executable, BENCH]
     from zb_patch.check.engine.workload import Workload, divergences, summarize, table
 
-    device = run.check_device(timeout=args.timeout)
+    deadline = started + args.budget
+
+    def timeout() -> float:
+        return max(1.0, min(args.timeout, deadline - time.monotonic()))
+
+    device = run.check_device(timeout=timeout())
     report["device"] = device
     print(f"device: {json.dumps(device)}", flush=True)
     if not device.get("available"):
@@ -110,13 +128,13 @@ def main(argv: list[str]) -> int:
     os.makedirs(runs_dir, exist_ok=True)
     failures: list[str] = []
     if not args.no_warmup:
+        # async+zb launches every Triton kernel the three runs use (the release's and zb-patch's): compiled into
+        # Triton's cache here, not inside the measured runs
         small = Workload(num_requests=2, max_prompt=20, max_tokens=12, num_speculative_tokens=args.k)
-        for name in ("sync", "async+zb"):  # compiles the release's and zb-patch's Triton kernels into the cache
-            warm = run.run_config(name, models, runs_dir, small, ("--warmup",), timeout=args.timeout)
-            print(f"warm-up {warm.tag}: {warm.seconds:.0f} s, rc {warm.returncode}", flush=True)
-            if warm.result is None:
-                failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.stderr[-3000:]}")
-                return _finish(args.out, report, failures)
+        warm = _run(run, "async+zb", models, runs_dir, small, ("--warmup",), timeout())
+        if warm.result is None:
+            failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.stderr[-3000:]}")
+            return _finish(args.out, report, failures)
 
     results, probes = {}, {}
     for name in args.configs.split(","):
@@ -124,18 +142,18 @@ def main(argv: list[str]) -> int:
         os.environ[PROBE_ENV] = probe_path
         os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
         os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
-        r = run.run_config(name, models, runs_dir, wl, ("--bench",), timeout=args.timeout)
-        print(f"{r.tag}: {r.seconds:.0f} s, rc {r.returncode}", flush=True)
+        r = _run(run, name, models, runs_dir, wl, ("--bench",), timeout())
         if os.path.isfile(probe_path):
             with open(probe_path) as fh:
                 probes[name] = json.load(fh)
+        report["probes"] = {n: p.get("summary", p) for n, p in probes.items()}
         if r.result is None:
             failures.append(f"{r.tag}: engine process failed (rc {r.returncode}): {r.stderr[-4000:]}")
-            continue
-        results[name] = r.result
-    report["probes"] = {n: p.get("summary", p) for n, p in probes.items()}
+        else:
+            results[name] = r.result
+        _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
 
-    reference = _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), args.timeout)
+    reference = _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
     report["reference"] = {k: v for k, v in reference.items() if k != "tokens"}
     if set(results) == set(run.CONFIGS):
         fails, notes = run.compare(results, wl)
@@ -150,6 +168,21 @@ def main(argv: list[str]) -> int:
         report["vs_transformers"] = {n: divergences(ref, res, fields=("tokens",)) for n, res in results.items()}
     report["seconds"] = round(time.monotonic() - started, 1)
     return _finish(args.out, report, failures)
+
+
+def _run(run, name, models, runs_dir, wl, flags, timeout):
+    """run.run_config, its stderr (the engine's log) saved beside its result; a timeout is a failed run."""
+    try:
+        r = run.run_config(name, models, runs_dir, wl, flags, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        r = run.Run(
+            name, f"{name}-{flags[0].lstrip('-')}", None, timeout, -9, f"timed out after {timeout:.0f} s\n{err}"
+        )
+    with open(os.path.join(runs_dir, f"{r.tag}.log"), "w") as fh:
+        fh.write(r.stderr)
+    print(f"{r.tag}: {r.seconds:.0f} s, rc {r.returncode}", flush=True)
+    return r
 
 
 def _stack(stack_dir: str) -> tuple[str, dict]:
@@ -169,10 +202,10 @@ def _child_environment(tree: str, manifest: dict, dry_run: bool) -> None:
     os.environ["ZB_BENCH_STAND_INS"] = ",".join(missing)
     os.environ["NPU_STANDIN_DEVICE"] = "cpu" if dry_run else "cuda"
     os.environ[DRY_ENV] = "1" if dry_run else ""
-    os.environ["ZB_PATCH_ENGINE_CHILD"] = BENCH
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # each run's log is its stderr (saved beside its result)
     if dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM keeps HAS_TRITON with no active driver (docs/environments.md)
@@ -183,7 +216,10 @@ def _child_environment(tree: str, manifest: dict, dry_run: bool) -> None:
 
 def _reference_tokens(models: str, wl, out: str, timeout: float) -> dict:
     cmd = [sys.executable, BENCH, "--reference", models, json.dumps(wl.to_json()), out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
         return {"error": proc.stderr[-3000:]}
     with open(out) as fh:
@@ -212,15 +248,16 @@ def reference_main(models: str, workload: str, out: str) -> int:
     return 0
 
 
-def _finish(out: str, report: dict, failures: list[str]) -> int:
+def _finish(out: str, report: dict, failures: list[str], quiet: bool = False) -> int:
     report["failures"] = failures
-    report["verdict"] = "FAIL" if failures else "OK"
+    report["verdict"] = "FAIL" if failures else ("PARTIAL" if report.get("partial") else "OK")
     with open(os.path.join(out, "bench_engine_gpu.json"), "w") as fh:
         json.dump(report, fh, indent=1, default=str)
     text = render(report)
     with open(os.path.join(out, "bench_engine_gpu.md"), "w") as fh:
         fh.write(text + "\n")
-    print(text)
+    if not quiet:
+        print(text)
     return 0 if not failures else 1
 
 
@@ -236,12 +273,16 @@ def render(report: dict) -> str:
     if box.get("missing"):
         lines.append(f"box lacks: {', '.join(box['missing'])}")
     if box.get("unmet"):
-        lines.append(f"declared requirements the box does not meet (informational): {len(box['unmet'])}")
+        lines.append(
+            "declared requirements of carried packages the box does not meet (informational; the CPU "
+            "simulation runs with the same kind):"
+        )
+        lines += [f"- {u}" for u in box["unmet"]]
     if "table" in report:
         lines += ["", "## (a) tokens and counts", "", "```", report["table"], "```"]
         for n, divs in report.get("vs_transformers", {}).items():
             lines.append(
-                f"- {n} vs transformers greedy (CUDA): {len(divs)} requests differ"
+                f"- {n} vs transformers greedy (same device): {len(divs)} requests differ"
                 + (f" (first: {divs[0]})" if divs else "")
             )
         lines += [f"- note: {n}" for n in report.get("notes", [])]
@@ -272,14 +313,16 @@ def render(report: dict) -> str:
         for n, p in probes.items():
             for site, count in (p.get("syncs", {}).get("prep_sites") or {}).items():
                 lines.append(f"- {n}: unexpected sync in prep x{count}: {site}")
-            if p.get("strict_error"):
-                lines.append(f"- {n}: sync-debug error: {p['strict_error'][-600:]}")
+            if p.get("runner_error"):
+                lines.append(
+                    f"- {n}: runner error (the sync-debug error when --sync-debug error): {p['runner_error'][-600:]}"
+                )
     lines += ["", f"Verdict: {report.get('verdict')}"] + [f"- FAIL {f[:2000]}" for f in report.get("failures", [])]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# engine child (started by run_config through ZB_PATCH_ENGINE_CHILD)
+# engine child (started by run_config: run.child_command points at this file)
 
 
 def child_main(argv: list[str]) -> int:
@@ -328,7 +371,7 @@ class Probes:
         self.phase = "idle"
         self.thread = threading.get_ident()
         self.other_threads: collections.Counter = collections.Counter()
-        self.strict_error = ""
+        self.runner_error = ""
         self.profiler = None
         self.trace_path = os.path.splitext(path)[0] + "-trace.json"
 
@@ -425,7 +468,7 @@ class Probes:
                 with torch.profiler.record_function(f"zb_bench_exec_{n}"):
                     return original(runner, *args, **kwargs)
             except BaseException:
-                probes.strict_error = probes.strict_error or traceback.format_exc()
+                probes.runner_error = probes.runner_error or traceback.format_exc()
                 probes.write()
                 raise
             finally:
@@ -520,14 +563,18 @@ class Probes:
         data = {"summary": self.summary(), "steps": [_jsonable(s) for s in self.steps]}
         with open(self.path, "w") as fh:
             json.dump(data, fh, default=str)
+        if os.path.isfile(self.trace_path):  # read by summary(); kept compressed (chrome://tracing reads .json.gz)
+            with open(self.trace_path, "rb") as src, gzip.open(self.trace_path + ".gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.remove(self.trace_path)
 
     def summary(self) -> dict:
         steps = self.steps
         n = len(steps)
         out: dict = {"steps": n, "sync_debug": self.sync_mode, "zb_patch_active": getattr(self, "zb_active", None)}
         out["matmul_precision"] = getattr(self, "matmul_precision", None)
-        if self.strict_error:
-            out["strict_error"] = self.strict_error[-4000:]
+        if self.runner_error:
+            out["runner_error"] = self.runner_error[-4000:]
         if not n:
             return out
         prep = [s["syncs"]["prep"] for s in steps]

@@ -358,20 +358,25 @@ def sha256(path: str) -> str:
     return h.hexdigest()
 
 
-# Loads every compiled file of the stack in the target interpreter without importing its package (whose __init__ may
-# import torch / numpy, which this machine's python<X.Y> lacks): Python extensions through their own loader (an ABI
-# mismatch fails here), other shared libraries with ctypes (a missing dependency fails here).
+# Loads every compiled file of the stack in the target interpreter: a Python extension by importing it (an ABI mismatch
+# fails here), or, when its package's __init__ needs what only the box has (torch, numpy), through its own loader
+# without the package; other shared libraries with ctypes (a missing dependency fails here).
 _LOAD_COMPILED = """
-import ctypes, importlib.util, json, os, sys
-tree, failed = sys.argv[1], {}
-for rel in sys.argv[2:]:
+import ctypes, importlib, importlib.util, json, os, sys
+tree, box_has, failed = sys.argv[1], set(sys.argv[2].split(",")), {}
+for rel in sys.argv[3:]:
     path = os.path.join(tree, rel)
     base = os.path.basename(rel)
     try:
         if ".cpython-" in base or ".abi3." in base:
             name = rel.split(".", 1)[0].replace("/", ".")
-            spec = importlib.util.spec_from_file_location(name, path)
-            spec.loader.create_module(spec)
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if (exc.name or "").split(".")[0] not in box_has:
+                    raise
+                spec = importlib.util.spec_from_file_location(name, path)
+                spec.loader.exec_module(spec.loader.create_module(spec))
         else:
             ctypes.CDLL(path)
     except Exception as exc:
@@ -402,8 +407,9 @@ def check_compiled(tree: str, python: str, dists: dict) -> dict:
         return {"checked": False, "reason": f"no working python{python} here"}
     files = sorted(f for d in dists.values() for f in d["compiled"] if re.search(r"\.so(\.\d+)*$", f))
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONNOUSERSITE": "1"}
+    box_modules = ",".join(sorted({"torch", "triton", "numpy", *(d.replace("-", "_") for d in BOX_HAS)}))
     proc = subprocess.run(
-        [exe, "-c", _LOAD_COMPILED, tree, *files], env=env, capture_output=True, text=True, timeout=600
+        [exe, "-c", _LOAD_COMPILED, tree, box_modules, *files], env=env, capture_output=True, text=True, timeout=600
     )
     failed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"*": proc.stderr[-2000:]}
     return {"checked": True, "python": exe, "files": len(files), "ok": not failed, "failed": failed}
