@@ -4,7 +4,7 @@ product's engine child (zb_patch.check.engine.child) with the worker double, opt
     python tests/engine/run_engine.py --models DIR --out result.json [--async] [--workload JSON] [--plant NAMES]
     python tests/engine/run_engine.py --check-device
 
-``zb-patch selftest --engine`` uses it as its child when ``ZB_PATCH_ENGINE_CHILD`` names this file (the tests).
+``zb-patch selftest --engine`` uses it as its child when ``ZB_SELFTEST_ENGINE_CHILD`` names this file (the tests).
 """
 
 from __future__ import annotations

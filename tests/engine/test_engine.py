@@ -1,6 +1,6 @@
 """Tokens through vLLM's real engine on the vllm-ascend 0.18 platform (CPU emulation of the NPU ops), run by the
 product's own ``zb-patch selftest --engine`` (zb_patch/check/engine) with the tests' launcher as its child
-(tests/engine/run_engine.py, named in ``ZB_PATCH_ENGINE_CHILD``): the same workload with async scheduling off, on,
+(tests/engine/run_engine.py, named in ``ZB_SELFTEST_ENGINE_CHILD``): the same workload with async scheduling off, on,
 and on with ZB_PATCH=1, one engine process per configuration. Token ids per request must be identical across the
 runs, and the drafted / accepted counts of the async runs equal to sync's. The same at k = 1, 3, 4 on a smaller
 workload; and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must diverge as

@@ -103,3 +103,12 @@ def test_render_no_device():
     }
     text = render(report)
     assert "FAIL no NPU: torch_npu cannot be imported (x)" in text and text.endswith("Verdict: NO-DEVICE")
+
+
+def test_the_child_launcher_variable_leaves_zb_patch_on():
+    """zb-patch stays off when it sees a ZB_PATCH_* variable it does not know; the launcher's must not be one."""
+    from zb_patch.check.engine.run import CHILD_ENV
+    from zb_patch.plugin import Settings
+
+    settings = Settings({"ZB_PATCH": "1", CHILD_ENV: "tests/engine/run_engine.py"})
+    assert settings.errors == [] and settings.enabled

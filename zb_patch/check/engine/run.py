@@ -9,7 +9,7 @@ zb-patch process reports its adapter applied (or the stack's zero-bubble native)
 
 Needs an NPU: the children check first (``child --check-device``) and the command exits 2 without running an
 engine when there is none. The tests run it through the CPU emulation of the NPU ops by naming their launcher in
-``ZB_PATCH_ENGINE_CHILD`` (a Python script run instead of ``-m zb_patch.check.engine.child``).
+``ZB_SELFTEST_ENGINE_CHILD`` (a Python script run instead of ``-m zb_patch.check.engine.child``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .model import VOCAB, write_models
 from .workload import Workload, divergences, summarize, table
 
 SCHEMA = "zb-patch-selftest-engine/1"
-CHILD_ENV = "ZB_PATCH_ENGINE_CHILD"
+# not "ZB_PATCH_*": zb-patch refuses to activate when it sees a ZB_PATCH_* variable it does not know
+CHILD_ENV = "ZB_SELFTEST_ENGINE_CHILD"
 # name -> (child flags, environment): the three configurations compared
 CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "sync": ([], {}),
@@ -82,7 +83,7 @@ def run_config(
     suffix = "-".join(a.lstrip("-").replace(",", "+") for a in extra_args) or "plain"
     tag = f"{name}-k{wl.num_speculative_tokens}-{suffix}"
     out = os.path.join(out_dir, f"{tag}.json")
-    env = {k: v for k, v in os.environ.items() if k != "ZB_PATCH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("ZB_PATCH", CHILD_ENV)}
     env.update(extra_env)
     cmd = [*child_command(), "--models", models, "--out", out, "--workload", json.dumps(wl.to_json()), *flags]
     start = time.monotonic()
