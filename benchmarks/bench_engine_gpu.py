@@ -104,9 +104,7 @@ def main(argv: list[str]) -> int:
     from zb_patch.check.engine import run
     from zb_patch.check.engine.model import write_models
 
-    # this file is the engine child; not through ZB_PATCH_ENGINE_CHILD, which the children would inherit, and zb-patch
-    # refuses to start when it sees a ZB_PATCH_* variable it does not know
-    run.child_command = lambda: [sys.executable, BENCH]
+    os.environ[run.CHILD_ENV] = BENCH  # this file is the engine child (run_config does not pass it on)
     from zb_patch.check.engine.workload import Workload, divergences, summarize, table
 
     deadline = started + args.budget
@@ -322,7 +320,7 @@ def render(report: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# engine child (started by run_config: run.child_command points at this file)
+# engine child (started by run_config: run.CHILD_ENV names this file)
 
 
 def child_main(argv: list[str]) -> int:

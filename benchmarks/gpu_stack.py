@@ -313,11 +313,16 @@ def build_tree(tree: str, release: str, python: str, site: str | None, wheels: s
     if pins.get("vllm-ascend") != release:
         raise SystemExit(f"gpu_stack: the lock pins vllm-ascend {pins.get('vllm-ascend')}, not {release}")
     os.makedirs(tree)
-    dists = {}
+    dists: dict = {}
     for dist in (*SOURCE_ONLY, *PACKAGES):
         version = pins.get(canonical(dist))
-        if version is None:
+        if version is None and dist in SOURCE_ONLY:
             raise SystemExit(f"gpu_stack: {dist} is not in requirements/{LOCKS[release]}.txt")
+        if version is None:
+            # the list was found on 0.18.0; a package outside another release's full resolution is not its dependency
+            print(f"gpu_stack: {dist} is not in requirements/{LOCKS[release]}.txt: not carried", flush=True)
+            dists[dist] = {"version": None, "from": "not in the release's lock", "files": 0, "compiled": []}
+            continue
         source_only = dist in SOURCE_ONLY
         if source_only and site:
             files, origin = copy_installed(site, dist, version, tree), site
