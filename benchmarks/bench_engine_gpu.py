@@ -99,6 +99,13 @@ def main(argv: list[str]) -> int:
     import gpu_stack
 
     report["box"] = gpu_stack.box_report(tree, manifest)
+    if report["box"]["missing"]:
+        missing = ", ".join(report["box"]["missing"])
+        return _finish(
+            args.out,
+            report,
+            [f"the box lacks {missing} (BOX_HAS: not carried): add them to gpu_stack.PACKAGES and rebuild"],
+        )
     _child_environment(tree, manifest, args.dry_run)
     report["stand_ins"] = os.environ.get("ZB_BENCH_STAND_INS", "")
     from zb_patch.check.engine import run

@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata as md
+import importlib.util
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -531,8 +534,6 @@ def box_report(tree: str, manifest: dict) -> dict:
     """What the box provides of BOX_HAS, and every carried distribution's declared requirement on those packages that
     the box's version does not meet (informational: the CPU simulation runs with the same kind of mismatches, e.g.
     vllm-ascend's numpy<2 and torch pins)."""
-    import importlib.metadata as md
-
     sys.path.insert(0, tree)
     from packaging.requirements import Requirement
 
@@ -541,18 +542,22 @@ def box_report(tree: str, manifest: dict) -> dict:
         try:
             have[dist] = md.version(dist)
         except md.PackageNotFoundError:
-            have[dist] = None
+            # importable without metadata (a distro package, a source tree) still counts as there
+            have[dist] = "importable, version unknown" if importlib.util.find_spec(dist.replace("-", "_")) else None
     unmet = []
     for name in os.listdir(tree):
         if not name.endswith(".dist-info"):
             continue
-        meta = md.PathDistribution(__import__("pathlib").Path(tree, name))
+        meta = md.PathDistribution(pathlib.Path(tree, name))
         for line in meta.requires or []:
             req = Requirement(line)
             key = canonical(req.name)
             if key not in have or (req.marker and not req.marker.evaluate({"extra": ""})):
                 continue
-            if have[key] is None or not req.specifier.contains(have[key], prereleases=True):
+            version = have[key]
+            if version is not None and not version[0].isdigit():
+                continue
+            if version is None or not req.specifier.contains(version, prereleases=True):
                 unmet.append(f"{meta.metadata['Name']} requires {line.split(';')[0].strip()}; the box has {have[key]}")
     return {"box_versions": have, "missing": sorted(k for k, v in have.items() if v is None), "unmet": sorted(unmet)}
 
