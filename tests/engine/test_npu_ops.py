@@ -181,6 +181,37 @@ def test_fia_paged_chunked_and_decode_match_loop():
         start += ql
 
 
+def test_ops_stay_on_the_inputs_device_without_reading_values():
+    """On the GPU box the ops run on CUDA tensors (NPU_STANDIN_DEVICE=cuda). On the meta device a tensor the op
+    creates on another device, or a value it reads back to the host (boolean indexing, .item(), .tolist(): a host wait
+    on CUDA), raises; every output must come back on the inputs' device."""
+    meta = torch.device("meta")
+    n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
+    kc, vc = torch.empty(nblocks, bs, kvn, d, device=meta), torch.empty(nblocks, bs, kvn, d, device=meta)
+    k, v = torch.empty(3, kvn, d, device=meta), torch.empty(3, kvn, d, device=meta)
+    slots = torch.empty(3, dtype=torch.int32, device=meta)
+    kv_cache._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slot_indices=slots)
+    table = torch.empty(2, 3, dtype=torch.int32, device=meta)
+    out, lse = attention.npu_fused_infer_attention_score(
+        torch.empty(4, n, d, device=meta),
+        kc.view(nblocks, bs, -1),
+        vc.view(nblocks, bs, -1),
+        atten_mask=MASK.to(meta),
+        block_table=table,
+        input_layout="TND",
+        block_size=bs,
+        actual_seq_lengths=[3, 4],
+        actual_seq_lengths_kv=[7, 10],
+        num_key_value_heads=kvn,
+        num_heads=n,
+        scale=0.25,
+        sparse_mode=3,
+    )
+    x, w = torch.empty(3, 8, device=meta), torch.empty(8, device=meta)
+    outputs = [out, lse, *norm.npu_rms_norm(x, w), *norm.npu_add_rms_norm(x, x, w), activation.npu_swiglu(x)]
+    assert [t.device for t in outputs] == [meta] * len(outputs)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

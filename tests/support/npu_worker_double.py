@@ -2,8 +2,9 @@
 
 Only what cannot exist without an NPU is replaced; the model runner, model, attention backend, sampler,
 rejection sampler and proposer are the release's own code. Replaced (each listed in docs/e2e.md):
-- device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> CPU device, gloo world of one
-  built with vLLM's own ``GroupCoordinator`` (vllm-ascend's replacement builds HCCL groups);
+- device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> the CPU (or ``cuda:0`` with
+  ``NPU_STANDIN_DEVICE=cuda``), gloo world of one built with vLLM's own ``GroupCoordinator`` (vllm-ascend's
+  replacement builds HCCL groups);
 - ATB extension registration (a CANN library load) and the SoC check (``torch_npu.npu.get_soc_version``)
   -> skipped in ``__init__``; the build's own device type (``_build_info``) stays what the code branches on;
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
@@ -27,6 +28,8 @@ import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
 
+from npu_standin import runtime
+
 KV_CACHE_BYTES = 1 << 30  # ample; num_gpu_blocks_override sizes the cache
 A2_AICORES, A2_VECTORCORES = 24, 48
 
@@ -40,7 +43,12 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
             super().__init__(*args, **kwargs)
 
     def _init_device(self):
-        device = torch.device("cpu")
+        if runtime.device() == "cuda":
+            # the GPU box (NPU_STANDIN_DEVICE=cuda): one CUDA device stands in for the NPU
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
         self.vllm_config.device_config.device = device
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
