@@ -494,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--jobs", type=int, default=1, help="engine processes at a time (default 1)")
     eng.add_argument("--keep", metavar="DIR", help="write the models and every run's result JSON under DIR")
     eng.add_argument("--workload", metavar="JSON", help="workload fields as JSON (zb_patch.check.engine.workload)")
+    eng.add_argument(
+        "--drafter",
+        choices=("eagle", "mtp"),
+        default="eagle",
+        help="eagle: Llama target + EAGLE head (default); mtp: MiMo target drafting with its own MTP layer",
+    )
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")

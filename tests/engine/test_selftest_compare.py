@@ -97,6 +97,7 @@ def test_render_no_device():
         "versions": {"vllm": "0.18.0"},
         "device": {"available": False, "reason": "torch_npu cannot be imported (x)"},
         "workload": WL.to_json(),
+        "drafter": "eagle",
         "k": {},
         "verdict": "NO-DEVICE",
         "failures": ["no NPU: torch_npu cannot be imported (x)"],

@@ -8,12 +8,19 @@ import torch
 from zb_patch.check.engine import model as tiny_model
 from zb_patch.check.engine.workload import Workload
 
-transformers = pytest.importorskip("transformers", reason="the tiny-model reference needs transformers (va018-e2e env)")
+transformers = pytest.importorskip(
+    "transformers", reason="the tiny-model reference needs transformers (va013-e2e / va018-e2e / va023-e2e envs)"
+)
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
+@pytest.fixture(scope="module", params=["eagle", "mtp"])
+def target(request, tmp_path_factory):
+    """The EAGLE pair's Llama target, or the MTP model's MiMo target as transformers' Qwen2 (MiMo's base)."""
     root = str(tmp_path_factory.mktemp("tiny"))
+    if request.param == "mtp":
+        return transformers.Qwen2ForCausalLM.from_pretrained(
+            tiny_model.write_mtp_model(root), dtype=torch.float32
+        ).eval()
     target_dir, _ = tiny_model.write_models(root)
     return transformers.LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
 
