@@ -63,6 +63,13 @@ def install() -> None:
         NPUPlatform.device_type = NPUPlatform.device_name = "cuda"
         NPUPlatform.get_current_memory_usage = classmethod(_cuda_memory_usage)
     npu_ops.bind(torch_npu)
+    if device == "cuda":
+        # vllm-ascend 0.18's EAGLE proposer allocates a device tensor with pin_memory=<runner.pin_memory>
+        # (torch.zeros(..., device=device, pin_memory=...)); the NPU accepts that, torch's CUDA factory refuses it
+        # ("Only dense CPU tensors can be pinned"). Its module sees a torch whose zeros leaves device tensors unpinned.
+        import vllm_ascend.spec_decode.eagle_proposer as eagle_proposer
+
+        eagle_proposer.torch = _DeviceTensorsUnpinned(torch)
     # vLLM inspects model classes in a fresh interpreter, which needs the stand-in too (it loads all plugins).
     import sys
 
@@ -70,6 +77,22 @@ def install() -> None:
 
     model_registry._SUBPROCESS_COMMAND = [sys.executable, "-m", "npu_standin", "vllm.model_executor.models.registry"]
     _installed = True
+
+
+class _DeviceTensorsUnpinned:
+    """``torch`` for one release module on the CUDA stand-in: ``zeros`` drops ``pin_memory`` for a non-CPU device (page
+    locking is a host-memory property); every other name is torch's own."""
+
+    def __init__(self, torch_module):
+        self._torch = torch_module
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def zeros(self, *size, device=None, pin_memory=False, **kwargs):
+        if pin_memory and device is not None and self._torch.device(device).type != "cpu":
+            pin_memory = False
+        return self._torch.zeros(*size, device=device, pin_memory=pin_memory, **kwargs)
 
 
 def _pageable(self, *args, **kwargs):
