@@ -353,6 +353,7 @@ def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
         assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
 
 
+@pytest.mark.skipif("mtp" not in EXPECT.drafters, reason="this release's sweep runs no MTP drafter (EXPECTED)")
 def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
     """The MiMo target's engine tokens equal transformers' Qwen2 (MiMo's base architecture; it ignores the MTP
     weights), greedy, on the same checkpoint: Qwen2's qkv biases go through the same emulated ops correctly."""
