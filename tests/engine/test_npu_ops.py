@@ -290,7 +290,8 @@ def test_get_element_compiles_for_cuda():
         "from triton.compiler import ASTSource\n"
         "kernel = triton.jit(test_npu_ops._mask_elements)\n"
         "sig = {'flags_ptr': '*i32', 'out_ptr': '*i32', 'N': 'constexpr'}\n"
-        "print(triton.compile(ASTSource(kernel, sig, constexprs={'N': 8}), target=GPUTarget('cuda', 90, 32)).asm['ttir'])\n"
+        "compiled = triton.compile(ASTSource(kernel, sig, constexprs={'N': 8}), target=GPUTarget('cuda', 90, 32))\n"
+        "print(compiled.asm['ttir'])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])
