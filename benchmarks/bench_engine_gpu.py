@@ -83,6 +83,7 @@ def main(argv: list[str]) -> int:
         "shows only when the device, not the host, is the longer part of a step",
     )
     ap.add_argument("--no-warmup", action="store_true", help="skip the short run that fills Triton's kernel cache")
+    ap.add_argument("--no-reference", action="store_true", help="skip transformers' greedy reference run")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
     ap.add_argument(
         "--budget",
@@ -168,7 +169,9 @@ def main(argv: list[str]) -> int:
             results[name] = r.result
         _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
 
-    reference = _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
+    reference = (
+        {} if args.no_reference else _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
+    )
     report["reference"] = {k: v for k, v in reference.items() if k != "tokens"}
     if set(results) == set(run.CONFIGS):
         fails, notes = run.compare(results, wl)
@@ -330,6 +333,12 @@ def render(report: dict) -> str:
                 f"{d.get('idle_us_median', '-')} ({d.get('idle_us_p90', '-')}) | {d.get('idle_pct', '-')} |"
             )
         for n, p in probes.items():
+            first = p.get("first_corrected_step")
+            if first:
+                lines.append(
+                    f"- {n}: first corrected step (#{first['index']}): execute_model {first['execute_model_ms']} ms; "
+                    f"later corrected steps: median {first['later_median_ms']} ms"
+                )
             for site, count in (p.get("syncs", {}).get("prep_sites") or {}).items():
                 lines.append(f"- {n}: unexpected sync in prep x{count}: {site}")
             if p.get("runner_error"):
@@ -658,6 +667,17 @@ class Probes:
             "blocked_ms_per_step": _ms(blocked, statistics.fmean),
             "blocked_ms_p90": _ms(blocked, _p90),
         }
+        # the first step that waits for the previous step's accepted counts is the first corrected one: zb-patch's
+        # kernels launch there first (Triton compiles them there unless they were compiled at start-up)
+        corrected = [i for i, s in enumerate(steps) if any(w[0] in ("prep", "zb-wait") for w in s["waits"])]
+        timed = [i for i in corrected if "t_exec_end" in steps[i]]
+        if timed:
+            execute = {i: steps[i]["t_exec_end"] - steps[i]["t0"] for i in timed}
+            out["first_corrected_step"] = {
+                "index": timed[0],
+                "execute_model_ms": _ms([execute[timed[0]]]),
+                "later_median_ms": _ms([execute[i] for i in timed[1:]]),
+            }
         if os.path.isfile(self.trace_path):
             out["device"] = device_idle(self.trace_path)
         return out

@@ -175,9 +175,11 @@ DROP_DIRS = (
     "vllm/model_executor/layers/quantization/utils/configs",
     "vllm/kernels/helion/configs",
     "vllm_ascend/_cann_ops_custom",
+    "vllm/third_party/deep_gemm/include",  # 0.23: DeepGEMM's CUDA headers, read only by its JIT compiler
 )
 COMPILED = re.compile(r"\.(so(\.\d+)*|pyd|o|a|dll|dylib)$")
-DROP_FILES = re.compile(r"(\.(pyc|pyi|jpg|png|md)$|/py\.typed$)")
+# static archives (read by a linker, never loaded) and vLLM 0.23's optional Rust front end (VLLM_RUST_FRONTEND_PATH)
+DROP_FILES = re.compile(r"(\.(pyc|pyi|jpg|png|md|a)$|/py\.typed$|^vllm/vllm-rs$)")
 
 DEFAULT_WHEELS = os.path.join(os.path.expanduser("~"), ".cache", "zb-patch", "gpu-stack")
 # manylinux tags the box's glibc (Ubuntu 24.04: 2.39) runs; pip needs them spelled out for a foreign target

@@ -27,6 +27,16 @@ def _zero_bubble():
     return importlib.import_module("zb_patch.versions." + adapter.replace("-", "_").replace(".", "_")).ZERO_BUBBLE
 
 
+def applied_zero_bubble():
+    """The ZeroBubble instance of zb-patch's applied adapter, or None (zb-patch off, or an adapter without one)."""
+    from zb_patch import plugin
+
+    status = plugin.status()
+    if status.get("state") != "applied" or not str(status.get("adapter")).startswith(("ascend-0.13", "ascend-0.18")):
+        return None
+    return _zero_bubble()
+
+
 def slot_mapping_off_by_one() -> None:
     """The device correction's slot mappings point one slot back: each new token's KV overwrites the previous
     token's (one slot forward runs past the cache's last block: an IndexError, not a wrong token)."""

@@ -33,12 +33,15 @@ def main(argv: list[str]) -> int:
     from zb_patch.check.engine import child
 
     def after_build() -> dict:
-        if not args.plant:
-            return {"plant": "", "plant_hits": {}}
         import plants
 
+        # zb-patch's kernels compiled while the engine started (ZeroBubble.compile_kernels), before any request
+        zb = plants.applied_zero_bubble()
+        started = {"zb_compile_seconds": list(zb.compile_seconds)} if zb is not None else {}
+        if not args.plant:
+            return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)
-        return {"plant": args.plant, "plant_hits": plants.HITS}  # a live Counter: filled while generating
+        return {"plant": args.plant, "plant_hits": plants.HITS, **started}  # a live Counter: filled while generating
 
     return child.main(
         rest,

@@ -67,6 +67,7 @@ EXPECTED = {
                 "zb013-deferred-correction",
                 "zb013-device-valid-count",
                 "zb013-backup-token-staging",
+                "zb013-compile-kernels-at-start",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -85,6 +86,7 @@ EXPECTED = {
                 "zb018-deferred-correction",
                 "zb018-device-valid-count",
                 "zb018-backup-token-staging",
+                "zb018-compile-kernels-at-start",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -281,6 +283,19 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     assert {i["id"] for i in zb["report"]["items"] if i["verdict"] == "applied"} == EXPECT.patches
     assert plain["state"] == "off"
     assert divergences(res["async"], res["async+zb"]) == []
+
+
+def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
+    """ZeroBubble.compile_kernels (patch zb0XX-compile-kernels-at-start) ran once per runner inside ``LLM(...)``, at
+    KV-cache initialisation, before the first request; without zb-patch (and on 0.23, whose zero-bubble is the
+    release's) nothing of the kind runs."""
+    _, res = runs
+    compiles = res["async+zb"].get("zb_compile_seconds")
+    if EXPECT.adapter in ("ascend-0.13", "ascend-0.18"):
+        assert compiles is not None and len(compiles) == 1 and compiles[0] > 0, compiles
+    else:
+        assert compiles is None
+    assert "zb_compile_seconds" not in res["async"] and "zb_compile_seconds" not in res["sync"]
 
 
 # -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload

@@ -315,7 +315,32 @@ BACKUP_STAGING = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, INIT_MODEL_KWARGS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING)
+COMPILE_KERNELS = Patch(
+    id="zb013-compile-kernels-at-start",
+    group=_GROUP,
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache",
+    make=ZERO_BUBBLE.make_initialize_kv_cache,
+    fingerprints={"vllm-ascend 0.13.0": "293de2f60b4290d1"},
+    why="Triton compiles zb-patch's token-count and slot-mapping kernels at their first launch, which is inside "
+    "the first corrected step of the first request: a stall of that request (triton-ascend compiles far slower "
+    "than Triton on CUDA), and again in every process whose Triton cache is empty (a fresh container).",
+    how="Wrapper. After the release's initialize_kv_cache (the block tables are final), decide zero-bubble's "
+    "activation on the runner and, when active, launch the device correction's kernels once on no request: the "
+    "same launchers, constants and argument types as a corrected step, so the first step finds them compiled. "
+    "The launches write only padding (seq_lens.gpu, slot_mapping.gpu), which every step rewrites first.",
+    upstream=("vllm#32951",),
+    remove_when=_REMOVE_WHEN,
+)
+
+PATCHES: tuple = (
+    UPDATE_STATES,
+    PREPARE_INPUTS,
+    INIT_MODEL_KWARGS,
+    EXECUTE_MODEL,
+    COPY_VALID_COUNT,
+    BACKUP_STAGING,
+    COMPILE_KERNELS,
+)
 
 ADAPTER = Adapter(
     id="ascend-0.13",

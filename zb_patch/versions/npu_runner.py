@@ -15,6 +15,9 @@ upstream method), per step:
 4. ``_copy_valid_sampled_token_count``: keeps the device counts for the next step's device correction.
 5. ``prepare_next_token_ids_padded``: alternating backup-token staging buffers.
 
+Once, at ``initialize_kv_cache``: the kernels of step 2 are launched on no request, so Triton compiles them while the
+engine starts (:meth:`ZeroBubble.compile_kernels`).
+
 A release module subclasses :class:`ZeroBubble` for what differs (the ``_prepare_inputs`` hook of step 2,
 ``count_base``, ``waits_for_input_prep``, extra activation checks) and its patch specs point at the factories of
 one instance; each spec holds its patch's why / how / upstream / remove-when.
@@ -121,12 +124,16 @@ class ZeroBubble:
       counts minus the rejected drafts).
     * ``waits_for_input_prep``: the ``_update_states`` wrapper first waits on ``prepare_inputs_event`` (for a
       release whose ``execute_model`` does not enter ``synchronize_input_prep``).
+    * ``valid_count_dtype``: the dtype of the drafter's device valid counts (the kernels are compiled for it).
     * :meth:`unsupported_reason`: extra activation checks.
     * a ``_prepare_inputs`` wrapper that calls :meth:`correct` once the step's inputs are queued.
     """
 
     count_base = "previous"
     waits_for_input_prep = False
+    # dtype of the device valid counts the drafter hands over (vllm-ascend 0.13 / 0.18 eagle_proposer
+    # prepare_next_token_ids_padded: valid_mask.sum(dim=1)); the kernels are compiled for it at start-up
+    valid_count_dtype = "int64"
 
     def __init__(self, release: str, *, other_runners: str) -> None:
         tag = release.replace(".", "")
@@ -136,6 +143,7 @@ class ZeroBubble:
         self.backup_pair_attr = f"_zb_patch_{tag}_backup_pair"  # in the drafter's __dict__
         self.logger = logging.getLogger(f"vllm.zb_patch.ascend_{release.replace('.', '_')}")
         self.warned: set[str] = set()  # reasons already logged in this process
+        self.compile_seconds: list[float] = []  # per runner of this process: compile_kernels' time at start-up
 
     # -- activation and per-runner state -------------------------------------------------------------------
 
@@ -337,6 +345,13 @@ class ZeroBubble:
         b.query_pos.np[:total] = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
         b.req_indices.copy_to_gpu(total)
         b.query_pos.copy_to_gpu(total)
+        self._launch_corrections(runner, b, n, total, valid_gpu, st.num_prev)
+
+    def _launch_corrections(self, runner: Any, b: Buffers, n: int, total: int, valid_gpu: Any, num_prev: int) -> None:
+        """The device correction's launches (zb-patch's token-count and slot-mapping kernels) for ``n`` rows and
+        ``total`` tokens whose inputs are queued in ``b``."""
+        from .. import zero_bubble
+
         if self.count_base == "cpu":
             zero_bubble.correct_counts(
                 b.num_computed,
@@ -353,19 +368,49 @@ class ZeroBubble:
                 positions=runner.positions.gpu,
                 num_tokens=total,
                 num_positions=total,
-                num_prev_reqs=st.num_prev,
+                num_prev_reqs=num_prev,
                 base="cpu",
             )
         else:
             assert b.token_counts is not None  # built by _allocate for count_base "previous"
             b.token_counts(
-                n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=st.num_prev
+                n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=num_prev
             )
         query_start_loc = runner.query_start_loc.gpu[: n + 1]
         positions = runner.positions.gpu[:total]
-        for table in batch.block_table.block_tables:
+        for table in runner.input_batch.block_table.block_tables:
             if computes_slot_mapping(table):
                 slot_mapper(b, table)(n, query_start_loc, positions)
+
+    # -- initialize_kv_cache: compile the kernels while the engine starts ---------------------------------
+
+    def make_initialize_kv_cache(self, original: Callable) -> Callable:
+        def initialize_kv_cache(runner, *args, **kwargs):
+            result = original(runner, *args, **kwargs)  # the block tables are final from here on
+            st = self.state_of(runner)
+            if st.active:
+                self.compile_kernels(runner, st)
+            return result
+
+        return initialize_kv_cache
+
+    def compile_kernels(self, runner: Any, st: State) -> None:
+        """The device correction's launches on no request, so that Triton compiles zb-patch's kernels (the same
+        launchers, constants and argument types as a corrected step) before the first request instead of inside
+        its first corrected step. They write only padding: seq_lens.gpu past row 0 and slot_mapping.gpu, which
+        every step rewrites before reading."""
+        import time
+
+        import torch
+
+        started = time.perf_counter()
+        valid = torch.zeros(runner.max_num_reqs, dtype=getattr(torch, self.valid_count_dtype), device=runner.device)
+        self._launch_corrections(runner, st.buffers, 0, 0, valid, 0)
+        self.compile_seconds.append(time.perf_counter() - started)
+        self.logger.info(
+            "zb-patch: zero-bubble kernels compiled for this NPUModelRunner in %.2f s (at KV-cache initialisation)",
+            self.compile_seconds[-1],
+        )
 
     def exact_host_counts(self, runner: Any, st: State) -> None:
         """Wait for step N's counts (recorded before step N's drafter; this step's device inputs are already

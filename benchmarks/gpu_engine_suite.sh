@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue #12 in one device call, for one carried stack (benchmarks/gpu_stack.py): the engine on the GPU box with
+# CUDA standing in for the NPU (benchmarks/bench_engine_gpu.py), three parts:
+#   stall/   the first corrected step with a cold Triton cache for zb-patch's kernels (the release's own kernels
+#            compiled beforehand by a classic-async run), without and with zb-patch's start-up compilation
+#            (ZB_PATCH_DISABLE=<release>-compile-kernels-at-start), async + ZB_PATCH=1 only; 0.13 / 0.18 stacks
+#   k1/ k3/  sync / async / async + ZB_PATCH=1 with --device-ms of device time added to every forward, so that a
+#            step is device-bound: tokens and counts, synchronisation in the prep window, host and device time
+# Writes $OUT/summary.md (every report) and $OUT/suite.tgz (every run's result, log, probe and trace).
+# Usage (repo root, on the box): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS]
+#   device tool: carry=["<STACK_DIR>"], command="bash benchmarks/gpu_engine_suite.sh <STACK_DIR> 40"
+set -u
+STACK="${1:?stack folder (.gpu-stack, .gpu-stack-023, ...)}"
+DEVICE_MS="${2:-40}"
+OUT="${OUT:-/tmp/zb-gpu-suite}"
+WORK="$OUT/work"
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1
+release=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['release'])" "$STACK/STACK.json")
+bench() {  # name, then bench_engine_gpu.py arguments
+    local name=$1; shift
+    mkdir -p "$WORK/$name"
+    python3 benchmarks/bench_engine_gpu.py --stack "$STACK" --out "$WORK/$name" "$@" \
+        > "$WORK/$name/stdout.txt" 2> "$WORK/$name/stderr.txt"
+    echo "$name: rc $? ($(date +%T))"
+    { echo; echo "# $name (vllm-ascend $release): bench_engine_gpu.py $*"; cat "$WORK/$name/bench_engine_gpu.md"; } \
+        >> "$OUT/summary.md" 2>/dev/null
+}
+echo "vllm-ascend $release, device ms $DEVICE_MS, $(nvidia-smi -L 2>&1 | head -1)" > "$OUT/summary.md"
+case "$release" in 0.13.*) patch=zb013-compile-kernels-at-start ;; 0.18.*) patch=zb018-compile-kernels-at-start ;;
+    *) patch= ;; esac
+if [ -n "$patch" ]; then
+    export TRITON_CACHE_DIR="$WORK/triton-release"
+    bench release-kernels --k 3 --configs async --no-warmup --profile-steps 0 --no-reference --budget 120
+    for variant in without with; do
+        rm -rf "$WORK/triton-$variant"; cp -r "$WORK/triton-release" "$WORK/triton-$variant"
+        export TRITON_CACHE_DIR="$WORK/triton-$variant"
+        if [ "$variant" = without ]; then export ZB_PATCH_DISABLE=$patch; else unset ZB_PATCH_DISABLE; fi
+        bench "stall-$variant-start-compile" --k 3 --configs async+zb --no-warmup --profile-steps 0 --no-reference --budget 120
+    done
+    unset ZB_PATCH_DISABLE
+else
+    export TRITON_CACHE_DIR="$WORK/triton-with"
+fi
+bench k3 --k 3 --device-ms "$DEVICE_MS" --budget 170
+bench k1 --k 1 --device-ms "$DEVICE_MS" --no-warmup --budget 140
+rm -rf "$WORK"/triton-* "$WORK"/*/models
+tar czf "$OUT/suite.tgz" -C "$WORK" . && rm -rf "$WORK"
