@@ -57,6 +57,9 @@ PROBE_ENV, SYNC_ENV, PROFILE_ENV, DRY_ENV, DEVICE_MS_ENV = (
     "ZB_BENCH_DRY_RUN",
     "ZB_BENCH_DEVICE_MS",
 )
+# "1": zb-patch's start-up compilation (ZeroBubble.compile_kernels) does nothing, the rest of zero-bubble runs (the
+# patch cannot be left out alone: ZB_PATCH_DISABLE of one patch leaves out its whole group)
+NO_START_COMPILE_ENV = "ZB_BENCH_NO_START_COMPILE"
 PHASES = ("pre", "prep", "zb-wait", "forward", "post", "sample")
 
 
@@ -364,6 +367,11 @@ def child_main(argv: list[str]) -> int:
     npu_engine.install()
     from zb_patch.check.engine import child
 
+    if os.environ.get(NO_START_COMPILE_ENV) == "1":
+        from zb_patch.versions import ascend_0_13, ascend_0_18
+
+        for zb in (ascend_0_13.ZERO_BUBBLE, ascend_0_18.ZERO_BUBBLE):
+            zb.compile_kernels = lambda runner, st: None
     probes = None
     if args.bench:
         profile_from, profile_steps = (int(x) for x in os.environ.get(PROFILE_ENV, "0,0").split(","))

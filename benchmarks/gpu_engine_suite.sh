@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #12 in one device call, for one carried stack (benchmarks/gpu_stack.py): the engine on the GPU box with
 # CUDA standing in for the NPU (benchmarks/bench_engine_gpu.py), three parts:
-#   stall/   the first corrected step with a cold Triton cache for zb-patch's kernels (the release's own kernels
+#   stall-*  the first corrected step with a cold Triton cache for zb-patch's kernels (the release's own kernels
 #            compiled beforehand by a classic-async run), without and with zb-patch's start-up compilation
-#            (ZB_PATCH_DISABLE=<release>-compile-kernels-at-start), async + ZB_PATCH=1 only; 0.13 / 0.18 stacks
+#            (bench_engine_gpu's ZB_BENCH_NO_START_COMPILE=1 turns it off), async + ZB_PATCH=1 only; 0.13 / 0.18
 #   k1/ k3/  sync / async / async + ZB_PATCH=1 with --device-ms of device time added to every forward, so that a
 #            step is device-bound: tokens and counts, synchronisation in the prep window, host and device time
 # Writes $OUT/summary.md (every report) and $OUT/suite.tgz (every run's result, log, probe and trace).
@@ -27,22 +27,21 @@ bench() {  # name, then bench_engine_gpu.py arguments
         >> "$OUT/summary.md" 2>/dev/null
 }
 echo "vllm-ascend $release, device ms $DEVICE_MS, $(nvidia-smi -L 2>&1 | head -1)" > "$OUT/summary.md"
-case "$release" in 0.13.*) patch=zb013-compile-kernels-at-start ;; 0.18.*) patch=zb018-compile-kernels-at-start ;;
-    *) patch= ;; esac
-if [ -n "$patch" ]; then
+case "$release" in 0.13.* | 0.18.*) backport=1 ;; *) backport= ;; esac
+if [ -n "$backport" ]; then
     export TRITON_CACHE_DIR="$WORK/triton-release"
     bench release-kernels --k 3 --configs async --no-warmup --profile-steps 0 --no-reference --budget 120
     for variant in without with; do
         rm -rf "$WORK/triton-$variant"; cp -r "$WORK/triton-release" "$WORK/triton-$variant"
         export TRITON_CACHE_DIR="$WORK/triton-$variant"
-        if [ "$variant" = without ]; then export ZB_PATCH_DISABLE=$patch; else unset ZB_PATCH_DISABLE; fi
+        if [ "$variant" = without ]; then export ZB_BENCH_NO_START_COMPILE=1; else unset ZB_BENCH_NO_START_COMPILE; fi
         bench "stall-$variant-start-compile" --k 3 --configs async+zb --no-warmup --profile-steps 0 --no-reference --budget 120
     done
-    unset ZB_PATCH_DISABLE
 else
     export TRITON_CACHE_DIR="$WORK/triton-with"
 fi
-bench k3 --k 3 --device-ms "$DEVICE_MS" --budget 170
-bench k1 --k 1 --device-ms "$DEVICE_MS" --no-warmup --budget 140
+[ -n "$backport" ] && warm=--no-warmup || warm=  # the stall runs compiled every kernel into triton-with
+bench k3 --k 3 --device-ms "$DEVICE_MS" $warm --budget 200
+bench k1 --k 1 --device-ms "$DEVICE_MS" --no-warmup --no-reference --budget 190
 rm -rf "$WORK"/triton-* "$WORK"/*/models
 tar czf "$OUT/suite.tgz" -C "$WORK" . && rm -rf "$WORK"
