@@ -119,6 +119,16 @@ PACKAGES: dict[str, str] = {
     "llguidance": "vllm.v1.structured_output.backend_guidance (class-body annotations resolve the lazy module)",
     "xgrammar": "vllm.v1.structured_output.backend_xgrammar (dataclass field annotations)",
     "apache-tvm-ffi": "xgrammar",
+    # imported on the 0.23 path only (found by listing the site-packages modules a va023-e2e engine process imported
+    # against the 0.18 list; docs/environments.md)
+    "uvloop": "vllm.v1.utils (0.23)",
+    "pandas": "vllm_ascend.core.scheduler_dynamic_batch (0.23)",
+    "python-dateutil": "pandas",
+    "httpx2": "openai (0.23's lock: openai 3.x)",
+    "h2": "httpx2",
+    "hpack": "h2",
+    "hyperframe": "h2",
+    "jmespath": "imported by the 0.23 engine process (va023-e2e)",
 }
 
 # Provided by the box (torch's own dependencies, triton, numpy): never carried. The probe (benchmarks/gpu_probe.sh)
