@@ -7,11 +7,13 @@
 #   k1/ k3/  sync / async / async + ZB_PATCH=1 with --device-ms of device time added to every forward, so that a
 #            step is device-bound: tokens and counts, synchronisation in the prep window, host and device time
 # Writes $OUT/summary.md (every report) and $OUT/suite.tgz (every run's result, log, probe and trace).
-# Usage (repo root, on the box): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS]
+# Usage (repo root, on the box): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS] [KS]
+#   KS: the k of the device-bound runs, "3 1" by default (each k: ~3 min on an H100)
 #   device tool: carry=["<STACK_DIR>"], command="bash benchmarks/gpu_engine_suite.sh <STACK_DIR> 40"
 set -u
 STACK="${1:?stack folder (.gpu-stack, .gpu-stack-023, ...)}"
 DEVICE_MS="${2:-40}"
+KS="${3:-3 1}"
 OUT="${OUT:-/tmp/zb-gpu-suite}"
 WORK="$OUT/work"
 mkdir -p "$WORK"
@@ -41,7 +43,10 @@ else
     export TRITON_CACHE_DIR="$WORK/triton-with"
 fi
 [ -n "$backport" ] && warm=--no-warmup || warm=  # the stall runs compiled every kernel into triton-with
-bench k3 --k 3 --device-ms "$DEVICE_MS" $warm --budget 200
-bench k1 --k 1 --device-ms "$DEVICE_MS" --no-warmup --no-reference --budget 190
+reference=  # transformers' reference tokens: with the first k only
+for k in $KS; do
+    bench "k$k" --k "$k" --device-ms "$DEVICE_MS" $warm $reference --budget 200
+    warm=--no-warmup reference=--no-reference
+done
 rm -rf "$WORK"/triton-* "$WORK"/*/models
 tar czf "$OUT/suite.tgz" -C "$WORK" . && rm -rf "$WORK"

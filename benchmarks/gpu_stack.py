@@ -129,6 +129,10 @@ PACKAGES: dict[str, str] = {
     "hpack": "h2",
     "hyperframe": "h2",
     "jmespath": "imported by the 0.23 engine process (va023-e2e)",
+    # imported on the 0.13 path only (the same listing against va013-e2e)
+    "blake3": "vllm.utils.hashing (0.13)",
+    "interegular": "lmformatenforcer (0.13)",
+    "lm-format-enforcer": "vllm.v1.structured_output (0.13)",
 }
 
 # Provided by the box (torch's own dependencies, triton, numpy): never carried. The probe (benchmarks/gpu_probe.sh)
@@ -384,6 +388,12 @@ def sha256(path: str) -> str:
 _LOAD_COMPILED = """
 import ctypes, importlib, importlib.util, json, os, sys
 tree, box_has, failed = sys.argv[1], set(sys.argv[2].split(",")), {}
+def needs_box(exc, box_has):
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in box_has:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 for rel in sys.argv[3:]:
     path = os.path.join(tree, rel)
     base = os.path.basename(rel)
@@ -392,11 +402,19 @@ for rel in sys.argv[3:]:
             name = rel.split(".", 1)[0].replace("/", ".")
             try:
                 importlib.import_module(name)
-            except ModuleNotFoundError as exc:
-                if (exc.name or "").split(".")[0] not in box_has:
+            except ImportError as exc:
+                # a box package missing here, also when a package re-raises it as its own ImportError (pandas: "Unable
+                # to import required dependency numpy"): load the file alone, or, if its own initialisation imports
+                # the box package, load it as a shared library (its platform and linkage are what can be wrong)
+                if not needs_box(exc, box_has):
                     raise
-                spec = importlib.util.spec_from_file_location(name, path)
-                spec.loader.exec_module(spec.loader.create_module(spec))
+                try:
+                    spec = importlib.util.spec_from_file_location(name, path)
+                    spec.loader.exec_module(spec.loader.create_module(spec))
+                except ImportError as again:
+                    if not needs_box(again, box_has):
+                        raise
+                    ctypes.CDLL(path)
         else:
             ctypes.CDLL(path)
     except Exception as exc:
