@@ -13,7 +13,7 @@ the child):
     ``zb-patch selftest --engine`` compares them, plus transformers' own greedy Llama on the same weights (CUDA).
 (b) sync debug: ``torch.cuda.set_sync_debug_mode`` armed for the whole of ``execute_model`` and ``sample_tokens``;
     each synchronising CUDA call is counted per step and phase: ``pre`` (before ``_update_states``), ``prep``
-    (``_update_states`` up to the forward launch, ``_model_forward``: the window that must be sync-free), ``forward``,
+    (``_update_states`` up to the forward launch (``_model_forward``; 0.13: ``_generate_process_reqs_hidden_states``): the window that must be sync-free), ``forward``,
     ``post``, ``sample``. zb-patch's one documented wait (``ZeroBubble.exact_host_counts``) is its own phase,
     ``zb-wait``. CUDA's sync debug does not see ``Event.synchronize`` (the classic accepted-count wait is one), so
     event waits are counted by wrapping ``torch.cuda.Event.synchronize``, with their site and time. ``--sync-debug
@@ -431,10 +431,16 @@ class Probes:
         cls = NPUModelRunner
         cls.execute_model = self._wrap_execute(cls.execute_model)
         cls._update_states = self._wrap_phase(cls._update_states, "prep", arm_strict=True)
+        # the runner method that runs the model: vllm-ascend 0.13 has its own, 0.18+ calls vLLM's _model_forward
+        forward = (
+            "_generate_process_reqs_hidden_states"
+            if "_generate_process_reqs_hidden_states" in vars(cls)
+            else "_model_forward"
+        )
         if self.device_ms > 0:
             self.spin_cycles = _spin_cycles(self.device_ms)
-            cls._model_forward = self._wrap_device_load(cls._model_forward)
-        cls._model_forward = self._wrap_phase(cls._model_forward, "forward", disarm_strict=True, after="post")
+            setattr(cls, forward, self._wrap_device_load(getattr(cls, forward)))
+        setattr(cls, forward, self._wrap_phase(getattr(cls, forward), "forward", disarm_strict=True, after="post"))
         cls.sample_tokens = self._wrap_sample(cls.sample_tokens)
         zb = self._zero_bubble()
         if zb is not None:
@@ -677,7 +683,9 @@ class Probes:
         }
         # the first step that waits for the previous step's accepted counts is the first corrected one: zb-patch's
         # kernels launch there first (Triton compiles them there unless they were compiled at start-up)
-        corrected = [i for i, s in enumerate(steps) if any(w[0] in ("prep", "zb-wait") for w in s["waits"])]
+        # (zb-patch's wait is its own phase; on 0.13 it also waits in prep for the input-preparation event, every step)
+        zb_waits = [i for i, s in enumerate(steps) if any(w[0] == "zb-wait" for w in s["waits"])]
+        corrected = zb_waits or [i for i, s in enumerate(steps) if any(w[0] == "prep" for w in s["waits"])]
         timed = [i for i in corrected if "t_exec_end" in steps[i]]
         if timed:
             execute = {i: steps[i]["t_exec_end"] - steps[i]["t0"] for i in timed}
