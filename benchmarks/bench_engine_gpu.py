@@ -14,8 +14,8 @@ the child):
 (b) sync debug: ``torch.cuda.set_sync_debug_mode`` armed for the whole of ``execute_model`` and ``sample_tokens``;
     each synchronising CUDA call is counted per step and phase: ``pre`` (before ``_update_states``), ``prep``
     (``_update_states`` up to the forward launch, ``_model_forward``, on 0.13 ``_generate_process_reqs_hidden_states``:
-    the window that must be sync-free), ``forward``, ``post``, ``sample``. zb-patch's one documented wait (``ZeroBubble.exact_host_counts``) is its own phase,
-    ``zb-wait``. CUDA's sync debug does not see ``Event.synchronize`` (the classic accepted-count wait is one), so
+    the window that must be sync-free), ``forward``, ``post``, ``sample``. zb-patch's one documented wait
+    (``ZeroBubble.exact_host_counts``) is its own phase, ``zb-wait``. CUDA's sync debug does not see ``Event.synchronize`` (the classic accepted-count wait is one), so
     event waits are counted by wrapping ``torch.cuda.Event.synchronize``, with their site and time. ``--sync-debug
     error`` instead raises on the first synchronising call inside ``prep`` (the run stops there; its stack is the
     result).
