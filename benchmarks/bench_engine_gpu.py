@@ -15,10 +15,10 @@ the child):
     each synchronising CUDA call is counted per step and phase: ``pre`` (before ``_update_states``), ``prep``
     (``_update_states`` up to the forward launch, ``_model_forward``, on 0.13 ``_generate_process_reqs_hidden_states``:
     the window that must be sync-free), ``forward``, ``post``, ``sample``. zb-patch's one documented wait
-    (``ZeroBubble.exact_host_counts``) is its own phase, ``zb-wait``. CUDA's sync debug does not see ``Event.synchronize`` (the classic accepted-count wait is one), so
-    event waits are counted by wrapping ``torch.cuda.Event.synchronize``, with their site and time. ``--sync-debug
-    error`` instead raises on the first synchronising call inside ``prep`` (the run stops there; its stack is the
-    result).
+    (``ZeroBubble.exact_host_counts``) is its own phase, ``zb-wait``. CUDA's sync debug does not see
+    ``Event.synchronize`` (the classic accepted-count wait is one), so event waits are counted by wrapping
+    ``torch.cuda.Event.synchronize``, with their site and time. ``--sync-debug error`` instead raises on the first
+    synchronising call inside ``prep`` (the run stops there; its stack is the result).
 (c) time per step: host (step period, input preparation, execute_model, sample_tokens, time blocked in event waits)
     over the steps before the profiler starts, and device idle per step (torch.profiler / CUPTI: the step period
     minus the union of kernel / memcpy / memset time) over ``--profile-steps`` steps after ``--profile-from``.
