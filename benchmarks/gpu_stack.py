@@ -259,7 +259,8 @@ def keep(relpath: str, source_only: bool) -> bool:
     if "__pycache__" in parts or "tests" in parts[1:] or DROP_FILES.search(relpath):
         return False
     if parts[0].endswith(".dist-info"):
-        return parts[-1] in ("METADATA", "entry_points.txt", "top_level.txt")
+        # RECORD: tvm_ffi (xgrammar 0.2, vllm-ascend 0.23's lock) finds a package's shared libraries through it
+        return parts[-1] in ("METADATA", "entry_points.txt", "top_level.txt", "RECORD")
     if parts[0] == "transformers" and len(parts) > 3 and parts[1] == "models":
         return parts[2] in KEEP_TRANSFORMERS_MODELS
     compiled_or_data = COMPILED.search(relpath) or any(relpath.startswith(d + "/") for d in DROP_DIRS)
