@@ -23,19 +23,9 @@ import pytest
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va018-e2e env)")
 
 import tiny_model  # noqa: E402
-from workload import Workload, divergences, summarize, table  # noqa: E402
+from workload import BIG, CI, Workload, divergences, summarize, table  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMALL = Workload()
-BIG = Workload(
-    num_requests=48,
-    max_prompt=300,
-    max_tokens=60,
-    max_model_len=384,
-    max_num_batched_tokens=64,
-    max_num_seqs=8,
-    num_gpu_blocks=6,
-)
 CONFIGS = {"sync": ([], {}), "async": (["--async"], {}), "async+zb": (["--async"], {"ZB_PATCH": "1"})}
 TIMEOUT_S = 1500
 
@@ -75,7 +65,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(models, tmp_path_factory):
-    wl = BIG if os.environ.get("E2E_BIG") else SMALL
+    wl = BIG if os.environ.get("E2E_BIG") else CI
     out_dir = str(tmp_path_factory.mktemp("runs"))
     results = _in_pairs([lambda n=n: _run(n, models, out_dir, wl) for n in CONFIGS])
     runs = dict(zip(CONFIGS, (res for _, res, _, _ in results)))

@@ -46,6 +46,20 @@ class Workload:
         return asdict(self)
 
 
+# The CI workload (k = 2 runs, planted mistakes; 10 requests: the second one that runs into max_model_len is
+# preempted) and the larger one of issue item 4 (E2E_BIG=1)
+CI = Workload(num_requests=10)
+BIG = Workload(
+    num_requests=48,
+    max_prompt=300,
+    max_tokens=60,
+    max_model_len=384,
+    max_num_batched_tokens=64,
+    max_num_seqs=8,
+    num_gpu_blocks=6,
+)
+
+
 def summarize(name: str, result: dict) -> dict:
     drafted = sum(result["drafted"].values())
     accepted = sum(result["accepted"].values())
