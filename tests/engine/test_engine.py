@@ -187,8 +187,8 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, k):
 # plant -> (request, field) of the first divergence from the unplanted async+zb run (divergences() order: tokens
 # before counts, requests in order) on the k = 2 workload
 PLANT_DIVERGENCE = {
-    "slot-mapping-off-by-one": ("2", "tokens"),
-    "host-seq-lens-optimistic": ("2", "tokens"),
+    "slot-mapping-off-by-one": ("0", "tokens"),
+    "host-seq-lens-optimistic": ("0", "tokens"),
 }
 # plant -> the error it must raise: the -1 backup token reaches the EAGLE head's embedding
 PLANT_ERROR = {"backup-token-minus-one": ("eagle_proposer.py", "IndexError: index out of range in self")}

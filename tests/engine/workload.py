@@ -25,6 +25,7 @@ class Workload:
     # preempt others
     num_gpu_blocks: int = 3
     seed: int = 0
+    extreme_prompts: bool = False  # requests 0 and 1 get min_prompt and max_prompt tokens
 
     def requests(self, vocab: int, first_id: int = 3) -> list[tuple[list[int], int]]:
         """(prompt token ids, max_tokens) per request; a few ask for more than max_model_len allows."""
@@ -32,6 +33,8 @@ class Workload:
         out = []
         for i in range(self.num_requests):
             n = rng.randint(self.min_prompt, self.max_prompt)
+            if self.extreme_prompts and i < 2:
+                n = (self.min_prompt, self.max_prompt)[i]
             prompt = [rng.randrange(first_id, vocab) for _ in range(n)]
             want = rng.randint(self.min_tokens, self.max_tokens)
             if i % 5 == 4:  # runs into max_model_len
@@ -57,6 +60,7 @@ BIG = Workload(
     max_num_batched_tokens=64,
     max_num_seqs=8,
     num_gpu_blocks=6,
+    extreme_prompts=True,
 )
 
 
