@@ -59,7 +59,7 @@ BIG = Workload(
     max_model_len=384,
     max_num_batched_tokens=64,
     max_num_seqs=8,
-    num_gpu_blocks=6,
+    num_gpu_blocks=18,  # 14-19 preemptions at k = 1..4 (6 blocks: 179 at k = 2, 3x the scheduled tokens)
     extreme_prompts=True,
 )
 
