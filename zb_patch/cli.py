@@ -318,6 +318,10 @@ def cmd_patches(args) -> int:
 
 
 def cmd_selftest(args) -> int:
+    if args.engine:
+        from .check.engine import run
+
+        return run.run_cli(args)
     from .check import selftest
 
     return selftest.run_cli(args)
@@ -479,6 +483,23 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int, default=0, help="workload / acceptance seed")
     st.add_argument("--json", action="store_true", help="JSON report")
     st.add_argument("--quiet", action="store_true", help="no progress bar")
+    eng = st.add_argument_group(
+        "engine self-test (--engine)",
+        "Generate tokens with a tiny locally built model (no download) through the installed vLLM / vllm-ascend "
+        "engine on the NPU: sync scheduling, async scheduling, async + ZB_PATCH=1, each in its own process. PASS "
+        "when tokens and drafted / accepted counts per request agree. Exit 0 PASS, 1 FAIL, 2 no NPU.",
+    )
+    eng.add_argument("--engine", action="store_true", help="run the engine self-test instead of the bookkeeping one")
+    eng.add_argument("--k", default="2", metavar="K[,K...]", help="draft tokens per step (default 2)")
+    eng.add_argument("--jobs", type=int, default=1, help="engine processes at a time (default 1)")
+    eng.add_argument("--keep", metavar="DIR", help="write the models and every run's result JSON under DIR")
+    eng.add_argument("--workload", metavar="JSON", help="workload fields as JSON (zb_patch.check.engine.workload)")
+    eng.add_argument(
+        "--drafter",
+        choices=("eagle", "mtp"),
+        default="eagle",
+        help="eagle: Llama target + EAGLE head (default); mtp: MiMo target drafting with its own MTP layer",
+    )
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")

@@ -1,10 +1,12 @@
-"""Planted mistakes in the zero-bubble path (test-only switches, issue item 6): ``run_engine.py --plant NAME``
+"""Planted mistakes in zb-patch's paths (test-only switches, issue item 6): ``run_engine.py --plant NAME``
 installs one in the engine process after ``LLM(...)`` is built (zb-patch's wrappers are applied by then) and before
 any request is generated. Each plant wraps a zb-patch method or a release function at the point where the mistake
-would live; zb-patch's own code is not edited.
+would live; zb-patch's own code is not edited. Which plants apply depends on the release's adapter: the zero-bubble
+ones on vllm-ascend 0.13 / 0.18 (ascend-0.13 / ascend-0.18), the slot-mapping-kernel one on 0.19-0.25
+(ascend-0.19-0.25).
 
-The test (test_plants.py) runs each plant as the async + ZB_PATCH=1 configuration and asserts the divergence it must
-cause against the unplanted run (``EXPECTED``).
+tests/engine/test_engine.py runs the installed release's plants (``EXPECTED[release].plants``) as the async +
+ZB_PATCH=1 configuration and asserts what each must do against the unplanted run.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ HITS: collections.Counter = collections.Counter()  # per plant: the calls in whi
 
 
 def _zero_bubble():
-    from zb_patch.versions.ascend_0_18 import ZERO_BUBBLE
+    """The ZeroBubble instance of the adapter zb-patch applied in this process (ZeroBubble013 / ZeroBubble018)."""
+    import importlib
 
-    return ZERO_BUBBLE
+    from zb_patch import plugin
+
+    adapter = plugin.status()["adapter"]  # "ascend-0.13" -> zb_patch.versions.ascend_0_13
+    return importlib.import_module("zb_patch.versions." + adapter.replace("-", "_").replace(".", "_")).ZERO_BUBBLE
 
 
 def slot_mapping_off_by_one() -> None:
@@ -35,6 +41,24 @@ def slot_mapping_off_by_one() -> None:
             HITS["slot-mapping-off-by-one"] += 1
 
     zb.device_correction = device_correction
+
+
+def slot_mapping_kernel_off_by_one() -> None:
+    """vllm-ascend 0.19-0.25 (adapter ascend-0.19-0.25): zb-patch's slot-mapping kernel, which replaces
+    ``BlockTable.compute_slot_mapping``, writes every scheduled token's slot one back (its KV overwrites the previous
+    token's; slot 0 becomes the padding id and is not written). Wraps the patched method, so it only changes values
+    where zb-patch's kernel wrote them."""
+    from vllm_ascend.worker.block_table import BlockTable
+
+    patched = BlockTable.compute_slot_mapping
+
+    def compute_slot_mapping(self, num_reqs, query_start_loc, positions):
+        patched(self, num_reqs, query_start_loc, positions)
+        if "_zb_slot_mapper" in self.__dict__:  # zb-patch's launcher wrote this table's slots
+            self.slot_mapping.gpu[: positions.shape[0]] -= 1
+            HITS["slot-mapping-kernel-off-by-one"] += 1
+
+    BlockTable.compute_slot_mapping = compute_slot_mapping
 
 
 def host_seq_lens_optimistic() -> None:
@@ -109,6 +133,7 @@ def stale_padded_seq_lens() -> None:
 
 PLANTS: dict[str, Callable[[], None]] = {
     "slot-mapping-off-by-one": slot_mapping_off_by_one,
+    "slot-mapping-kernel-off-by-one": slot_mapping_kernel_off_by_one,
     "host-seq-lens-optimistic": host_seq_lens_optimistic,
     "backup-token-minus-one": backup_token_minus_one,
     "drafter-reads-optimistic-num-computed": drafter_reads_optimistic_num_computed,

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from npu_ops import activation, attention, kv_cache, norm
+from npu_ops import activation, attention, kv_cache, norm, rope
 from npu_ops.triton_ascend import get_element
 
 g = torch.Generator().manual_seed(0)
@@ -69,6 +69,37 @@ def test_reshape_and_cache_writes_slots_and_skips_padding():
         kv_cache._npu_reshape_and_cache(
             key=k.flatten(1), value=v.flatten(1), key_cache=kc, value_cache=vc, slot_indices=slots
         )
+
+
+def test_rotary_embedding_neox_matches_loop():
+    """vLLM's RoPE (NeoX halves) from its definition: angle = position * base ** (-2 i / head_size)."""
+    tokens, heads, kv_heads, d, base = 3, 2, 1, 8, 10000.0
+    inv_freq = [base ** (-2 * i / d) for i in range(d // 2)]
+    max_pos = 16
+    angles = torch.tensor([[p * f for f in inv_freq] for p in range(max_pos)], dtype=torch.float64)
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float()
+    positions = torch.tensor([0, 5, 11])
+    q, k = rnd(tokens, heads * d), rnd(tokens, kv_heads * d)
+    q0, k0 = q.clone(), k.clone()
+    assert rope._npu_rotary_embedding(positions, q, k, d, cache, True) is None  # in place
+    for x, x0, n in ((q, q0, heads), (k, k0, kv_heads)):
+        for t, p in enumerate(positions.tolist()):
+            for h in range(n):
+                for i in range(d // 2):
+                    a, b = float(x0[t, h * d + i]), float(x0[t, h * d + i + d // 2])
+                    c, s = math.cos(p * inv_freq[i]), math.sin(p * inv_freq[i])
+                    assert x[t, h * d + i].item() == pytest.approx(a * c - b * s, rel=1e-5, abs=1e-6)
+                    assert x[t, h * d + i + d // 2].item() == pytest.approx(b * c + a * s, rel=1e-5, abs=1e-6)
+
+
+def test_rotary_embedding_refuses_other_modes():
+    positions, cache = torch.tensor([0, 1]), rnd(4, 8)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: is_neox_style=False"):
+        rope._npu_rotary_embedding(positions, rnd(2, 8), rnd(2, 8), 8, cache, False)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: cos_sin_cache"):
+        rope._npu_rotary_embedding(positions, rnd(2, 16), rnd(2, 16), 16, cache, True)
+    with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: query"):
+        rope._npu_rotary_embedding(positions, rnd(2, 2, 8), rnd(2, 8), 8, cache, True)
 
 
 def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):
@@ -148,6 +179,37 @@ def test_fia_paged_chunked_and_decode_match_loop():
         ref = _naive_attention(q[start : start + ql], keys, vals, 0.25, n, kvn)
         torch.testing.assert_close(out[start : start + ql], ref, rtol=1e-4, atol=1e-5)
         start += ql
+
+
+def test_ops_stay_on_the_inputs_device_without_reading_values():
+    """On the GPU box the ops run on CUDA tensors (NPU_STANDIN_DEVICE=cuda). On the meta device a tensor the op
+    creates on another device, or a value it reads back to the host (boolean indexing, .item(), .tolist(): a host wait
+    on CUDA), raises; every output must come back on the inputs' device."""
+    meta = torch.device("meta")
+    n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
+    kc, vc = torch.empty(nblocks, bs, kvn, d, device=meta), torch.empty(nblocks, bs, kvn, d, device=meta)
+    k, v = torch.empty(3, kvn, d, device=meta), torch.empty(3, kvn, d, device=meta)
+    slots = torch.empty(3, dtype=torch.int32, device=meta)
+    kv_cache._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slot_indices=slots)
+    table = torch.empty(2, 3, dtype=torch.int32, device=meta)
+    out, lse = attention.npu_fused_infer_attention_score(
+        torch.empty(4, n, d, device=meta),
+        kc.view(nblocks, bs, -1),
+        vc.view(nblocks, bs, -1),
+        atten_mask=MASK.to(meta),
+        block_table=table,
+        input_layout="TND",
+        block_size=bs,
+        actual_seq_lengths=[3, 4],
+        actual_seq_lengths_kv=[7, 10],
+        num_key_value_heads=kvn,
+        num_heads=n,
+        scale=0.25,
+        sparse_mode=3,
+    )
+    x, w = torch.empty(3, 8, device=meta), torch.empty(8, device=meta)
+    outputs = [out, lse, *norm.npu_rms_norm(x, w), *norm.npu_add_rms_norm(x, x, w), activation.npu_swiglu(x)]
+    assert [t.device for t in outputs] == [meta] * len(outputs)
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,14 @@ written weights (no vLLM, no NPU emulation), on the engine workloads:
 from __future__ import annotations
 
 import pytest
-import tiny_model
 import torch
-from workload import BIG, CI, Workload
 
-transformers = pytest.importorskip("transformers", reason="the tiny-model reference needs transformers (va018-e2e env)")
+from zb_patch.check.engine import model as tiny_model
+from zb_patch.check.engine.workload import BIG, CI, Workload
+
+transformers = pytest.importorskip(
+    "transformers", reason="the tiny-model reference needs transformers (va013-e2e / va018-e2e / va023-e2e envs)"
+)
 
 WORKLOADS = {"ci": CI, "big": BIG}
 MARGIN_FLOOR = 0.5

@@ -1,8 +1,12 @@
-"""Wiring for running vLLM's engine on the vllm-ascend platform on CPU: the NPU stand-in, the emulated NPU ops
-(npu_ops) bound where vllm-ascend looks them up, and the worker double (npu_worker_double).
+"""Wiring for running vLLM's engine on the vllm-ascend platform without an NPU: the NPU stand-in, the emulated NPU
+ops (npu_ops) bound where vllm-ascend looks them up, and the worker double (npu_worker_double).
 
 ``install()`` must run before anything imports vllm / vllm_ascend. Engine processes set
 ``worker_cls=WORKER_CLS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (one process; see docs/e2e.md).
+
+The NPU stands on the CPU (default) or, with ``NPU_STANDIN_DEVICE=cuda``, on a CUDA device (the GPU box,
+docs/environments.md): tensors live there, the stand-in's streams / events are torch.cuda's and host memory is pinned,
+so the release's asynchrony is real.
 """
 
 from __future__ import annotations
@@ -17,37 +21,55 @@ def install() -> None:
     if _installed:
         return
     import npu_standin
+    from npu_standin import runtime
 
-    npu_standin.install()
+    device = runtime.device()
+    family = npu_standin.install()
     import npu_ops
     import npu_ops.triton_ascend
 
     # before vllm_ascend.ops.triton resolves the triton-ascend extension ops (at import)
-    npu_ops.triton_ascend.bind()
+    npu_ops.triton_ascend.bind(family)
     import torch
     import torch_npu  # the stand-in
 
-    # The real `import torch_npu` names the PrivateUse1 backend "npu" (so torch.device("npu") parses, as vLLM's
-    # DeviceConfig needs for the platform's device_type). No tensor is ever placed there: the worker double runs
-    # on CPU.
-    if torch._C._get_privateuse1_backend_name() != "npu":
+    if device == "cpu" and torch._C._get_privateuse1_backend_name() != "npu":
+        # The real `import torch_npu` names the PrivateUse1 backend "npu" (so torch.device("npu") parses, as vLLM's
+        # DeviceConfig needs for the platform's device_type). No tensor is ever placed there: the worker double runs
+        # on CPU. On CUDA it stays unnamed: a named PrivateUse1 backend becomes torch's current accelerator, and
+        # pinned host memory (allocated through the current accelerator) would then need NPU hooks.
         torch.utils.rename_privateuse1_backend("npu")
     # Python custom ops (vLLM's and vllm-ascend's `direct_register_custom_op`) register their kernels under the
-    # platform's dispatch key, or "PrivateUse1" (the NPU) by name; the tensors here are CPU tensors.
+    # platform's dispatch key, or "PrivateUse1" (the NPU) by name; the tensors live on the stand-in device. Before
+    # vllm_ascend is imported: its modules register ops at import.
     import vllm.utils.torch_utils as torch_utils
 
-    torch_utils.direct_register_custom_op = _on_cpu(torch_utils.direct_register_custom_op)
+    dispatch_key = {"cpu": "CPU", "cuda": "CUDA"}[device]
+    torch_utils.direct_register_custom_op = _on_device(torch_utils.direct_register_custom_op, dispatch_key)
     from vllm_ascend.platform import NPUPlatform
 
-    NPUPlatform.dispatch_key = "CPU"
-    # Page-locked host memory needs the device driver. CPU tensors stay pageable: the platform says pinning is not
-    # available, and the unconditional `.pin_memory()` calls (e.g. the runner's spec-decode metadata) keep the tensor.
-
-    NPUPlatform.is_pin_memory_available = classmethod(lambda cls: False)
-    torch.Tensor.pin_memory = _pageable
-    # Device memory accounting (load_model's DeviceMemoryProfiler): nothing lives in device memory here.
-    NPUPlatform.get_current_memory_usage = classmethod(lambda cls, device=None: 0.0)
+    NPUPlatform.dispatch_key = dispatch_key
+    if device == "cpu":
+        # Page-locked host memory needs the device driver. CPU tensors stay pageable: the platform says pinning is
+        # not available, and the unconditional `.pin_memory()` calls (e.g. the runner's spec-decode metadata) keep
+        # the tensor.
+        NPUPlatform.is_pin_memory_available = classmethod(lambda cls: False)
+        torch.Tensor.pin_memory = _pageable
+        # Device memory accounting (load_model's DeviceMemoryProfiler): nothing lives in device memory here.
+        NPUPlatform.get_current_memory_usage = classmethod(lambda cls, device=None: 0.0)
+    else:
+        # The platform's device is CUDA: vLLM derives torch.device(device_type) and its process groups' devices from
+        # these; the release's own is_pin_memory_available (True) stays.
+        NPUPlatform.device_type = NPUPlatform.device_name = "cuda"
+        NPUPlatform.get_current_memory_usage = classmethod(_cuda_memory_usage)
     npu_ops.bind(torch_npu)
+    if device == "cuda":
+        # vllm-ascend 0.18's EAGLE proposer allocates a device tensor with pin_memory=<runner.pin_memory>
+        # (torch.zeros(..., device=device, pin_memory=...)); the NPU accepts that, torch's CUDA factory refuses it
+        # ("Only dense CPU tensors can be pinned"). Its module sees a torch whose zeros leaves device tensors unpinned.
+        import vllm_ascend.spec_decode.eagle_proposer as eagle_proposer
+
+        eagle_proposer.torch = _DeviceTensorsUnpinned(torch)
     # vLLM inspects model classes in a fresh interpreter, which needs the stand-in too (it loads all plugins).
     import sys
 
@@ -57,12 +79,36 @@ def install() -> None:
     _installed = True
 
 
+class _DeviceTensorsUnpinned:
+    """``torch`` for one release module on the CUDA stand-in: ``zeros`` drops ``pin_memory`` for a non-CPU device (page
+    locking is a host-memory property); every other name is torch's own."""
+
+    def __init__(self, torch_module):
+        self._torch = torch_module
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def zeros(self, *size, device=None, pin_memory=False, **kwargs):
+        if pin_memory and device is not None and self._torch.device(device).type != "cpu":
+            pin_memory = False
+        return self._torch.zeros(*size, device=device, pin_memory=pin_memory, **kwargs)
+
+
 def _pageable(self, *args, **kwargs):
     return self
 
 
-def _on_cpu(register):
+def _cuda_memory_usage(cls, device=None) -> float:
+    """What the release's NPUPlatform.get_current_memory_usage reads from torch.npu, from torch.cuda."""
+    import torch
+
+    torch.cuda.reset_peak_memory_stats(device)
+    return float(torch.cuda.max_memory_allocated(device))
+
+
+def _on_device(register, key: str):
     def direct_register_custom_op(*args, dispatch_key=None, **kwargs):
-        return register(*args, dispatch_key="CPU" if dispatch_key == "PrivateUse1" else dispatch_key, **kwargs)
+        return register(*args, dispatch_key=key if dispatch_key == "PrivateUse1" else dispatch_key, **kwargs)
 
     return direct_register_custom_op

@@ -2,13 +2,19 @@
 
 Only what cannot exist without an NPU is replaced; the model runner, model, attention backend, sampler,
 rejection sampler and proposer are the release's own code. Replaced (each listed in docs/e2e.md):
-- device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> CPU device, gloo world of one
-  built with vLLM's own ``GroupCoordinator`` (vllm-ascend's replacement builds HCCL groups);
+- device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> the CPU (or ``cuda:0`` with
+  ``NPU_STANDIN_DEVICE=cuda``), gloo world of one built with vLLM's own ``GroupCoordinator`` (vllm-ascend's
+  replacement builds HCCL groups);
 - ATB extension registration (a CANN library load) and the SoC check (``torch_npu.npu.get_soc_version``)
   -> skipped in ``__init__``; the build's own device type (``_build_info``) stays what the code branches on;
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
 - KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
 - the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+
+Release differences (0.13.0 / 0.18.0 / 0.23.0): what ``compile_or_warm_up_model`` returns (see there); 0.13 imports
+``torch_npu._inductor`` in ``__init__`` (0.18 in ``_init_device``, replaced here), so the 0.13 stand-in declares that
+module; the seed is set through the release worker's own ``set_random_seed`` (vLLM 0.13 keeps it in
+``model_executor.utils``, 0.18 in ``utils.torch_utils``).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import socket
 from unittest import mock
 
 import torch
+import vllm.v1.worker.worker_base as worker_base
 import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
-from vllm.utils.torch_utils import set_random_seed
+
+from npu_standin import runtime
 
 KV_CACHE_BYTES = 1 << 30  # ample; num_gpu_blocks_override sizes the cache
 A2_AICORES, A2_VECTORCORES = 24, 48
@@ -35,7 +43,12 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
             super().__init__(*args, **kwargs)
 
     def _init_device(self):
-        device = torch.device("cpu")
+        if runtime.device() == "cuda":
+            # the GPU box (NPU_STANDIN_DEVICE=cuda): one CUDA device stands in for the NPU
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
         self.vllm_config.device_config.device = device
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -49,16 +62,19 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         # init_device_properties_triton() asks the NPU driver for its core counts (the Triton kernels size their
         # grids with them); these are an Atlas A2's (24 AI cores, 48 vector cores).
         triton_utils._NUM_AICORE, triton_utils._NUM_VECTORCORE = A2_AICORES, A2_VECTORCORES
-        set_random_seed(self.model_config.seed)
+        ascend_worker.set_random_seed(self.model_config.seed)
         return device
 
     def determine_available_memory(self) -> int:
         self.model_runner.profile_run()
         return KV_CACHE_BYTES
 
-    def compile_or_warm_up_model(self) -> float:
+    def compile_or_warm_up_model(self):
         assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
-        set_random_seed(self.model_config.seed)
+        ascend_worker.set_random_seed(self.model_config.seed)
+        # vLLM 0.23 collects CompilationTimes(language_model, encoder) from every worker; 0.13 / 0.18 a float (seconds)
+        if hasattr(worker_base, "CompilationTimes"):
+            return worker_base.CompilationTimes(language_model=0.0, encoder=0.0)
         return 0.0
 
 

@@ -6,9 +6,9 @@ implement. ``bind(torch_npu)`` hangs them on the torch_npu stand-in.
 
 from __future__ import annotations
 
-from . import activation, attention, kv_cache, norm
+from . import activation, attention, kv_cache, norm, rope
 
-TORCH_NPU_OPS: dict[str, object] = {**norm.OPS, **activation.OPS, **kv_cache.OPS, **attention.OPS}
+TORCH_NPU_OPS: dict[str, object] = {**norm.OPS, **activation.OPS, **kv_cache.OPS, **attention.OPS, **rope.OPS}
 
 
 def bind(torch_npu) -> None:

@@ -86,7 +86,7 @@ def npu_fused_infer_attention_score(
         kv_lens = kv_lens_arg
 
     out = torch.zeros_like(query)  # rows past the last request are not written by the NPU op either
-    lse = torch.full((tokens, heads, 1), float("inf"), dtype=torch.float32)
+    lse = torch.full((tokens, heads, 1), float("inf"), dtype=torch.float32, device=query.device)
     group = num_heads // kv_heads
     q_start = 0
     for b, q_end in enumerate(q_ends):
@@ -107,7 +107,8 @@ def npu_fused_infer_attention_score(
         k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [N, kv, D]
         v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [N, q, kv]
-        allowed = torch.arange(kv_len)[None, :] <= (kv_len - q_len + torch.arange(q_len))[:, None]
+        kv_pos, q_pos = torch.arange(kv_len, device=query.device), torch.arange(q_len, device=query.device)
+        allowed = kv_pos[None, :] <= (kv_len - q_len + q_pos)[:, None]
         scores = scores.masked_fill(~allowed, float("-inf"))
         lse[q_start:q_end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)[..., None]
         out[q_start:q_end] = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(query.dtype)

@@ -6,6 +6,11 @@ Layouts as vllm-ascend 0.18 uses them (``attention/attention_v1.py`` reshape_and
 ``device/device_op.py`` BaseDeviceAdaptor): ``key/value [num_tokens, num_kv_heads, head_size]``,
 ``key_cache/value_cache [num_blocks, block_size, num_kv_heads, head_size]``, ``slot_indices [num_tokens]``
 int32/int64. Negative slots (padding) are skipped, as vLLM's own reshape_and_cache kernels do.
+
+Written without boolean indexing, which would make the host wait for the device on every call (on CUDA, where the
+GPU box runs it): every token scatters into slot ``max(slot, 0)`` by accumulation, padding tokens with zeros, and a
+slot takes its scattered value when a non-padding token targets it (the non-padding tokens of one call target
+distinct slots: one token per slot).
 """
 
 from __future__ import annotations
@@ -34,13 +39,19 @@ def _npu_reshape_and_cache(
         raise unsupported(op, "value / value_cache shapes different from key / key_cache")
     if slot_indices.shape != (key.shape[0],):
         raise unsupported(op, f"slot_indices shape {tuple(slot_indices.shape)} for {key.shape[0]} tokens")
-    block_size = key_cache.shape[1]
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
     slots = slot_indices.long()
     keep = slots >= 0
-    slots = slots[keep]
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
-    value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
+    target = slots.clamp(min=0)
+    written = torch.zeros(num_slots, dtype=torch.int32, device=slots.device)
+    written = written.index_put_((target,), keep.int(), accumulate=True).view(-1, 1, 1) > 0
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        flat = cache.view(num_slots, *cache.shape[2:])  # the cache itself (a view raises if it is not contiguous)
+        rows = torch.where(
+            keep.view(-1, 1, 1), src.to(cache.dtype), torch.zeros((), dtype=cache.dtype, device=cache.device)
+        )
+        staged = torch.zeros_like(flat).index_put_((target,), rows, accumulate=True)
+        flat.copy_(torch.where(written, staged, flat))
 
 
 OPS = {"_npu_reshape_and_cache": _npu_reshape_and_cache}

@@ -2,8 +2,10 @@
 call, written with plain Triton language ops so the kernels run under ``TRITON_INTERPRET=1`` on CPU.
 
 - ``get_element(src, indice)``: the scalar ``src[indice]`` of a 1-D block ``src`` (triton-ascend: "get a single
-  element from a tensor by index"). vllm-ascend 0.18's rejection sampler (``ops/triton/reject_sample.py``) reads
-  per-request counts, start offsets and draft / target ids from 1-D blocks with ``get_element(x, (pos,))``.
+  element from a tensor by index"). vllm-ascend's rejection sampler (``ops/triton/reject_sample.py``) reads
+  per-request counts, start offsets and draft / target ids from 1-D blocks with ``get_element(x, (pos,))``:
+  0.18 resolves it from ``triton.language.extra.cann.extension``, 0.13 calls ``tl.get_element`` (the triton-ascend
+  build of 0.13's time put it on ``triton.language`` itself).
   Emulated as a masked sum over the block (exact: every other lane contributes 0). Only 1-D blocks.
 - ``insert_slice`` / ``extract_slice`` are not on the eager Llama + EAGLE path (used by swiglu_quant and the
   FLA kernels); they stay the stand-in's raising functions.
@@ -26,9 +28,14 @@ def get_element(src, indice):
 EXTENSION_OPS = {"get_element": get_element}
 
 
-def bind() -> None:
-    """Replace the stand-in's raising functions; must run before vllm_ascend.ops.triton is imported."""
-    import triton.language.extra.cann.extension as extension  # the stand-in module
+def bind(family: str) -> None:
+    """Put the emulations where the stand-in family's vllm-ascend looks them up; must run before
+    vllm_ascend.ops.triton is imported (0.18+ resolves them at import)."""
+    if family == "0.13":
+        # the real triton.language gains the name only in the engine process that installs the emulation
+        namespace = tl
+    else:
+        import triton.language.extra.cann.extension as namespace  # the stand-in module
 
     for name, fn in EXTENSION_OPS.items():
-        setattr(extension, name, fn)
+        setattr(namespace, name, fn)

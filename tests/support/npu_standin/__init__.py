@@ -15,12 +15,13 @@ or run a CLI with the stand-in active: ``python -m npu_standin zb_patch.cli doct
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import re
 import sys
 from typing import Any
 
-from . import surface
+from . import runtime, surface
 from ._core import HINT, StandinFinder, StandinModule
 
 __all__ = ["install", "is_installed", "active_family", "detect_family", "family_of", "accessed", "FAMILIES", "HINT"]
@@ -125,7 +126,13 @@ def install(family: str | None = None) -> str:
         _trace = set()
         module_type = _TracingModule
     modules = surface.modules_for(None if want == "all" else want)
-    _finder = StandinFinder(modules, surface.ROOTS, on_create=_on_create, module_type=module_type)
+    roots = surface.ROOTS
+    if runtime.device() == "cuda" and importlib.util.find_spec("torchvision") is not None:
+        # On a CUDA host PyPI's torchvision loads beside its torch: the real one serves (transformers finds its
+        # dist metadata there and imports names the stand-in does not declare).
+        roots = tuple(r for r in roots if r != "torchvision")
+        modules = {m: v for m, v in modules.items() if m != "torchvision" and not m.startswith("torchvision.")}
+    _finder = StandinFinder(modules, roots, on_create=_on_create, module_type=module_type)
     sys.meta_path.insert(0, _finder)
     _family = want
     return want

@@ -103,13 +103,14 @@ def value(v: Any) -> Kind:
 
 
 def ref(dotted: str) -> Kind:
-    """An object implemented in npu_standin.runtime (``ref("runtime:Stream")``)."""
+    """An object implemented in npu_standin.runtime (``ref("runtime:Stream")``), as ``runtime.resolve`` gives it for
+    the device the NPU stands on (CPU no-op objects, or torch.cuda's under ``NPU_STANDIN_DEVICE=cuda``)."""
     mod, _, attr = dotted.partition(":")
 
     def build(qualname: str) -> Any:
         import importlib
 
-        return getattr(importlib.import_module(f"npu_standin.{mod}"), attr)
+        return importlib.import_module(f"npu_standin.{mod}").resolve(attr)
 
     return build
 

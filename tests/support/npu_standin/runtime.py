@@ -9,13 +9,54 @@ synchronisation cannot rely on them (that needs the real device, see benchmarks/
 
 Anything that would need device memory or a device clock (``mem_get_info``, ``elapsed_time`` ...)
 is declared in surface.py as ``unavailable`` and raises ``RuntimeError`` when called.
+
+CUDA standing in for the NPU (``NPU_STANDIN_DEVICE=cuda``, the GPU box: docs/environments.md): the names of
+``CUDA_EQUIVALENTS`` resolve to torch.cuda's own streams, events and synchronisation instead, so the code runs
+with real asynchrony. ``is_available()`` stays False either way (transformers would take NPU paths).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum as _enum
+import os
 from typing import Any
+
+DEVICE_ENV = "NPU_STANDIN_DEVICE"
+DEVICES = ("cpu", "cuda")
+# stand-in name -> torch.cuda attribute that does the same on a CUDA device
+CUDA_EQUIVALENTS = {
+    "Stream": "Stream",
+    "Event": "Event",
+    "ExternalEvent": "Event",
+    "current_stream": "current_stream",
+    "default_stream": "default_stream",
+    "stream": "stream",
+    "synchronize": "synchronize",
+    "is_current_stream_capturing": "is_current_stream_capturing",
+}
+_cuda_objects: dict[str, Any] = {}
+
+
+def device() -> str:
+    """The device the NPU stands on: ``NPU_STANDIN_DEVICE`` (unset or empty: "cpu")."""
+    value = os.environ.get(DEVICE_ENV, "") or "cpu"
+    if value not in DEVICES:
+        raise ValueError(f"NPU stand-in: {DEVICE_ENV}={value!r}; valid: {', '.join(DEVICES)} (unset = cpu)")
+    return value
+
+
+def resolve(name: str) -> Any:
+    """The object a ``ref("runtime:<name>")`` entry of surface.py stands for on the current device."""
+    if device() == "cuda" and name in CUDA_EQUIVALENTS:
+        if not _cuda_objects:
+            # Taken once, when the torch_npu stand-in is first built (before vllm-ascend imports): vllm-ascend's
+            # NPUModelRunner later rebinds torch.cuda.Event / current_stream / ... to the torch.npu names.
+            import torch
+
+            _cuda_objects.update({k: getattr(torch.cuda, v) for k, v in CUDA_EQUIVALENTS.items()})
+        return _cuda_objects[name]
+    return globals()[name]
 
 
 class Stream:

@@ -179,6 +179,13 @@ module(
     "utils.py:32 `from torch_npu.npu.streams import Event` (import time)",
     Event=E(ref("runtime:Event"), {F11, F13}, "utils.py:32 (import); runner events (run time)"),
 )
+module(
+    "torch_npu._inductor",
+    {F13},
+    "0.13 worker/worker.py:107 NPUWorker.__init__ `import torch_npu._inductor` when HAS_TRITON (registers "
+    "torch_npu's Inductor backend for graph mode; worker construction, run time). Nothing is read from it; "
+    "0.18+ import it in NPUWorker._init_device, which the engine tests' worker double replaces",
+)
 module("torch_npu.op_plugin", ALL, "parent of op_plugin.atb")
 module("torch_npu.op_plugin.atb", ALL, "parent of op_plugin.atb._atb_ops")
 module(

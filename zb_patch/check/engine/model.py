@@ -1,4 +1,5 @@
-"""A tiny Llama-style target and its EAGLE head, written to a directory as config.json + safetensors.
+"""A tiny Llama-style target and its EAGLE head, and a tiny MiMo target carrying its own MTP layer
+(write_mtp_model), written to a directory as config.json + safetensors.
 
 The weights are constructed, not trained or random, so that three properties hold by design (docs/e2e.md,
 "Model"; shown by tests/engine/test_tiny_model.py):
@@ -15,8 +16,8 @@ The weights are constructed, not trained or random, so that three properties hol
   carries the class feature 1/NORM_FINAL as strong): first drafts are right for classes 0 and 1, later drafts
   only for class 0 (its "bigram" fallback, SUCCESSOR[0]).
 
-Independent of the NPU emulation (plain transformers configs + torch tensors): the same builder is meant to
-serve a real-NPU self test later.
+Plain config dicts + torch tensors (safetensors writes them): the same files serve ``zb-patch selftest --engine``
+on an NPU and the tests' CPU emulation.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def _llama_config(layers: int, arch: str, inter: int) -> dict:
         "rope_theta": ROPE_THETA,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",
+        # "dtype": transformers >= 4.56 (4.57 for vLLM 0.18, 5.x for 0.23) reads it; "torch_dtype" is deprecated
+        "dtype": "float32",
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
@@ -285,4 +287,56 @@ def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tens
             "layers.0.mlp.down_proj.weight": down,
         }
     )
+    return w
+
+
+# -- MTP: a MiMo-style pair (dense Qwen2 target + one MTP layer in the same checkpoint), docs/e2e.md "MTP" ---------
+
+MTP_LAYER_SCALE = 0.01
+
+
+def write_mtp_model(root: str, seed: int = 0) -> str:
+    """Write a ``MiMoForCausalLM`` target with one MTP layer (``model.mtp_layers.0.*``) under ``root``/mimo; vLLM's
+    ``method="mtp"`` reads the draft from the target's own checkpoint. Returns the model directory."""
+    from safetensors.torch import save_file
+
+    model_dir = os.path.join(root, "mimo")
+    os.makedirs(model_dir, exist_ok=True)
+    config = _llama_config(TARGET_LAYERS, "MiMoForCausalLM")
+    # MiMo's own config class (remote code) is Qwen2Config plus num_nextn_predict_layers; vLLM picks the model by
+    # architecture and the MTP draft by it too (SpeculativeConfig.hf_config_override), so plain qwen2 suffices.
+    config.update(model_type="qwen2", num_nextn_predict_layers=1, use_sliding_window=False)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    g = torch.Generator().manual_seed(seed)
+    w = {}
+    for name, t in target_weights(g).items():
+        w[name] = t
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):  # Qwen2 attention has qkv biases
+            w[name.replace(".weight", ".bias")] = (
+                torch.randn(t.shape[0], generator=g) * TARGET_LAYER_SCALE
+            ).contiguous()
+    w.update(mtp_weights(g))
+    save_file(w, os.path.join(model_dir, "model.safetensors"))
+    return model_dir
+
+
+def mtp_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
+    # Names as vLLM's MiMoMTP.load_weights maps them: the norms and input_proj at model.mtp_layers.0, the decoder
+    # block's weights beside them (it inserts "mtp_block."). embed_tokens is shared with the target; the MTP layer
+    # reads lm_head.weight from the same checkpoint.
+    # input_proj acts on cat([target hidden, token embedding]); [0, I] passes the sampled token's (normalised)
+    # embedding through, so the draft is the target's "bigram" reading of that token (as eagle_weights' fc).
+    p = "model.mtp_layers.0"
+    w = {
+        f"{p}.token_layernorm.weight": torch.ones(HIDDEN),
+        f"{p}.hidden_layernorm.weight": torch.ones(HIDDEN),
+        f"{p}.input_proj.weight": torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], dim=1).contiguous(),
+        f"{p}.final_layernorm.weight": torch.ones(HIDDEN),
+    }
+    block = _layer(p, g, MTP_LAYER_SCALE)
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        rows = block[f"{p}.self_attn.{proj}.weight"].shape[0]
+        block[f"{p}.self_attn.{proj}.bias"] = (torch.randn(rows, generator=g) * MTP_LAYER_SCALE).contiguous()
+    w.update(block)
     return w

@@ -1,5 +1,5 @@
-"""The engine workload and the comparison of runs -- plain data, independent of the NPU emulation (a real-NPU
-self test can reuse it).
+"""The engine workload and the comparison of runs: plain data, shared by ``zb-patch selftest --engine`` and the
+tests.
 
 A run's result is ``{"tokens": {req: [ids]}, "drafted": {req: n}, "accepted": {req: n}, "preemptions": {req: n}}``.
 """
@@ -21,8 +21,8 @@ class Workload:
     max_model_len: int = 160
     max_num_batched_tokens: int = 32  # small: long prompts are prefilled in chunks
     max_num_seqs: int = 6
-    # vllm-ascend 0.18 sets 128-token KV blocks: 3 blocks (384 tokens) make requests that grow past 128 tokens
-    # preempt others
+    # vllm-ascend 0.13, 0.18 and 0.23 set 128-token KV blocks: 3 blocks (384 tokens) make requests that grow past 128
+    # tokens preempt others
     num_gpu_blocks: int = 3
     seed: int = 0
     extreme_prompts: bool = False  # requests 0 and 1 get min_prompt and max_prompt tokens

@@ -1,0 +1,690 @@
+"""The engine e2e with real asynchrony: vLLM 0.18's offline ``LLM`` on the vllm-ascend 0.18 platform (the release's
+runner, model, attention backend, sampler, rejection sampler, EAGLE proposer; tests/support's NPU stand-in and
+emulated ops), with a CUDA device standing in for the NPU (``NPU_STANDIN_DEVICE=cuda``): streams, events, pinned
+host memory and host/device overlap are real. For the GPU box, which has torch + Triton and no vLLM: the packages come
+from the carried ``.gpu-stack/`` (benchmarks/gpu_stack.py; docs/environments.md, "GPU box").
+
+    OUT=/some/dir python3 benchmarks/bench_engine_gpu.py [--workload JSON] [--k 2] [--sync-debug warn|error]
+
+One call runs, each configuration in its own engine process (zb_patch.check.engine.run.run_config with this file as
+the child):
+
+(a) sync / async / async + ``ZB_PATCH=1`` on the workload: tokens and drafted / accepted counts compared as
+    ``zb-patch selftest --engine`` compares them, plus transformers' own greedy Llama on the same weights (CUDA).
+(b) sync debug: ``torch.cuda.set_sync_debug_mode`` armed for the whole of ``execute_model`` and ``sample_tokens``;
+    each synchronising CUDA call is counted per step and phase: ``pre`` (before ``_update_states``), ``prep``
+    (``_update_states`` up to the forward launch, ``_model_forward``: the window that must be sync-free), ``forward``,
+    ``post``, ``sample``. zb-patch's one documented wait (``ZeroBubble.exact_host_counts``) is its own phase,
+    ``zb-wait``. CUDA's sync debug does not see ``Event.synchronize`` (the classic accepted-count wait is one), so
+    event waits are counted by wrapping ``torch.cuda.Event.synchronize``, with their site and time. ``--sync-debug
+    error`` instead raises on the first synchronising call inside ``prep`` (the run stops there; its stack is the
+    result).
+(c) time per step: host (step period, input preparation, execute_model, sample_tokens, time blocked in event waits)
+    over the steps before the profiler starts, and device idle per step (torch.profiler / CUPTI: the step period
+    minus the union of kernel / memcpy / memset time) over ``--profile-steps`` steps after ``--profile-from``.
+
+Writes ``$OUT/bench_engine_gpu.json`` and ``$OUT/bench_engine_gpu.md`` (+ each run's result, probe and trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+BENCH = os.path.abspath(__file__)
+REPO = os.path.dirname(os.path.dirname(BENCH))
+SUPPORT = os.path.join(REPO, "tests", "support")
+ABSENT = os.path.join(SUPPORT, "gpu_box", "absent")
+sys.path.insert(0, REPO)
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+# orchestrator -> engine child (run_config names a run by its flags, so paths travel in the environment)
+PROBE_ENV, SYNC_ENV, PROFILE_ENV, DRY_ENV = (
+    "ZB_BENCH_PROBE",
+    "ZB_BENCH_SYNC_DEBUG",
+    "ZB_BENCH_PROFILE",
+    "ZB_BENCH_DRY_RUN",
+)
+PHASES = ("pre", "prep", "zb-wait", "forward", "post", "sample")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# orchestrator (runs first; imports no vLLM)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/zb-bench-engine"))
+    ap.add_argument("--stack", default=os.path.join(REPO, ".gpu-stack"), help="the carried stack folder")
+    ap.add_argument("--workload", default="{}", help="zb_patch.check.engine.workload.Workload fields as JSON")
+    ap.add_argument("--k", type=int, default=2, help="num_speculative_tokens")
+    ap.add_argument("--sync-debug", choices=("warn", "error"), default="warn")
+    ap.add_argument("--profile-from", type=int, default=30, help="first profiled step (earlier steps: host timing)")
+    ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--configs", default="sync,async,async+zb")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the short run that fills Triton's kernel cache")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=540.0,
+        help="seconds for the whole script (the device tool stops a command at 600 s): later runs get what is left, "
+        "and the report is written after every run",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="on a CPU machine: the NPU on the CPU, Triton interpreted, no sync debug / device trace (checks the "
+        "script, the stack and the probes, not the numbers)",
+    )
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    started = time.monotonic()
+    report: dict = {"schema": "zb-patch-bench-engine-gpu/1", "argv": argv}
+
+    tree, manifest = _stack(args.stack)
+    report["stack"] = {k: manifest[k] for k in ("release", "python", "archive", "archive_sha256", "tree_bytes")}
+    report["stack"]["unpacked"] = tree
+    import gpu_stack
+
+    report["box"] = gpu_stack.box_report(tree, manifest)
+    if report["box"]["missing"]:
+        missing = ", ".join(report["box"]["missing"])
+        return _finish(
+            args.out,
+            report,
+            [f"the box lacks {missing} (BOX_HAS: not carried): add them to gpu_stack.PACKAGES and rebuild"],
+        )
+    _child_environment(tree, manifest, args.dry_run)
+    report["stand_ins"] = os.environ.get("ZB_BENCH_STAND_INS", "")
+    from zb_patch.check.engine import run
+    from zb_patch.check.engine.model import write_models
+
+    os.environ[run.CHILD_ENV] = BENCH  # this file is the engine child (run_config does not pass it on)
+    from zb_patch.check.engine.workload import Workload, divergences, summarize, table
+
+    deadline = started + args.budget
+
+    def timeout() -> float:
+        return max(1.0, min(args.timeout, deadline - time.monotonic()))
+
+    device = run.check_device(timeout=timeout())
+    report["device"] = device
+    print(f"device: {json.dumps(device)}", flush=True)
+    if not device.get("available"):
+        return _finish(args.out, report, ["no usable CUDA device / the stack does not import: see device"])
+
+    wl = Workload(**{**json.loads(args.workload), "num_speculative_tokens": args.k})
+    report["workload"] = wl.to_json()
+    models = os.path.join(args.out, "models")
+    write_models(models)
+    runs_dir = os.path.join(args.out, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    failures: list[str] = []
+    if not args.no_warmup:
+        # async+zb launches every Triton kernel the three runs use (the release's and zb-patch's): compiled into
+        # Triton's cache here, not inside the measured runs
+        small = Workload(num_requests=2, max_prompt=20, max_tokens=12, num_speculative_tokens=args.k)
+        warm = _run(run, "async+zb", models, runs_dir, small, ("--warmup",), timeout())
+        if warm.result is None:
+            failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.stderr[-3000:]}")
+            return _finish(args.out, report, failures)
+
+    results, probes = {}, {}
+    for name in args.configs.split(","):
+        probe_path = os.path.join(runs_dir, f"{name}-probe.json")
+        os.environ[PROBE_ENV] = probe_path
+        os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
+        os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
+        r = _run(run, name, models, runs_dir, wl, ("--bench",), timeout())
+        if os.path.isfile(probe_path):
+            with open(probe_path) as fh:
+                probes[name] = json.load(fh)
+        report["probes"] = {n: p.get("summary", p) for n, p in probes.items()}
+        if r.result is None:
+            failures.append(f"{r.tag}: engine process failed (rc {r.returncode}): {r.stderr[-4000:]}")
+        else:
+            results[name] = r.result
+        _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
+
+    reference = _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
+    report["reference"] = {k: v for k, v in reference.items() if k != "tokens"}
+    if set(results) == set(run.CONFIGS):
+        fails, notes = run.compare(results, wl)
+        failures += fails
+        report["notes"] = notes
+        report["rows"] = [summarize(n, res) for n, res in results.items()]
+        report["divergences"] = {n: len(divergences(results["sync"], res)) for n, res in results.items()}
+        report["table"] = table(report["rows"], report["divergences"])
+        report["zb_patch_status"] = results["async+zb"].get("zb_patch_status")
+    if "tokens" in reference:
+        ref = {"tokens": reference["tokens"]}
+        report["vs_transformers"] = {n: divergences(ref, res, fields=("tokens",)) for n, res in results.items()}
+    report["seconds"] = round(time.monotonic() - started, 1)
+    return _finish(args.out, report, failures)
+
+
+def _run(run, name, models, runs_dir, wl, flags, timeout):
+    """run.run_config, its stderr (the engine's log) saved beside its result; a timeout is a failed run."""
+    try:
+        r = run.run_config(name, models, runs_dir, wl, flags, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        r = run.Run(
+            name, f"{name}-{flags[0].lstrip('-')}", None, timeout, -9, f"timed out after {timeout:.0f} s\n{err}"
+        )
+    with open(os.path.join(runs_dir, f"{r.tag}.log"), "w") as fh:
+        fh.write(r.stderr)
+    print(f"{r.tag}: {r.seconds:.0f} s, rc {r.returncode}", flush=True)
+    return r
+
+
+def _stack(stack_dir: str) -> tuple[str, dict]:
+    sys.path.insert(0, os.path.dirname(BENCH))
+    import gpu_stack
+
+    return gpu_stack.unpack(stack_dir, os.path.join(REPO, ".gpu-stack-unpacked"))
+
+
+def _child_environment(tree: str, manifest: dict, dry_run: bool) -> None:
+    """The environment every engine process inherits (run_config copies os.environ)."""
+    import importlib.util
+
+    missing = [m for m in manifest.get("stand_ins", []) if importlib.util.find_spec(m) is None]
+    paths = [tree, *([ABSENT] if missing else []), SUPPORT, REPO]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p])
+    os.environ["ZB_BENCH_STAND_INS"] = ",".join(missing)
+    os.environ["NPU_STANDIN_DEVICE"] = "cpu" if dry_run else "cuda"
+    os.environ[DRY_ENV] = "1" if dry_run else ""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"  # each run's log is its stderr (saved beside its result)
+    if dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM keeps HAS_TRITON with no active driver (docs/environments.md)
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)  # compiled Triton kernels on the device
+    sys.path[:0] = paths
+
+
+def _reference_tokens(models: str, wl, out: str, timeout: float) -> dict:
+    cmd = [sys.executable, BENCH, "--reference", models, json.dumps(wl.to_json()), out]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-3000:]}
+    with open(out) as fh:
+        return json.load(fh)
+
+
+def reference_main(models: str, workload: str, out: str) -> int:
+    """transformers' own Llama, greedy, on the target weights, on CUDA (what the sync engine run must generate)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from zb_patch.check.engine.model import VOCAB
+    from zb_patch.check.engine.workload import Workload
+
+    wl = Workload(**json.loads(workload))
+    device = "cpu" if os.environ.get(DRY_ENV) else "cuda"
+    model = LlamaForCausalLM.from_pretrained(os.path.join(models, "target"), dtype=torch.float32).to(device).eval()
+    tokens = {}
+    with torch.no_grad():
+        for i, (prompt, n) in enumerate(wl.requests(VOCAB)):
+            ids = torch.tensor([prompt], device=device)
+            gen = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
+            tokens[str(i)] = gen[0, len(prompt) :].tolist()
+    with open(out, "w") as fh:
+        json.dump({"tokens": tokens, "matmul_precision": torch.get_float32_matmul_precision()}, fh)
+    return 0
+
+
+def _finish(out: str, report: dict, failures: list[str], quiet: bool = False) -> int:
+    report["failures"] = failures
+    report["verdict"] = "FAIL" if failures else ("PARTIAL" if report.get("partial") else "OK")
+    with open(os.path.join(out, "bench_engine_gpu.json"), "w") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    text = render(report)
+    with open(os.path.join(out, "bench_engine_gpu.md"), "w") as fh:
+        fh.write(text + "\n")
+    if not quiet:
+        print(text)
+    return 0 if not failures else 1
+
+
+def render(report: dict) -> str:
+    lines = ["# Engine e2e, CUDA standing in for the NPU (benchmarks/bench_engine_gpu.py)", ""]
+    dev = report.get("device", {})
+    stack = report.get("stack", {})
+    lines.append(
+        f"device: {dev.get('name') or dev.get('reason')}; stack: vllm-ascend {stack.get('release')} for "
+        f"Python {stack.get('python')}; stand-ins: {report.get('stand_ins') or 'none'}"
+    )
+    box = report.get("box", {})
+    if box.get("missing"):
+        lines.append(f"box lacks: {', '.join(box['missing'])}")
+    if box.get("unmet"):
+        lines.append(
+            "declared requirements of carried packages the box does not meet (informational; the CPU "
+            "simulation runs with the same kind):"
+        )
+        lines += [f"- {u}" for u in box["unmet"]]
+    if "table" in report:
+        lines += ["", "## (a) tokens and counts", "", "```", report["table"], "```"]
+        for n, divs in report.get("vs_transformers", {}).items():
+            lines.append(
+                f"- {n} vs transformers greedy (same device): {len(divs)} requests differ"
+                + (f" (first: {divs[0]})" if divs else "")
+            )
+        lines += [f"- note: {n}" for n in report.get("notes", [])]
+    probes = report.get("probes", {})
+    if probes:
+        lines += ["", "## (b) synchronisation per step, (c) time per step", ""]
+        lines.append(
+            "| run | steps | unexpected syncs in prep (steps with any) | other CUDA syncs / step | event waits / step "
+            "(classic in prep, zb-wait) | host ms / step | prep ms | blocked in waits ms / step | device idle us / "
+            "step (idle %) |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for n, p in probes.items():
+            if "error" in p and "steps" not in p:
+                lines.append(f"| {n} | failed: {p['error'][:200]} |")
+                continue
+            s = p.get("syncs", {})
+            ev = p.get("event_waits", {})
+            h = p.get("host", {})
+            d = p.get("device", {})
+            lines.append(
+                f"| {n} | {p.get('steps')} | {s.get('prep_total', 0)} ({s.get('prep_steps', 0)}) | "
+                f"{s.get('other_per_step', 0):.2f} | {ev.get('per_step', 0):.2f} ({ev.get('prep_per_step', 0):.2f}, "
+                f"{ev.get('zb_wait_per_step', 0):.2f}) | {h.get('period_ms_median', '-')} | "
+                f"{h.get('prep_ms_median', '-')} | {h.get('blocked_ms_per_step', '-')} | "
+                f"{d.get('idle_us_median', '-')} ({d.get('idle_pct', '-')}) |"
+            )
+        for n, p in probes.items():
+            for site, count in (p.get("syncs", {}).get("prep_sites") or {}).items():
+                lines.append(f"- {n}: unexpected sync in prep x{count}: {site}")
+            if p.get("runner_error"):
+                lines.append(
+                    f"- {n}: runner error (the sync-debug error when --sync-debug error): {p['runner_error'][-600:]}"
+                )
+    lines += ["", f"Verdict: {report.get('verdict')}"] + [f"- FAIL {f[:2000]}" for f in report.get("failures", [])]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# engine child (started by run_config: run.CHILD_ENV names this file)
+
+
+def child_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--bench", action="store_true", help="instrument the run (options in ZB_BENCH_* variables)")
+    ap.add_argument("--warmup", action="store_true", help="just run (fills Triton's kernel cache)")
+    args, rest = ap.parse_known_args(argv)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import npu_engine
+
+    npu_engine.install()
+    from zb_patch.check.engine import child
+
+    probes = None
+    if args.bench:
+        profile_from, profile_steps = (int(x) for x in os.environ.get(PROFILE_ENV, "0,0").split(","))
+        probes = Probes(os.environ[PROBE_ENV], os.environ.get(SYNC_ENV, "off"), profile_from, profile_steps)
+    return child.main(
+        rest,
+        llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
+        after_build=probes.install if probes else None,
+        device=_device,
+    )
+
+
+def _device() -> dict:
+    import torch
+
+    if os.environ.get(DRY_ENV):
+        return {"available": True, "name": "CPU (dry run: NPU on the CPU, Triton interpreted)", "count": 1}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "torch.cuda.is_available() is False"}
+    name = f"{torch.cuda.get_device_name(0)} (CUDA standing in for the NPU)"
+    return {"available": True, "name": name, "count": torch.cuda.device_count(), "torch": torch.__version__}
+
+
+class Probes:
+    """Per-step instrumentation of the release's NPUModelRunner, installed once ``LLM(...)`` is built (zb-patch's
+    wrappers are in place: these wrap them from outside) and finished when ``LLM.generate`` returns."""
+
+    def __init__(self, path: str, sync_mode: str, profile_from: int, profile_steps: int) -> None:
+        self.path = path
+        self.sync_mode = sync_mode
+        self.profile_from, self.profile_steps = profile_from, profile_steps
+        self.steps: list[dict] = []
+        self.phase = "idle"
+        self.thread = threading.get_ident()
+        self.other_threads: collections.Counter = collections.Counter()
+        self.runner_error = ""
+        self.profiler = None
+        self.trace_path = os.path.splitext(path)[0] + "-trace.json"
+
+    # -- install ----------------------------------------------------------------------------------------------------
+
+    def install(self) -> dict:
+        import torch
+        from vllm import LLM
+        from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+        from npu_standin import runtime
+
+        cls = NPUModelRunner
+        cls.execute_model = self._wrap_execute(cls.execute_model)
+        cls._update_states = self._wrap_phase(cls._update_states, "prep", arm_strict=True)
+        cls._model_forward = self._wrap_phase(cls._model_forward, "forward", disarm_strict=True, after="post")
+        cls.sample_tokens = self._wrap_sample(cls.sample_tokens)
+        zb = self._zero_bubble()
+        if zb is not None:
+            zb.exact_host_counts = self._wrap_phase(zb.exact_host_counts, "zb-wait", disarm_strict=True, restore=True)
+        event_cls = runtime.resolve("Event")  # torch.cuda.Event as it was before vllm-ascend rebound the name
+        event_cls.synchronize = self._wrap_event_sync(event_cls.synchronize)
+        warnings.filterwarnings("always", message=SYNC_WARNING)
+        self._showwarning = warnings.showwarning
+        warnings.showwarning = self._on_warning
+        LLM.generate = self._wrap_generate(LLM.generate)
+        if self.profile_steps:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(
+                activities=activities,
+                schedule=torch.profiler.schedule(wait=self.profile_from, warmup=1, active=self.profile_steps, repeat=1),
+                on_trace_ready=lambda prof: prof.export_chrome_trace(self.trace_path),
+            )
+            self.profiler.start()
+        self.zb_active = zb is not None
+        self.matmul_precision = torch.get_float32_matmul_precision()
+        return {"bench_probe": self.path}
+
+    def _zero_bubble(self):
+        from zb_patch import plugin
+
+        status = plugin.status()
+        if status.get("state") != "applied":
+            return None
+        module = {"ascend-0.18": "ascend_0_18", "ascend-0.13": "ascend_0_13"}.get(str(status.get("adapter")))
+        if module is None:
+            return None
+        import importlib
+
+        return importlib.import_module(f"zb_patch.versions.{module}").ZERO_BUBBLE
+
+    # -- sync debug ---------------------------------------------------------------------------------------------
+
+    def _arm(self, mode: str) -> None:
+        if self.sync_mode != "off":
+            import torch
+
+            torch.cuda.set_sync_debug_mode(mode)
+
+    def _on_warning(self, message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING not in str(message):
+            return self._showwarning(message, category, filename, lineno, file, line)
+        if threading.get_ident() != self.thread:
+            self.other_threads[_site(traceback.extract_stack())] += 1
+            return None
+        if self.steps:
+            step = self.steps[-1]
+            step["syncs"][self.phase] += 1
+            if self.phase == "prep":
+                step["prep_sites"].append(_site(traceback.extract_stack()))
+        return None
+
+    # -- wrappers -----------------------------------------------------------------------------------------------
+
+    def _wrap_execute(self, original):
+        probes = self
+
+        def execute_model(runner, *args, **kwargs):
+            import torch
+
+            n = len(probes.steps)
+            probes.thread = threading.get_ident()  # the thread that runs the model runner
+            if probes.profiler is not None:
+                probes.profiler.step()
+            probes.steps.append(
+                {"t0": time.perf_counter(), "syncs": collections.Counter(), "prep_sites": [], "waits": []}
+            )
+            probes.phase = "pre"
+            if probes.sync_mode == "warn":
+                probes._arm("warn")
+            try:
+                with torch.profiler.record_function(f"zb_bench_exec_{n}"):
+                    return original(runner, *args, **kwargs)
+            except BaseException:
+                probes.runner_error = probes.runner_error or traceback.format_exc()
+                probes.write()
+                raise
+            finally:
+                probes._arm("default")
+                probes.phase = "between"
+                probes.steps[n]["t_exec_end"] = time.perf_counter()
+
+        return execute_model
+
+    def _wrap_phase(self, original, phase, arm_strict=False, disarm_strict=False, after=None, restore=False):
+        probes = self
+
+        def wrapped(*args, **kwargs):
+            before = probes.phase
+            probes.phase = phase
+            if probes.steps and phase in ("prep", "forward"):
+                probes.steps[-1][f"t_{phase}"] = time.perf_counter()
+            strict = probes.sync_mode == "error"
+            if strict and arm_strict:
+                probes._arm("error")
+            if strict and disarm_strict:
+                probes._arm("default")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if restore:
+                    probes.phase = before
+                    if strict and before == "prep":
+                        probes._arm("error")
+                elif after:
+                    probes.phase = after
+
+        return wrapped
+
+    def _wrap_sample(self, original):
+        probes = self
+
+        def sample_tokens(runner, *args, **kwargs):
+            import torch
+
+            probes.phase = "sample"
+            t = time.perf_counter()
+            if probes.sync_mode == "warn":
+                probes._arm("warn")
+            try:
+                with torch.profiler.record_function(f"zb_bench_sample_{max(len(probes.steps) - 1, 0)}"):
+                    return original(runner, *args, **kwargs)
+            finally:
+                probes._arm("default")
+                probes.phase = "idle"
+                if probes.steps:
+                    probes.steps[-1]["sample_s"] = probes.steps[-1].get("sample_s", 0.0) + time.perf_counter() - t
+
+        return sample_tokens
+
+    def _wrap_event_sync(self, original):
+        probes = self
+
+        def synchronize(event):
+            t = time.perf_counter()
+            try:
+                return original(event)
+            finally:
+                if threading.get_ident() == probes.thread and probes.steps and probes.phase != "idle":
+                    caller = traceback.extract_stack(limit=2)[0]
+                    probes.steps[-1]["waits"].append((probes.phase, caller.name, time.perf_counter() - t))
+
+        return synchronize
+
+    def _wrap_generate(self, original):
+        probes = self
+
+        def generate(llm, *args, **kwargs):
+            try:
+                return original(llm, *args, **kwargs)
+            finally:
+                probes.finish()
+
+        return generate
+
+    # -- results ------------------------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        self._arm("default")
+        warnings.showwarning = self._showwarning
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler = None
+        self.write()
+
+    def write(self) -> None:
+        data = {"summary": self.summary(), "steps": [_jsonable(s) for s in self.steps]}
+        with open(self.path, "w") as fh:
+            json.dump(data, fh, default=str)
+        if os.path.isfile(self.trace_path):  # read by summary(); kept compressed (chrome://tracing reads .json.gz)
+            with open(self.trace_path, "rb") as src, gzip.open(self.trace_path + ".gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.remove(self.trace_path)
+
+    def summary(self) -> dict:
+        steps = self.steps
+        n = len(steps)
+        out: dict = {"steps": n, "sync_debug": self.sync_mode, "zb_patch_active": getattr(self, "zb_active", None)}
+        out["matmul_precision"] = getattr(self, "matmul_precision", None)
+        if self.runner_error:
+            out["runner_error"] = self.runner_error[-4000:]
+        if not n:
+            return out
+        prep = [s["syncs"]["prep"] for s in steps]
+        sites = collections.Counter(site for s in steps for site in s["prep_sites"])
+        out["syncs"] = {
+            "prep_total": sum(prep),
+            "prep_steps": sum(1 for x in prep if x),
+            "prep_sites": dict(sites.most_common(10)),
+            "by_phase": {p: sum(s["syncs"][p] for s in steps) for p in PHASES},
+            "other_per_step": sum(s["syncs"][p] for s in steps for p in PHASES if p != "prep") / n,
+            "other_threads": dict(self.other_threads.most_common(5)),
+        }
+        waits = [w for s in steps for w in s["waits"]]
+        by_site = collections.Counter(f"{phase}:{name}" for phase, name, _ in waits)
+        out["event_waits"] = {
+            "per_step": len(waits) / n,
+            "prep_per_step": sum(1 for w in waits if w[0] == "prep") / n,
+            "zb_wait_per_step": sum(1 for w in waits if w[0] == "zb-wait") / n,
+            "sites": dict(by_site.most_common(10)),
+            "seconds_by_phase": {p: round(sum(w[2] for w in waits if w[0] == p), 6) for p in {w[0] for w in waits}},
+        }
+        host_steps = [i for i in range(min(n, self.profile_from if self.profile_steps else n)) if i >= 3]
+        periods = [steps[i + 1]["t0"] - steps[i]["t0"] for i in host_steps if i + 1 < n]
+        preps = [s["t_forward"] - s["t0"] for s in (steps[i] for i in host_steps) if "t_forward" in s]
+        execs = [s["t_exec_end"] - s["t0"] for s in (steps[i] for i in host_steps) if "t_exec_end" in s]
+        blocked = [sum(w[2] for w in steps[i]["waits"]) for i in host_steps]
+        out["host"] = {
+            "steps_measured": f"{host_steps[0]}..{host_steps[-1]}" if host_steps else "none",
+            "period_ms_median": _ms(periods),
+            "period_ms_mean": _ms(periods, statistics.fmean),
+            "prep_ms_median": _ms(preps),
+            "execute_model_ms_median": _ms(execs),
+            "sample_ms_median": _ms([steps[i].get("sample_s", 0.0) for i in host_steps]),
+            "blocked_ms_per_step": _ms(blocked, statistics.fmean),
+        }
+        if os.path.isfile(self.trace_path):
+            out["device"] = device_idle(self.trace_path)
+        return out
+
+
+def device_idle(trace_path: str) -> dict:
+    """Per profiled step: the step period (start of ``zb_bench_exec_<n>`` to the next one, host clock) minus the union
+    of device activity (kernels, memcpy, memset) inside it. Kineto puts host and device events on one clock."""
+    with open(trace_path) as fh:
+        events = json.load(fh)["traceEvents"]
+    starts = sorted(
+        (e["ts"], int(e["name"].rsplit("_", 1)[1]))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith("zb_bench_exec_")
+    )
+    busy = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    idle, periods = [], []
+    for (t0, _), (t1, _) in zip(starts, starts[1:]):
+        covered, cursor = 0.0, t0
+        for b0, b1 in busy:
+            if b1 <= cursor or b0 >= t1:
+                continue
+            lo, hi = max(b0, cursor), min(b1, t1)
+            if hi > lo:
+                covered += hi - lo
+                cursor = hi
+        periods.append(t1 - t0)
+        idle.append(t1 - t0 - covered)
+    if not idle:
+        return {"steps": 0}
+    return {
+        "steps": len(idle),
+        "steps_profiled": f"{starts[0][1]}..{starts[-1][1]}",
+        "idle_us_median": round(statistics.median(idle), 1),
+        "period_us_median": round(statistics.median(periods), 1),
+        "idle_pct": round(100.0 * sum(idle) / sum(periods), 1),
+        "device_events": len(busy),
+    }
+
+
+def _site(stack) -> str:
+    """The innermost frames of the engine's code (vLLM, vllm-ascend, zb-patch, the emulation) of a stack."""
+    keep = [f for f in stack if any(k in f.filename for k in ("vllm", "zb_patch", "npu_ops", "npu_standin"))]
+    keep = [f for f in keep if not f.filename.endswith("bench_engine_gpu.py")][-3:]
+    return " < ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(keep)) or "?"
+
+
+def _short(path: str) -> str:
+    for marker in ("/vllm_ascend/", "/vllm/", "/zb_patch/", "/tests/support/"):
+        if marker in path:
+            return marker.strip("/") + "/" + path.split(marker, 1)[1]
+    return path
+
+
+def _ms(values, fn=statistics.median):
+    return round(1000.0 * fn(values), 3) if values else None
+
+
+def _jsonable(step: dict) -> dict:
+    return {k: (dict(v) if isinstance(v, collections.Counter) else v) for k, v in step.items()}
+
+
+if __name__ == "__main__":
+    if "--reference" in sys.argv:
+        i = sys.argv.index("--reference")
+        sys.exit(reference_main(*sys.argv[i + 1 : i + 4]))
+    if {"--bench", "--check-device", "--warmup"} & set(sys.argv[1:]):
+        sys.exit(child_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""The engine self-test's verdict (zb_patch.check.engine.run.compare / render) on hand-made results: each kind of
+difference lands where it must (failure or note), with the request and field named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("torch", reason="zb_patch.check.engine writes models with torch")
+
+from zb_patch.check.engine.model import VOCAB  # noqa: E402
+from zb_patch.check.engine.run import compare, render  # noqa: E402
+from zb_patch.check.engine.workload import Workload  # noqa: E402
+
+WL = Workload(num_requests=5)  # request 4 runs into max_model_len (Workload.requests: every fifth)
+
+
+def _result(state: str) -> dict:
+    reqs = WL.requests(VOCAB)
+    return {
+        "tokens": {str(i): list(range(n)) for i, (_, n) in enumerate(reqs)},
+        "drafted": {str(i): 10 for i in range(len(reqs))},
+        "accepted": {str(i): 6 for i in range(len(reqs))},
+        "preemptions": {},
+        "zb_patch_status": {"state": state},
+    }
+
+
+def _runs() -> dict[str, dict]:
+    return {"sync": _result("off"), "async": _result("off"), "async+zb": _result("applied")}
+
+
+def test_identical_runs_pass():
+    assert WL.reaches_max_model_len(VOCAB) == {"4"}
+    assert compare(_runs(), WL) == ([], [])
+
+
+def test_a_token_difference_fails_naming_request_and_index():
+    runs = _runs()
+    runs["async+zb"]["tokens"]["2"][3] += 1
+    failures, _ = compare(runs, WL)
+    assert failures[0].startswith("async+zb vs sync: 2 tokens: first difference at output index 3")
+    assert any(f.startswith("async+zb vs async: 2 tokens") for f in failures)
+
+
+def test_zero_bubble_must_equal_classic_async_counts():
+    runs = _runs()
+    runs["async+zb"]["accepted"]["1"] = 5
+    failures, _ = compare(runs, WL)
+    assert "async+zb vs async: 1 accepted: 6 vs 5" in failures
+
+
+def test_count_difference_at_max_model_len_is_a_note_elsewhere_a_failure():
+    runs = _runs()
+    for name in ("async", "async+zb"):
+        runs[name]["drafted"]["4"] = 9  # sync verified one draft more on the request that hits max_model_len
+    assert compare(runs, WL) == ([], ["async vs sync: 4 drafted: 10 vs 9", "async+zb vs sync: 4 drafted: 10 vs 9"])
+    for name in ("async", "async+zb"):
+        runs[name]["drafted"]["0"] = 9
+    failures, _ = compare(runs, WL)
+    assert failures == ["async vs sync: 0 drafted: 10 vs 9", "async+zb vs sync: 0 drafted: 10 vs 9"]
+
+
+@pytest.mark.parametrize(
+    ("run", "state", "expected"),
+    [
+        ("async+zb", "refused", "async+zb: zb-patch is 'refused', not in effect"),
+        ("async+zb", "off", "async+zb: zb-patch is 'off', not in effect"),
+        ("async", "applied", "async: zb-patch should be off, is 'applied'"),
+    ],
+)
+def test_zb_patch_state_is_checked(run, state, expected):
+    runs = _runs()
+    runs[run]["zb_patch_status"] = {"state": state}
+    failures, _ = compare(runs, WL)
+    assert [f for f in failures if f.startswith(expected)], failures
+
+
+def test_native_zero_bubble_counts_as_in_effect():
+    runs = _runs()
+    runs["async+zb"]["zb_patch_status"] = {"state": "native"}
+    assert compare(runs, WL) == ([], [])
+
+
+def test_no_verified_draft_fails():
+    runs = copy.deepcopy(_runs())
+    for r in runs.values():
+        r["drafted"] = {k: 0 for k in r["drafted"]}
+        r["accepted"] = {k: 0 for k in r["accepted"]}
+    failures, _ = compare(runs, WL)
+    assert failures == ["sync: no draft token was verified (speculative decoding did not run)"]
+
+
+def test_render_no_device():
+    report = {
+        "versions": {"vllm": "0.18.0"},
+        "device": {"available": False, "reason": "torch_npu cannot be imported (x)"},
+        "workload": WL.to_json(),
+        "drafter": "eagle",
+        "k": {},
+        "verdict": "NO-DEVICE",
+        "failures": ["no NPU: torch_npu cannot be imported (x)"],
+    }
+    text = render(report)
+    assert "FAIL no NPU: torch_npu cannot be imported (x)" in text and text.endswith("Verdict: NO-DEVICE")
+
+
+def test_the_child_launcher_variable_leaves_zb_patch_on():
+    """zb-patch stays off when it sees a ZB_PATCH_* variable it does not know; the launcher's must not be one."""
+    from zb_patch.check.engine.run import CHILD_ENV
+    from zb_patch.plugin import Settings
+
+    settings = Settings({"ZB_PATCH": "1", CHILD_ENV: "tests/engine/run_engine.py"})
+    assert settings.errors == [] and settings.enabled

@@ -1,0 +1,224 @@
+"""One engine configuration in this process: vLLM's offline ``LLM`` (eager, uni-process executor, EngineCore in
+this process) on the installed platform, the tiny target + draft of :mod:`.model`, the greedy workload of
+:mod:`.workload`; writes the run's result as JSON.
+
+    python -m zb_patch.check.engine.child --models DIR --out result.json [--async] [--workload JSON]
+        [--drafter eagle|mtp]
+    python -m zb_patch.check.engine.child --check-device
+
+``ZB_PATCH=1`` in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
+Per-request drafted / accepted counts, drafted / accepted per draft position and preemptions are read where vLLM's
+scheduler counts them (``make_spec_decoding_stats`` per request, ``_preempt_request``), without changing what it does.
+
+The tests start this through a launcher that first installs the NPU emulation (tests/engine/run_engine.py): it
+calls :func:`main` with ``llm_overrides`` (its worker class), ``after_build`` (planted mistakes) and ``device``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+DRAFTERS = ("eagle", "mtp")
+
+
+def npu_device() -> dict:
+    """Whether this process sees an NPU (torch_npu importable and a device visible), with the reason if not."""
+    try:
+        import torch
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError as exc:
+        return {"available": False, "reason": f"torch_npu cannot be imported ({exc})"}
+    if not torch.npu.is_available():
+        return {"available": False, "reason": "torch.npu.is_available() is False: no NPU visible to this process"}
+    return {"available": True, "name": torch.npu.get_device_name(0), "count": torch.npu.device_count()}
+
+
+def main(
+    argv: list[str],
+    *,
+    llm_overrides: dict[str, Any] | None = None,
+    after_build: Callable[[], dict] | None = None,
+    device: Callable[[], dict] = npu_device,
+) -> int:
+    """``after_build`` runs once ``LLM(...)`` is built (zb-patch's patches are in place by then) and before any
+    request; what it returns is merged into the result (the tests' planted mistakes report their hits)."""
+    ap = argparse.ArgumentParser(prog="python -m zb_patch.check.engine.child")
+    ap.add_argument(
+        "--check-device", action="store_true", help="print whether an NPU is usable, as JSON; exit 3 if not"
+    )
+    ap.add_argument("--models", help="directory written by zb_patch.check.engine.model.write_models / write_mtp_model")
+    ap.add_argument("--out", help="result JSON path")
+    ap.add_argument("--async", dest="async_scheduling", action="store_true")
+    ap.add_argument("--workload", default="{}", help="Workload fields as JSON")
+    ap.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default="eagle",
+        help="eagle: Llama target + EAGLE head (write_models); mtp: MiMo target, its own MTP layer (write_mtp_model)",
+    )
+    args = ap.parse_args(argv)
+    if args.check_device:
+        report = device()
+        print(json.dumps(report))
+        return 0 if report["available"] else 3
+    if not (args.models and args.out):
+        ap.error("--models and --out are required")
+
+    # EngineCore in this process: its scheduler is what _observe_scheduler counts, and the tests' emulation
+    # exists only in the process that installed it (their launcher sets this before it imports vLLM).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from .model import VOCAB
+    from .workload import Workload
+
+    wl = Workload(**json.loads(args.workload))
+    counts, per_pos = _observe_scheduler()
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    target, speculative_config = _target_and_draft(args.models, args.drafter, wl.num_speculative_tokens)
+    llm = LLM(
+        model=target,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=wl.max_model_len,
+        max_num_seqs=wl.max_num_seqs,
+        max_num_batched_tokens=wl.max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        num_gpu_blocks_override=wl.num_gpu_blocks,
+        enable_prefix_caching=False,
+        async_scheduling=args.async_scheduling,
+        distributed_executor_backend="uni",
+        speculative_config=speculative_config,
+        **(llm_overrides or {}),
+    )
+    if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
+        raise RuntimeError("the engine self-test needs the EngineCore in this process (one worker)")
+    _take_drafts_in_process(llm)
+    extra = after_build() if after_build else {}
+    reqs = wl.requests(VOCAB)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    # LLM numbers requests in submission order ("0", "1", ...); the engine core's ids add "-<random suffix>"
+    result = {
+        "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
+        **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
+        **{field: [c[i] for i in range(wl.num_speculative_tokens)] for field, c in per_pos.items()},
+        "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        # the platform's choice (vllm-ascend: 128 tokens); the workload's KV block count is sized for it
+        "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        "zb_patch": os.environ.get("ZB_PATCH", ""),
+        "zb_patch_status": _zb_patch_status(),
+        "drafter": args.drafter,
+        "draft_model": type(
+            llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.get_model()
+        ).__name__,
+        **extra,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def _target_and_draft(models: str, drafter: str, k: int) -> tuple[str, dict]:
+    """The target directory and the speculative config of ``drafter`` (the layout of .model's writers)."""
+    if drafter == "mtp":  # the draft is the target checkpoint's own MTP layer
+        return os.path.join(models, "mimo"), {"method": "mtp", "num_speculative_tokens": k}
+    draft = os.path.join(models, "eagle")
+    return os.path.join(models, "target"), {"method": "eagle", "model": draft, "num_speculative_tokens": k}
+
+
+def _engine_core_elsewhere(llm) -> bool:
+    """True when vLLM runs the EngineCore in another process (VLLM_ENABLE_V1_MULTIPROCESSING was read as 1)."""
+    return type(llm.llm_engine.engine_core).__name__ != "InprocClient"
+
+
+def _zb_patch_status() -> dict:
+    from zb_patch import plugin
+
+    return json.loads(json.dumps(plugin.status(), default=str))
+
+
+def _take_drafts_in_process(llm) -> None:
+    """vLLM before #30319 (0.13.x): the in-process client's ``get_output`` runs the engine core's ``step_fn`` but not
+    its ``post_step`` (the sync path's ``take_draft_token_ids``), so the scheduler never receives a draft and sync
+    runs verify none. Follow each step with ``post_step``, as the engine core's busy loop does."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    if not isinstance(client, InprocClient) or "post_step" in InprocClient.get_output.__code__.co_names:
+        return
+    core, step_fn = client.engine_core, client.engine_core.step_fn
+
+    def step_then_post_step():
+        outputs, model_executed = step_fn()
+        core.post_step(model_executed)
+        return outputs, model_executed
+
+    core.step_fn = step_then_post_step
+
+
+def _observe_scheduler() -> tuple[dict, dict]:
+    """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), apart the drafts
+    it verified in a step that was not a pure decode step (it also computed prompt tokens, or recomputed tokens:
+    vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk and verifies them with the last
+    chunk), and drafted / accepted per draft position over all requests (as its ``SpecDecodingStats.observe_draft``:
+    accepted n counts positions 0..n-1)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
+    counts: dict[str, collections.Counter] = {k: collections.Counter() for k in fields}
+    per_pos: dict[str, collections.Counter] = {
+        k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")
+    }
+    make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
+    update = Scheduler.update_from_output
+    signature = inspect.signature(make_stats)
+    step: dict[str, dict] = {}
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        cached = scheduler_output.scheduled_cached_reqs
+        step["computed"] = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        step["computed"].update(zip(cached.req_ids, cached.num_computed_tokens))  # before the step
+        step["scheduled"] = scheduler_output.num_scheduled_tokens
+        return update(self, scheduler_output, model_runner_output)
+
+    def make_spec_decoding_stats(self, *args, **kwargs):
+        a = signature.bind(self, *args, **kwargs).arguments
+        # vLLM 0.18+ passes the request id and its invalid (padding) drafts; 0.13 passes neither: its one caller,
+        # update_from_output's per-request loop, holds the id as req_id
+        request_id = a["request_id"] if "request_id" in a else sys._getframe(1).f_locals["req_id"]
+        drafted = a["num_draft_tokens"] - (a.get("num_invalid_spec_tokens") or {}).get(request_id, 0)
+        accepted = a["num_accepted_tokens"]
+        counts["drafted"][request_id] += drafted
+        counts["accepted"][request_id] += accepted
+        # a pure decode step starts past the prompt and computes the last sampled token and the drafts
+        past_prompt = step["computed"][request_id] >= self.requests[request_id].num_prompt_tokens
+        if not (past_prompt and step["scheduled"][request_id] == a["num_draft_tokens"] + 1):
+            counts["drafted_in_prefill"][request_id] += drafted
+            counts["accepted_in_prefill"][request_id] += accepted
+        per_pos["drafted_per_pos"].update(range(drafted))
+        per_pos["accepted_per_pos"].update(range(accepted))
+        return make_stats(self, *args, **kwargs)
+
+    def _preempt_request(self, request, timestamp):
+        counts["preemptions"][request.request_id] += 1
+        return preempt(self, request, timestamp)
+
+    Scheduler.update_from_output = update_from_output
+    Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
+    Scheduler._preempt_request = _preempt_request
+    return counts, per_pos
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
