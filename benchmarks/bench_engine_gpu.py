@@ -50,11 +50,12 @@ sys.path.insert(0, REPO)
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 # orchestrator -> engine child (run_config names a run by its flags, so paths travel in the environment)
-PROBE_ENV, SYNC_ENV, PROFILE_ENV, DRY_ENV = (
+PROBE_ENV, SYNC_ENV, PROFILE_ENV, DRY_ENV, DEVICE_MS_ENV = (
     "ZB_BENCH_PROBE",
     "ZB_BENCH_SYNC_DEBUG",
     "ZB_BENCH_PROFILE",
     "ZB_BENCH_DRY_RUN",
+    "ZB_BENCH_DEVICE_MS",
 )
 PHASES = ("pre", "prep", "zb-wait", "forward", "post", "sample")
 
@@ -73,6 +74,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-from", type=int, default=30, help="first profiled step (earlier steps: host timing)")
     ap.add_argument("--profile-steps", type=int, default=30)
     ap.add_argument("--configs", default="sync,async,async+zb")
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="device time added to every forward (a spin kernel on the forward's stream before the model's kernels): "
+        "the tiny model's own forward takes microseconds, a served model's milliseconds; the bubble between steps "
+        "shows only when the device, not the host, is the longer part of a step",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the short run that fills Triton's kernel cache")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
     ap.add_argument(
@@ -91,7 +100,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
-    report: dict = {"schema": "zb-patch-bench-engine-gpu/1", "argv": argv}
+    report: dict = {"schema": "zb-patch-bench-engine-gpu/1", "argv": argv, "device_ms": args.device_ms}
 
     tree, manifest = _stack(args.stack)
     report["stack"] = {k: manifest[k] for k in ("release", "python", "archive", "archive_sha256", "tree_bytes")}
@@ -147,6 +156,7 @@ def main(argv: list[str]) -> int:
         os.environ[PROBE_ENV] = probe_path
         os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
         os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
+        os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
         r = _run(run, name, models, runs_dir, wl, ("--bench",), timeout())
         if os.path.isfile(probe_path):
             with open(probe_path) as fh:
@@ -272,7 +282,8 @@ def render(report: dict) -> str:
     stack = report.get("stack", {})
     lines.append(
         f"device: {dev.get('name') or dev.get('reason')}; stack: vllm-ascend {stack.get('release')} for "
-        f"Python {stack.get('python')}; stand-ins: {report.get('stand_ins') or 'none'}"
+        f"Python {stack.get('python')}; stand-ins: {report.get('stand_ins') or 'none'}; device time added per "
+        f"forward: {report.get('device_ms', 0)} ms"
     )
     box = report.get("box", {})
     if box.get("missing"):
@@ -295,11 +306,11 @@ def render(report: dict) -> str:
     if probes:
         lines += ["", "## (b) synchronisation per step, (c) time per step", ""]
         lines.append(
-            "| run | steps | unexpected syncs in prep (steps with any) | other CUDA syncs / step | event waits / step "
-            "(classic in prep, zb-wait) | host ms / step | prep ms | blocked in waits ms / step | device idle us / "
-            "step (idle %) |"
+            "| run | steps | unexpected syncs in prep: all (steps with any) / after step 0 | other CUDA syncs / step | "
+            "event waits / step (classic in prep, zb-wait) | host ms / step median (p90) | prep ms | execute_model ms "
+            "| sample ms | blocked in waits ms / step mean (p90) | device idle us / step median (p90) | idle % |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n, p in probes.items():
             if "error" in p and "steps" not in p:
                 lines.append(f"| {n} | failed: {p['error'][:200]} |")
@@ -309,11 +320,14 @@ def render(report: dict) -> str:
             h = p.get("host", {})
             d = p.get("device", {})
             lines.append(
-                f"| {n} | {p.get('steps')} | {s.get('prep_total', 0)} ({s.get('prep_steps', 0)}) | "
-                f"{s.get('other_per_step', 0):.2f} | {ev.get('per_step', 0):.2f} ({ev.get('prep_per_step', 0):.2f}, "
-                f"{ev.get('zb_wait_per_step', 0):.2f}) | {h.get('period_ms_median', '-')} | "
-                f"{h.get('prep_ms_median', '-')} | {h.get('blocked_ms_per_step', '-')} | "
-                f"{d.get('idle_us_median', '-')} ({d.get('idle_pct', '-')}) |"
+                f"| {n} | {p.get('steps')} | {s.get('prep_total', 0)} ({s.get('prep_steps', 0)}) / "
+                f"{s.get('prep_after_first_step', '-')} | {s.get('other_per_step', 0):.2f} | "
+                f"{ev.get('per_step', 0):.2f} ({ev.get('prep_per_step', 0):.2f}, "
+                f"{ev.get('zb_wait_per_step', 0):.2f}) | "
+                f"{h.get('period_ms_median', '-')} ({h.get('period_ms_p90', '-')}) | {h.get('prep_ms_median', '-')} | "
+                f"{h.get('execute_model_ms_median', '-')} | {h.get('sample_ms_median', '-')} | "
+                f"{h.get('blocked_ms_per_step', '-')} ({h.get('blocked_ms_p90', '-')}) | "
+                f"{d.get('idle_us_median', '-')} ({d.get('idle_us_p90', '-')}) | {d.get('idle_pct', '-')} |"
             )
         for n, p in probes.items():
             for site, count in (p.get("syncs", {}).get("prep_sites") or {}).items():
@@ -344,7 +358,13 @@ def child_main(argv: list[str]) -> int:
     probes = None
     if args.bench:
         profile_from, profile_steps = (int(x) for x in os.environ.get(PROFILE_ENV, "0,0").split(","))
-        probes = Probes(os.environ[PROBE_ENV], os.environ.get(SYNC_ENV, "off"), profile_from, profile_steps)
+        probes = Probes(
+            os.environ[PROBE_ENV],
+            os.environ.get(SYNC_ENV, "off"),
+            profile_from,
+            profile_steps,
+            float(os.environ.get(DEVICE_MS_ENV) or 0.0),
+        )
     return child.main(
         rest,
         llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
@@ -368,8 +388,10 @@ class Probes:
     """Per-step instrumentation of the release's NPUModelRunner, installed once ``LLM(...)`` is built (zb-patch's
     wrappers are in place: these wrap them from outside) and finished when ``LLM.generate`` returns."""
 
-    def __init__(self, path: str, sync_mode: str, profile_from: int, profile_steps: int) -> None:
+    def __init__(self, path: str, sync_mode: str, profile_from: int, profile_steps: int, device_ms: float) -> None:
         self.path = path
+        self.device_ms = device_ms
+        self.spin_cycles = 0
         self.sync_mode = sync_mode
         self.profile_from, self.profile_steps = profile_from, profile_steps
         self.steps: list[dict] = []
@@ -392,6 +414,9 @@ class Probes:
         cls = NPUModelRunner
         cls.execute_model = self._wrap_execute(cls.execute_model)
         cls._update_states = self._wrap_phase(cls._update_states, "prep", arm_strict=True)
+        if self.device_ms > 0:
+            self.spin_cycles = _spin_cycles(self.device_ms)
+            cls._model_forward = self._wrap_device_load(cls._model_forward)
         cls._model_forward = self._wrap_phase(cls._model_forward, "forward", disarm_strict=True, after="post")
         cls.sample_tokens = self._wrap_sample(cls.sample_tokens)
         zb = self._zero_bubble()
@@ -508,6 +533,17 @@ class Probes:
 
         return wrapped
 
+    def _wrap_device_load(self, original):
+        cycles = self.spin_cycles
+
+        def _model_forward(*args, **kwargs):
+            import torch
+
+            torch.cuda._sleep(cycles)  # on the current stream, ahead of the model's kernels: a longer forward
+            return original(*args, **kwargs)
+
+        return _model_forward
+
     def _wrap_sample(self, original):
         probes = self
 
@@ -577,6 +613,7 @@ class Probes:
         steps = self.steps
         n = len(steps)
         out: dict = {"steps": n, "sync_debug": self.sync_mode, "zb_patch_active": getattr(self, "zb_active", None)}
+        out["device_ms"], out["spin_cycles"] = self.device_ms, self.spin_cycles
         out["matmul_precision"] = getattr(self, "matmul_precision", None)
         if self.runner_error:
             out["runner_error"] = self.runner_error[-4000:]
@@ -587,6 +624,10 @@ class Probes:
         out["syncs"] = {
             "prep_total": sum(prep),
             "prep_steps": sum(1 for x in prep if x),
+            # the first step builds the release's lazily cached tensors (e.g. vllm-ascend's attention mask, a pageable
+            # host-to-device copy): once per process; every later step is what async scheduling repeats
+            "prep_after_first_step": sum(prep[1:]),
+            "prep_step_indices": [i for i, x in enumerate(prep) if x][:20],
             "prep_sites": dict(sites.most_common(10)),
             "by_phase": {p: sum(s["syncs"][p] for s in steps) for p in PHASES},
             "other_per_step": sum(s["syncs"][p] for s in steps for p in PHASES if p != "prep") / n,
@@ -609,11 +650,13 @@ class Probes:
         out["host"] = {
             "steps_measured": f"{host_steps[0]}..{host_steps[-1]}" if host_steps else "none",
             "period_ms_median": _ms(periods),
+            "period_ms_p90": _ms(periods, _p90),
             "period_ms_mean": _ms(periods, statistics.fmean),
             "prep_ms_median": _ms(preps),
             "execute_model_ms_median": _ms(execs),
             "sample_ms_median": _ms([steps[i].get("sample_s", 0.0) for i in host_steps]),
             "blocked_ms_per_step": _ms(blocked, statistics.fmean),
+            "blocked_ms_p90": _ms(blocked, _p90),
         }
         if os.path.isfile(self.trace_path):
             out["device"] = device_idle(self.trace_path)
@@ -653,6 +696,7 @@ def device_idle(trace_path: str) -> dict:
         "steps": len(idle),
         "steps_profiled": f"{starts[0][1]}..{starts[-1][1]}",
         "idle_us_median": round(statistics.median(idle), 1),
+        "idle_us_p90": round(_p90(idle), 1),
         "period_us_median": round(statistics.median(periods), 1),
         "idle_pct": round(100.0 * sum(idle) / sum(periods), 1),
         "device_events": len(busy),
@@ -671,6 +715,28 @@ def _short(path: str) -> str:
         if marker in path:
             return marker.strip("/") + "/" + path.split(marker, 1)[1]
     return path
+
+
+def _spin_cycles(ms: float) -> int:
+    """Cycles of torch.cuda._sleep that take ``ms`` on this device (measured once with CUDA events)."""
+    import torch
+
+    from npu_standin import runtime
+
+    event = runtime.resolve("Event")  # torch.cuda.Event (vllm-ascend rebinds the torch.cuda name)
+    probe = 20_000_000
+    torch.cuda._sleep(probe // 10)  # warm the kernel
+    start, end = event(enable_timing=True), event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return max(1, int(probe * ms / start.elapsed_time(end)))
+
+
+def _p90(values):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
 
 
 def _ms(values, fn=statistics.median):

@@ -39,7 +39,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-FINGERPRINT_ALGO = "ast-sha256-16"
+FINGERPRINT_ALGO = "ast311-sha256-16"  # sha256 of 3.11's ast.dump text (canonical_dump), 16 hex digits
 
 # Marker attributes set on every replacement object.
 MARK_ID = "__zb_patch_id__"
@@ -85,8 +85,51 @@ def _strip_docstrings(node: ast.AST) -> None:
 def fingerprint_node(node: ast.AST) -> str:
     """Fingerprint of one ``FunctionDef`` / ``ClassDef`` node (it is modified: docstrings dropped)."""
     _strip_docstrings(node)
-    dumped = ast.dump(node, annotate_fields=True, include_attributes=False)
-    return hashlib.sha256(dumped.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(canonical_dump(node).encode("utf-8")).hexdigest()[:16]
+
+
+# Fields that Python 3.12+ added to nodes older code already parses to; left out while empty.
+_ADDED_FIELDS = frozenset({"type_params"})
+
+
+def canonical_dump(node: Any) -> str:
+    """The text ``ast.dump(node)`` gives on Python 3.8-3.11, on any Python 3.8+: the recorded fingerprints hash it,
+    and the same source must fingerprint alike on every Python a vLLM release supports. Newer Pythons dump the same
+    code differently: 3.12 adds ``type_params=[]`` to every def / class and ends an f-string format spec that ends
+    in a replacement field with ``Constant('')``; 3.13 leaves out empty lists. Kept as 3.11 prints it: a field
+    whose value is None and whose node class defaults it to None is left out, an added field is left out while
+    empty, and an f-string's parts are its non-empty literal runs (adjacent ones joined) and its fields."""
+    if isinstance(node, ast.AST):
+        parts = []
+        for name in node._fields:
+            try:
+                value = getattr(node, name)
+            except AttributeError:
+                continue
+            if value is None and getattr(type(node), name, ...) is None:
+                continue
+            if name in _ADDED_FIELDS and not value:
+                continue
+            if isinstance(node, ast.JoinedStr) and name == "values":
+                value = _fstring_parts(value)
+            parts.append(f"{name}={canonical_dump(value)}")
+        return f"{type(node).__name__}({', '.join(parts)})"
+    if isinstance(node, list):
+        return f"[{', '.join(canonical_dump(item) for item in node)}]"
+    return repr(node)
+
+
+def _fstring_parts(values: list) -> list:
+    parts: list = []
+    for value in values:
+        literal = isinstance(value, ast.Constant) and isinstance(value.value, str)
+        if literal and not value.value:
+            continue
+        if literal and parts and isinstance(parts[-1], ast.Constant) and isinstance(parts[-1].value, str):
+            parts[-1] = ast.Constant(value=parts[-1].value + value.value)
+        else:
+            parts.append(value)
+    return parts
 
 
 def underlying_function(obj: Any) -> Any:

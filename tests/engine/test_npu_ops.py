@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -257,3 +260,41 @@ def test_get_element_in_a_kernel():
     fo = torch.empty_like(f)
     pick[(1,)](f, fo, N=4)
     assert fo.tolist() == f.flip(0).tolist()
+
+
+def _mask_elements(flags_ptr, out_ptr, N: tl.constexpr):
+    # the rejection kernel's use of a mask element: `if not rejected and is_greedy_mask1:`
+    mask = tl.load(flags_ptr + tl.arange(0, N)) != 0
+    for i in range(N):
+        rejected = False
+        if not rejected and get_element(mask, (i,)):
+            tl.store(out_ptr + i, 1)
+        else:
+            tl.store(out_ptr + i, 0)
+
+
+def test_get_element_of_a_boolean_block():
+    flags = torch.tensor([0, 3, 0, 0, 1, 1, 0, -2], dtype=torch.int32)
+    out = torch.full_like(flags, 7)
+    triton.jit(_mask_elements)[(1,)](flags, out, N=8)
+    assert out.tolist() == (flags != 0).int().tolist()
+
+
+def test_get_element_compiles_for_cuda():
+    """Compiled Triton (the GPU box) types a boolean block's element as a boolean: `not rejected and <element>` then
+    compiles. Needs no GPU: the NVIDIA backend compiles for a named target. In a fresh process without
+    TRITON_INTERPRET, so that get_element is a compilable JITFunction."""
+    probe = (
+        "import triton, test_npu_ops\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "kernel = triton.jit(test_npu_ops._mask_elements)\n"
+        "sig = {'flags_ptr': '*i32', 'out_ptr': '*i32', 'N': 'constexpr'}\n"
+        "compiled = triton.compile(ASTSource(kernel, sig, constexprs={'N': 8}), target=GPUTarget('cuda', 90, 32))\n"
+        "print(compiled.asm['ttir'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tt.func" in proc.stdout

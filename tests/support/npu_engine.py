@@ -67,6 +67,9 @@ def install() -> None:
         # vllm-ascend 0.18's EAGLE proposer allocates a device tensor with pin_memory=<runner.pin_memory>
         # (torch.zeros(..., device=device, pin_memory=...)); the NPU accepts that, torch's CUDA factory refuses it
         # ("Only dense CPU tensors can be pinned"). Its module sees a torch whose zeros leaves device tensors unpinned.
+        # vllm_ascend.ops first, as the worker imports it: from 0.23 on, importing spec_decode before it runs into
+        # the ops <-> device_op import cycle.
+        import vllm_ascend.ops  # noqa: F401
         import vllm_ascend.spec_decode.eagle_proposer as eagle_proposer
 
         eagle_proposer.torch = _DeviceTensorsUnpinned(torch)

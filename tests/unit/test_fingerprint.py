@@ -489,3 +489,55 @@ def test_concurrent_writers_leave_a_valid_file(tmp_path):
         entries = json.load(fh)
     assert entries and all(k[0] in "0123" and v == f"{int(k[1:3]):016x}" for k, v in entries.items())
     assert not [f for f in os.listdir(os.path.dirname(path)) if f.startswith(".fingerprints-")]
+
+
+def _zb_patch_sources():
+    pkg = os.path.dirname(R.__file__)
+    for dirpath, _, files in os.walk(pkg):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(dirpath, name)) as fh:
+                    yield name, ast.parse(fh.read())
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="ast.dump's own text is the reference only up to 3.11")
+def test_canonical_dump_is_ast_dump_up_to_python_311():
+    """The recorded fingerprints hash 3.11's ast.dump: canonical_dump must print exactly that (zb-patch's own sources
+    as the corpus: every node kind it uses, f-strings with format specs included)."""
+    for name, tree in _zb_patch_sources():
+        assert R.canonical_dump(tree) == ast.dump(tree, annotate_fields=True, include_attributes=False), name
+
+
+def test_canonical_dump_ignores_what_newer_pythons_add(monkeypatch):
+    """Python 3.12 gives every def / class a `type_params` field (empty without `def f[T]`) and ends an f-string's
+    format spec that ends in a field with `Constant('')`. Built here as 3.12 builds them: the dump, and so the
+    fingerprint, is the 3.11 one."""
+    src = 'def f(x, w):\n    return f"a{{b{x!r:>{w}}}}c" + f"{x:{w}}"\n'
+    reference = R.canonical_dump(ast.parse(src))
+    for cls in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+        if "type_params" not in cls._fields:  # Python < 3.12: the node classes as 3.12 declares them
+            monkeypatch.setattr(cls, "_fields", (*cls._fields, "type_params"))
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            node.type_params = []
+        if isinstance(node, ast.JoinedStr):
+            node.values = [*node.values, ast.Constant(value="")]
+            # a literal run split in two, as a different tokenizer may deliver it
+            for i, value in enumerate(node.values):
+                if isinstance(value, ast.Constant) and len(value.value) > 1:
+                    node.values[i : i + 1] = [ast.Constant(value=value.value[:1]), ast.Constant(value=value.value[1:])]
+                    break
+    assert R.canonical_dump(tree) == reference
+    # a type parameter list that is there changes the code, and the dump
+    tree.body[0].type_params = [ast.Name(id="T", ctx=ast.Load())]
+    assert "type_params=[Name(id='T', ctx=Load())]" in R.canonical_dump(tree)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    ["def f(x) -> int:\n    return f'a{x}'\n", "def f(x):\n    return f'b{x}'\n", "def f(x):\n    return f'a{x!r}'\n"],
+)
+def test_canonical_dump_keeps_what_changes_the_code(changed):
+    """A return annotation (an optional field that is set), an f-string's literal text, a conversion."""
+    assert R.canonical_dump(ast.parse("def f(x):\n    return f'a{x}'\n")) != R.canonical_dump(ast.parse(changed))
