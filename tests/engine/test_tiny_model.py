@@ -1,9 +1,9 @@
-"""Properties of the tiny target model and its EAGLE head (issue item 3), shown with transformers' own Llama on the
-written weights (no vLLM, no NPU emulation), on the engine workloads:
+"""Properties of the tiny target model, its EAGLE head and the MiMo checkpoint's MTP layer (issue item 3), shown with
+transformers' own Llama / Qwen2 on the written weights (no vLLM, no NPU emulation), on the engine workloads:
 
 (a) the next token is read through the KV cache: one decode step with a slot off by one, a sequence length one
     short or one long changes the continuation of every request;
-(b) the EAGLE head's drafts agree with the target 20-80 % of the time, differently per request and per draft
+(b) the drafts (EAGLE head, MTP layer) agree with the target 20-80 % of the time, differently per request and per draft
     position;
 (c) every greedy choice (target and drafts) wins by a wide logit margin: at least MARGIN_FLOOR and at least
     NOISE_RATIO times the largest change of any logit between batch compositions / chunkings of the same tokens.
@@ -51,9 +51,14 @@ def target(dirs):
 
 
 @pytest.fixture(scope="module")
-def eagle(dirs, target):
+def mtp_dir(tmp_path_factory):
+    return tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("tiny_mtp")))
+
+
+def _eagle(dirs, target):
     """The EAGLE head as transformers modules: its one Llama layer without input norm, no final norm, the target's
-    embedding and LM head; ``fc`` separately (vLLM's EagleLlamaForCausalLM computes the same)."""
+    embedding and LM head, and the step input cat([embedding, hidden]) @ fc (vLLM's EagleLlamaForCausalLM computes
+    the same)."""
     from safetensors.torch import load_file
 
     cfg = transformers.LlamaConfig.from_pretrained(dirs[1])
@@ -67,7 +72,48 @@ def eagle(dirs, target):
     assert unexpected == [] and set(missing) == {"model.layers.0.input_layernorm.weight", "model.norm.weight"}
     model.model.layers[0].input_layernorm = torch.nn.Identity()
     model.model.norm = torch.nn.Identity()
-    return model, fc
+    emb = model.model.embed_tokens
+
+    def step_input(tokens, hidden, positions):
+        return torch.cat([emb(tokens), hidden], -1) @ fc.T
+
+    return model, step_input
+
+
+def _mtp(mtp_dir, target):
+    """The MiMo checkpoint's MTP layer as transformers modules (vLLM's MiMoMultiTokenPredictorLayer): its block as
+    a one-layer Qwen2 whose final norm is the layer's final_layernorm, and the step input
+    input_proj(cat([hidden_layernorm(hidden), token_layernorm(embedding, zero at position 0)]))."""
+    from safetensors.torch import load_file
+
+    cfg = transformers.Qwen2Config.from_pretrained(mtp_dir)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    p = "model.mtp_layers.0."
+    weights = {k[len(p) :]: v for k, v in load_file(f"{mtp_dir}/model.safetensors").items() if k.startswith(p)}
+    proj = weights.pop("input_proj.weight")
+    norms = {}
+    for name in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+        norms[name] = type(model.model.norm)(cfg.hidden_size, cfg.rms_norm_eps)
+        norms[name].weight.data = weights.pop(f"{name}.weight")
+    state = {f"model.layers.0.{k}": v for k, v in weights.items()}
+    state["model.norm.weight"] = norms["final_layernorm"].weight.data
+    state["model.embed_tokens.weight"] = target.model.embed_tokens.weight.detach()
+    state["lm_head.weight"] = target.lm_head.weight.detach()
+    model.load_state_dict(state, strict=True)
+    emb = model.model.embed_tokens
+
+    def step_input(tokens, hidden, positions):
+        e = emb(tokens) * (positions != 0)[:, None]
+        return torch.cat([norms["hidden_layernorm"](hidden), norms["token_layernorm"](e)], -1) @ proj.T
+
+    return model, step_input
+
+
+@pytest.fixture(scope="module", params=["eagle", "mtp"])
+def drafter(request, dirs, mtp_dir, target):
+    """(name, model, step input) of the EAGLE head or the MiMo checkpoint's MTP layer."""
+    model, step_input = _eagle(dirs, target) if request.param == "eagle" else _mtp(mtp_dir, target)
+    return request.param, model, step_input
 
 
 def greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -134,18 +180,36 @@ def _logit_noise(target, rows) -> float:
     return worst
 
 
+@pytest.fixture(scope="module")
+def noise(target, sequences):
+    return {name: _logit_noise(target, rows) for name, rows in sequences.items()}
+
+
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_every_greedy_choice_wins_by_a_wide_margin(target, sequences, drafts, name):
+def test_every_greedy_choice_wins_by_a_wide_margin(sequences, noise, drafter, drafts, name):
     """(c): the smallest top-1 / top-2 logit gap over all greedy choices of the workload -- the target's at every
-    output position, the EAGLE head's at every draft position of every chain -- against the logit noise of
+    output position, the drafter's at every draft position of every chain -- against the logit noise of
     batching / chunking the same tokens."""
     rows = sequences[name]
-    noise = _logit_noise(target, rows)
     target_min = min(_margins(logits[n - 1 : -1]).min().item() for _, n, logits, _ in rows)
     draft_min = min(margin for *_, margin in drafts[name])
-    print(f"\n{name}: min margin target {target_min:.4f}, drafts {draft_min:.4f}; logit noise {noise:.2e}")
+    print(
+        f"\n{name}: min margin target {target_min:.4f}, {drafter[0]} drafts {draft_min:.4f}; "
+        f"logit noise {noise[name]:.2e}"
+    )
     for margin in (target_min, draft_min):
-        assert margin >= MARGIN_FLOOR and margin >= NOISE_RATIO * noise, (margin, noise)
+        assert margin >= MARGIN_FLOOR and margin >= NOISE_RATIO * noise[name], (margin, noise[name])
+
+
+def test_mimo_target_is_the_llama_target(sequences, mtp_dir):
+    """The MTP checkpoint's target (transformers' Qwen2: MiMo's base; zero q/k/v biases) chooses the Llama target's
+    greedy tokens, so the MTP runs check the same token sequences."""
+    mimo = transformers.Qwen2ForCausalLM.from_pretrained(mtp_dir, dtype=torch.float32).eval()
+    for seq, n, logits, _ in sequences["ci"]:
+        with torch.no_grad():
+            got = mimo(torch.tensor([seq])).logits[0]
+        assert got[n - 1 : -1].argmax(-1).tolist() == seq[n:]
+        assert torch.allclose(got, logits, atol=1e-4)
 
 
 # -- (a): faults in one decode step, emulated on transformers' KV cache ---------------------------------------
@@ -208,20 +272,19 @@ def test_one_faulty_decode_step_changes_the_continuation(target, sequences, faul
     assert changed == total
 
 
-# -- (b): the EAGLE head's drafts -------------------------------------------------------------------------------
+# -- (b): the drafts (EAGLE head, MTP layer) --------------------------------------------------------------------------
 
 
 def _draft_chains(
-    eagle, seq: list[int], hidden: torch.Tensor, starts: list[int], k: int
+    drafter, seq: list[int], hidden: torch.Tensor, starts: list[int], k: int
 ) -> tuple[dict[int, list[int]], float]:
     """k drafts from every start q (the token seq[q + 1] just sampled from position q), as vLLM's EAGLE proposer
     makes them: the first from (seq[q + 1], target hidden at q) at position q, each next from (the previous draft,
     the head's own hidden state) one position further, attending to the head's cache entries of the accepted
     positions <= q and to its own chain. All chains in one forward per depth (a 4-D mask keeps them apart).
     Also returns the smallest top-1 / top-2 logit gap of all drafts."""
-    model, fc = eagle
-    emb = model.model.embed_tokens
-    base = torch.cat([emb(torch.tensor(seq[1:])), hidden[:-1]], -1) @ fc.T  # rows 0 .. len(seq) - 2
+    name, model, step_input = drafter
+    base = step_input(torch.tensor(seq[1:]), hidden[:-1], torch.arange(len(seq) - 1))  # rows 0 .. len(seq) - 2
     nb, ns = base.shape[0], len(starts)
     q = torch.tensor(starts)
     inputs, positions = [base], [torch.arange(nb)]
@@ -244,14 +307,16 @@ def _draft_chains(
             last = out[q] if depth == 1 else out[nb + (depth - 2) * ns :]
             logits = model.lm_head(last)
             drafts.append(logits.argmax(-1))
-            margin = min(margin, _margins(logits).min().item())
-            inputs.append(torch.cat([emb(drafts[-1]), last], -1) @ fc.T)
+            # vLLM's MTP layer zeroes the embedding at position 0: no feature there, every logit 0 (draft token 0)
+            scored = logits[q + depth - 1 != 0] if name == "mtp" else logits
+            margin = min(margin, _margins(scored).min().item())
+            inputs.append(step_input(drafts[-1], last, q + depth))
             positions.append(q + depth)
     return {start: [int(d[i]) for d in drafts] for i, start in enumerate(starts)}, margin
 
 
 @pytest.fixture(scope="module")
-def drafts(eagle, sequences):
+def drafts(drafter, sequences):
     """Per workload and request: (sequence, prompt length, draft chains of DRAFTS from every output position's
     start, their smallest logit margin)."""
     out = {}
@@ -259,7 +324,7 @@ def drafts(eagle, sequences):
         out[name] = []
         for seq, n, _, hidden in rows:
             starts = list(range(n - 1, len(seq) - 1))
-            out[name].append((seq, n, *_draft_chains(eagle, seq, hidden, starts, DRAFTS)))
+            out[name].append((seq, n, *_draft_chains(drafter, seq, hidden, starts, DRAFTS)))
     return out
 
 

@@ -32,7 +32,9 @@ VOCAB = 128
 FIRST_ID = 3  # token ids below are special (bos 1, eos 2); prompts and SUCCESSOR use ids >= FIRST_ID
 CLASSES = 4  # class 0 (about half the tokens) selects SUCCESSOR[0], the EAGLE head's fallback guess
 EAGLE_CLASSES = (0, 1)  # successor tables the EAGLE head knows
-HEAD_DIM = 128  # head 0's value is the one-hot token (VOCAB dims)
+# head 0's value is the one-hot token (>= VOCAB dims). Not 128: at head size 128 vllm-ascend 0.13 applies RoPE with
+# cos / sin precomputed per step (npu_apply_rotary_pos_emb), which its MTP proposer never refreshes
+HEAD_DIM = 256
 HEADS = 2
 MAX_POS = 1024
 ROPE_THETA = 10000.0
@@ -45,7 +47,8 @@ BIAS = EMB + VOCAB  # constant 1: source of the positional queries / keys, the M
 CUR = BIAS + 1  # current token as read from the KV cache (head 0)
 PREV = CUR + VOCAB  # class of the previous token as read from the KV cache (head 1)
 VOTE = PREV + CLASSES  # the vote for the next token, read by the LM head
-HIDDEN = VOTE + VOCAB + 3  # padded to a multiple of 8
+# vLLM's Qwen2 (the MiMo target and its MTP block) derives head_dim as hidden_size / heads
+HIDDEN = HEADS * HEAD_DIM  # >= VOTE + VOCAB
 TARGET_INTER = VOCAB * CLASSES
 EAGLE_INTER = VOCAB * (len(EAGLE_CLASSES) + 1)
 
@@ -292,51 +295,74 @@ def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tens
 
 # -- MTP: a MiMo-style pair (dense Qwen2 target + one MTP layer in the same checkpoint), docs/e2e.md "MTP" ---------
 
-MTP_LAYER_SCALE = 0.01
-
 
 def write_mtp_model(root: str, seed: int = 0) -> str:
     """Write a ``MiMoForCausalLM`` target with one MTP layer (``model.mtp_layers.0.*``) under ``root``/mimo; vLLM's
-    ``method="mtp"`` reads the draft from the target's own checkpoint. Returns the model directory."""
+    ``method="mtp"`` reads the draft from the target's own checkpoint. The target is the Llama target's weights
+    (Qwen2's q/k/v biases zero): the same tokens. Returns the model directory."""
     from safetensors.torch import save_file
 
     model_dir = os.path.join(root, "mimo")
     os.makedirs(model_dir, exist_ok=True)
-    config = _llama_config(TARGET_LAYERS, "MiMoForCausalLM")
+    config = _llama_config(1, "MiMoForCausalLM", TARGET_INTER)
     # MiMo's own config class (remote code) is Qwen2Config plus num_nextn_predict_layers; vLLM picks the model by
     # architecture and the MTP draft by it too (SpeculativeConfig.hf_config_override), so plain qwen2 suffices.
     config.update(model_type="qwen2", num_nextn_predict_layers=1, use_sliding_window=False)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(config, f)
-    g = torch.Generator().manual_seed(seed)
+    succ, cls = tables(seed)
     w = {}
-    for name, t in target_weights(g).items():
+    for name, t in target_weights(succ, cls).items():
         w[name] = t
         if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):  # Qwen2 attention has qkv biases
-            w[name.replace(".weight", ".bias")] = (
-                torch.randn(t.shape[0], generator=g) * TARGET_LAYER_SCALE
-            ).contiguous()
-    w.update(mtp_weights(g))
+            w[name.replace(".weight", ".bias")] = torch.zeros(t.shape[0])
+    w.update(mtp_weights(succ, cls))
     save_file(w, os.path.join(model_dir, "model.safetensors"))
     return model_dir
 
 
-def mtp_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
-    # Names as vLLM's MiMoMTP.load_weights maps them: the norms and input_proj at model.mtp_layers.0, the decoder
-    # block's weights beside them (it inserts "mtp_block."). embed_tokens is shared with the target; the MTP layer
-    # reads lm_head.weight from the same checkpoint.
-    # input_proj acts on cat([target hidden, token embedding]); [0, I] passes the sampled token's (normalised)
-    # embedding through, so the draft is the target's "bigram" reading of that token (as eagle_weights' fc).
+def mtp_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The EAGLE head's construction in vLLM's ``MiMoMultiTokenPredictorLayer``: ``input_proj`` acts on
+    cat([hidden_layernorm(previous hidden), token_layernorm(embedding)]); it passes the embedding's EMB, BIAS through
+    and turns the previous hidden state's CUR into the class one-hot in PREV. The block (a Qwen2 decoder layer,
+    names as vLLM's MiMoMTP.load_weights maps them: it inserts "mtp_block.") reads the input token through its own
+    KV cache into CUR and votes as the EAGLE head's MLP; ``final_layernorm`` has weight 0 on CUR, so the layer's own
+    output -- the previous hidden state of every later draft -- carries no class: later drafts fall back to
+    SUCCESSOR[0]. The MiMo target's hidden state carries CUR: first drafts are right for classes EAGLE_CLASSES.
+    vLLM zeroes the embedding at position 0: no feature, all logits 0 there (draft token 0, rejected).
+    embed_tokens and lm_head are the target's (shared)."""
     p = "model.mtp_layers.0"
+    tok = torch.arange(VOCAB)
+    proj = torch.zeros(HIDDEN, 2 * HIDDEN)
+    proj[EMB + tok, HIDDEN + EMB + tok] = 1 / NORM_IN
+    proj[BIAS, HIDDEN + BIAS] = 1 / NORM_IN
+    proj[PREV + cls, CUR + tok] = 1 / NORM_FINAL  # hidden_layernorm: the target's 5 features at NORM_FINAL
+    final = torch.ones(HIDDEN)
+    final[CUR : CUR + VOCAB] = 0
+    gate, up, down = (
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(HIDDEN, TARGET_INTER),
+    )
+    known = len(EAGLE_CLASSES)
+    for t in range(VOCAB):
+        for i, j in enumerate(EAGLE_CLASSES):
+            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
+        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
+        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
     w = {
         f"{p}.token_layernorm.weight": torch.ones(HIDDEN),
         f"{p}.hidden_layernorm.weight": torch.ones(HIDDEN),
-        f"{p}.input_proj.weight": torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], dim=1).contiguous(),
-        f"{p}.final_layernorm.weight": torch.ones(HIDDEN),
+        f"{p}.input_proj.weight": proj,
+        f"{p}.final_layernorm.weight": final,
+        f"{p}.input_layernorm.weight": torch.ones(HIDDEN),
+        # the block's input: EMB, BIAS, PREV at 1
+        **_attention(p, _rms_scale(3), [((0, 1.0, FUTURE, False), torch.arange(VOCAB), CUR)]),
+        f"{p}.mlp.gate_proj.weight": gate,
+        f"{p}.mlp.up_proj.weight": up,
+        f"{p}.mlp.down_proj.weight": down,
     }
-    block = _layer(p, g, MTP_LAYER_SCALE)
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        rows = block[f"{p}.self_attn.{proj}.weight"].shape[0]
-        block[f"{p}.self_attn.{proj}.bias"] = (torch.randn(rows, generator=g) * MTP_LAYER_SCALE).contiguous()
-    w.update(block)
+    for proj_name in ("q_proj", "k_proj", "v_proj"):
+        rows = w[f"{p}.self_attn.{proj_name}.weight"].shape[0]
+        w[f"{p}.self_attn.{proj_name}.bias"] = torch.zeros(rows)
     return w
