@@ -46,6 +46,10 @@ class Expected:
     # has no is_prefill_chunk check, 0.18's has) and verifies them with the request's last prompt chunk; async
     # scheduling adds draft placeholders only once the prompt is done. The child counts those drafts apart.
     sync_drafts_with_prefill: bool = False
+    # vllm-ascend 0.13's MtpProposer, k > 1: its later draft steps update the MLA decode metadata only; on the dense
+    # backend (attention_v1) they reuse the first step's actual_seq_lengths_q / seq_lens_list, and the MTP layer,
+    # which reads its input token through its own KV cache, never drafts right there (docs/e2e.md)
+    mtp_later_drafts_rejected: bool = False
 
 
 ZERO_BUBBLE_PLANTS: dict[str, tuple[str, ...]] = {
@@ -71,6 +75,7 @@ EXPECTED = {
         ),
         plants=ZERO_BUBBLE_PLANTS,
         sync_drafts_with_prefill=True,
+        mtp_later_drafts_rejected=True,
     ),
     "0.18.0": Expected(
         adapter="ascend-0.18",
@@ -327,8 +332,8 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
 @pytest.mark.parametrize("drafter", sorted(K_SWEEP))
 def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
     """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
-    lower at the last draft position than at the first yet not zero (the MTP drafter's later drafts reuse its one
-    layer on its own earlier drafts)."""
+    lower at the last draft position than at the first yet not zero (later drafts know the previous token's class
+    less often) -- except 0.13's MTP drafts after the first, never accepted (EXPECT.mtp_later_drafts_rejected)."""
     sweep = k_sweep(drafter)[2]
     drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
     accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())
@@ -338,7 +343,10 @@ def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
         rates = [sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d]
         assert max(rates) - min(rates) >= 0.2, (k, rates)
         by_pos = [a / d for a, d in zip(sync["accepted_per_pos"], sync["drafted_per_pos"])]
-        assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
+        if drafter == "mtp" and EXPECT.mtp_later_drafts_rejected:
+            assert by_pos[0] > 0 and by_pos[1:] == [0.0] * (k - 1), (k, by_pos)
+        else:
+            assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
 
 
 @pytest.mark.skipif("mtp" not in EXPECT.drafters, reason="this release's sweep runs no MTP drafter (EXPECTED)")
