@@ -26,7 +26,7 @@ pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
 from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, decode_counts, run_all, run_config  # noqa: E402
-from zb_patch.check.engine.workload import Workload, divergences, summarize, table  # noqa: E402
+from zb_patch.check.engine.workload import BIG, CI, Workload, divergences, summarize, table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,15 @@ class Expected:
     # has no is_prefill_chunk check, 0.18's has) and verifies them with the request's last prompt chunk; async
     # scheduling adds draft placeholders only once the prompt is done. The child counts those drafts apart.
     sync_drafts_with_prefill: bool = False
+    # vllm-ascend 0.13's MtpProposer, k > 1: its later draft steps update the MLA decode metadata only; on the dense
+    # backend (attention_v1) they reuse the first step's actual_seq_lengths_q / seq_lens_list, and the MTP layer,
+    # which reads its input token through its own KV cache, never drafts right there (docs/e2e.md)
+    mtp_later_drafts_rejected: bool = False
 
 
 ZERO_BUBBLE_PLANTS: dict[str, tuple[str, ...]] = {
-    "slot-mapping-off-by-one": ("diverges", "2", "tokens"),
-    "host-seq-lens-optimistic": ("diverges", "2", "tokens"),
+    "slot-mapping-off-by-one": ("diverges", "0", "tokens"),
+    "host-seq-lens-optimistic": ("diverges", "0", "tokens"),
     # the -1 backup token reaches the EAGLE head's embedding
     "backup-token-minus-one": ("raises", "eagle_proposer.py", "IndexError: index out of range in self"),
     # harmless on this path (docs/e2e.md says why): one process with both
@@ -71,11 +75,8 @@ EXPECTED = {
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
-        # MTP on 0.13 gave equal tokens and counts in all three runs (tox va013-e2e, 2026-11-24), but its k = 3
-        # acceptance spread across the 4 requests was 0.19, under test_k_sweep_acceptance_is_partial_and_varies'
-        # 0.2: left out until the sweep workload spreads acceptance more
-        drafters=("eagle",),
         sync_drafts_with_prefill=True,
+        mtp_later_drafts_rejected=True,
     ),
     "0.18.0": Expected(
         adapter="ascend-0.18",
@@ -96,7 +97,7 @@ EXPECTED = {
     "0.23.0": Expected(
         adapter="ascend-0.19-0.25",
         patches=frozenset({"slot-mapping-kernel"}),
-        plants={"slot-mapping-kernel-off-by-one": ("diverges", "2", "tokens")},
+        plants={"slot-mapping-kernel-off-by-one": ("diverges", "0", "tokens")},
         drafters=("eagle",),
     ),
 }
@@ -107,16 +108,6 @@ EXPECT = EXPECTED[RELEASE]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "run_engine.py")
-SMALL = Workload()
-BIG = Workload(
-    num_requests=48,
-    max_prompt=300,
-    max_tokens=60,
-    max_model_len=384,
-    max_num_batched_tokens=64,
-    max_num_seqs=8,
-    num_gpu_blocks=6,
-)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,7 +151,7 @@ def _kept_results(keep: str, k: int, suffix: str = "plain") -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def selftest(tmp_path_factory):
     """The operator's command on the main workload (k = 2); its runs' results are kept for the tests below."""
-    wl = BIG if os.environ.get("E2E_BIG") else SMALL
+    wl = BIG if os.environ.get("E2E_BIG") else CI
     keep = str(tmp_path_factory.mktemp("selftest"))
     rc, report = _selftest_cli(wl, [wl.num_speculative_tokens], keep)
     return wl, rc, report, keep
@@ -302,7 +293,9 @@ def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
 # above; the MTP drafter runs only here) ------------------------------------------------------------------------
 
 K_SWEEP = {d: ks for d, ks in {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)}.items() if d in EXPECT.drafters}
-K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40)  # no request reaches max_model_len
+# no request reaches max_model_len. Seed 9: the requests' classes differ enough that acceptance spreads across them
+# (simulated with test_tiny_model's draft chains: >= 0.46 at every k; seed 0 gave 0.15 at k = 4 in the engine)
+K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40, seed=9)
 DRAFT_MODEL = {"eagle": "EagleLlamaForCausalLM", "mtp": "MiMoMTP"}  # the class the runner's drafter runs
 KEPT_SUFFIX = {"eagle": "plain", "mtp": "drafter-mtp"}  # run.run_config's tag of the kept results
 
@@ -354,18 +347,23 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
 @pytest.mark.parametrize("drafter", sorted(K_SWEEP))
 def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
     """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
-    lower at the last draft position than at the first yet not zero (the MTP drafter's later drafts reuse its one
-    layer on its own earlier drafts)."""
+    lower at the last draft position than at the first yet not zero (later drafts know the previous token's class
+    less often) -- except 0.13's MTP drafts after the first, never accepted (EXPECT.mtp_later_drafts_rejected)."""
     sweep = k_sweep(drafter)[2]
     drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
     accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())
     assert 0.2 <= accepted / drafted <= 0.8, (accepted, drafted)
     for k, runs in sweep.items():
         sync = runs["sync"]
-        rates = [sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d]
+        first_only = drafter == "mtp" and EXPECT.mtp_later_drafts_rejected
+        # where only the first of k drafts can be accepted, a request's rate is at most 1 / k: compare k x rate
+        rates = [(k if first_only else 1) * sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d]
         assert max(rates) - min(rates) >= 0.2, (k, rates)
         by_pos = [a / d for a, d in zip(sync["accepted_per_pos"], sync["drafted_per_pos"])]
-        assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
+        if first_only:
+            assert by_pos[0] > 0 and by_pos[1:] == [0.0] * (k - 1), (k, by_pos)
+        else:
+            assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
 
 
 @pytest.mark.skipif("mtp" not in EXPECT.drafters, reason="this release's sweep runs no MTP drafter (EXPECTED)")

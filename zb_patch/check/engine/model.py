@@ -1,8 +1,20 @@
 """A tiny Llama-style target and its EAGLE head, and a tiny MiMo target carrying its own MTP layer
 (write_mtp_model), written to a directory as config.json + safetensors.
 
-Seeded weights: a random embedding and LM head, random layers at a small scale, and an EAGLE head whose fc
-passes the sampled token's embedding through (see eagle_weights). Not yet crafted for wide greedy margins.
+The weights are constructed, not trained or random, so that three properties hold by design (docs/e2e.md,
+"Model"; shown by tests/engine/test_tiny_model.py):
+
+- the next token is read through the KV cache: attention head 0 fetches the current token from the cache entry
+  at distance 0, head 1 the "class" (one of CLASSES) of the token at distance 1, both by position alone (RoPE
+  query / key built from a constant feature, scores peaked at that distance); the LM head sees neither token
+  through the residual stream. A slot off by one, a missing or stale entry, a wrong position change the output.
+- the next token is ``SUCCESSOR[class of previous token][current token]``: a lookup in the MLP (one SwiGLU unit
+  per (token, class) pair, an AND of two one-hot features) that writes a one-hot vote the LM head reads. Every
+  greedy choice wins by LOGIT_MARGIN; everything else sits at (nearly) 0.
+- the EAGLE head knows the successor tables of classes EAGLE_CLASSES only, and learns the class from the
+  target's hidden state, which it finds at full strength only in the first draft position (its own hidden state
+  carries the class feature 1/NORM_FINAL as strong): first drafts are right for classes 0 and 1, later drafts
+  only for class 0 (its "bigram" fallback, SUCCESSOR[0]).
 
 Plain config dicts + torch tensors (safetensors writes them): the same files serve ``zb-patch selftest --engine``
 on an NPU and the tests' CPU emulation.
@@ -11,40 +23,131 @@ on an NPU and the tests' CPU emulation.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import torch
 
 VOCAB = 128
-FIRST_ID = 3  # token ids below are special (bos 1, eos 2)
-HIDDEN = 64
-HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = HIDDEN // HEADS
-INTER = 128
-TARGET_LAYERS = 2
+FIRST_ID = 3  # token ids below are special (bos 1, eos 2); prompts and SUCCESSOR use ids >= FIRST_ID
+CLASSES = 4  # class 0 (about half the tokens) selects SUCCESSOR[0], the EAGLE head's fallback guess
+EAGLE_CLASSES = (0, 1)  # successor tables the EAGLE head knows
+# head 0's value is the one-hot token (>= VOCAB dims). Not 128: at head size 128 vllm-ascend 0.13 applies RoPE with
+# cos / sin precomputed per step (npu_apply_rotary_pos_emb), which its MTP proposer never refreshes
+HEAD_DIM = 256
+HEADS = 2
 MAX_POS = 1024
-# Random layers at this scale perturb the embedding -> LM-head path enough that the context (attention over the
-# KV cache) changes many greedy choices, yet the EAGLE head's "bigram" draft (below) is right about half the time
-# (measured: 62 % and 73 % on two CI workloads; 0.1 gives 19 %).
-TARGET_LAYER_SCALE = 0.06
-EAGLE_LAYER_SCALE = 0.01
+ROPE_THETA = 10000.0
+RMS_EPS = 1e-5
+LOGIT_MARGIN = 10.0
+
+# Residual stream layout: one-hot features of magnitude 1 in disjoint subspaces.
+EMB = 0  # token embedding (one-hot), the residual's copy of the current token
+BIAS = EMB + VOCAB  # constant 1: source of the positional queries / keys, the MLP's thresholds
+CUR = BIAS + 1  # current token as read from the KV cache (head 0)
+PREV = CUR + VOCAB  # class of the previous token as read from the KV cache (head 1)
+VOTE = PREV + CLASSES  # the vote for the next token, read by the LM head
+# vLLM's Qwen2 (the MiMo target and its MTP block) derives head_dim as hidden_size / heads
+HIDDEN = HEADS * HEAD_DIM  # >= VOTE + VOCAB
+TARGET_INTER = VOCAB * CLASSES
+EAGLE_INTER = VOCAB * (len(EAGLE_CLASSES) + 1)
+
+# Attention scores depend on the distance d = query position - key position alone (queries and keys are built
+# from the constant BIAS feature; RoPE rotates them): SCORE_GAP * g(d), with g the smallest (L1) combination of
+# the RoPE frequencies' cos / sin that is 0 at the head's distance and <= -1 at every other d in [0, MAX_POS)
+# (score_kernel). All but ~e^-SCORE_GAP of the softmax weight sits on the one key at that distance; a zero key
+# (a never-written slot) ties with it.
+SCORE_GAP = 25.0
+# The target's head 0 (distance 0) also scores keys from up to FUTURE positions ahead -- stale entries past the
+# sequence's end, e.g. rejected drafts -- at >= 0: read with a too-long sequence length they take half the
+# weight or more.
+FUTURE = 16
+# SwiGLU unit = AND of two one-hot features: gate pre-activation GATE * (a + b - 1.5) is +-GATE/2 or below, so
+# silu leaks GATE/2 * e^-(GATE/2) ~ 4e-8 of a firing unit's output.
+GATE = 40.0
 
 
-def _llama_config(layers: int, arch: str) -> dict:
+def _rope_theta() -> torch.Tensor:
+    return ROPE_THETA ** (-torch.arange(HEAD_DIM // 2, dtype=torch.float64) * 2 / HEAD_DIM)
+
+
+def score_kernel(
+    distance: int, peak: float, future: int = 0, future_wins: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b): g(d) = sum_i a_i cos(theta_i d) + b_i sin(theta_i d) over the RoPE frequencies theta_i with
+    g(distance) = peak, g(d) <= peak - 1 for the other d in [0, MAX_POS), and for d in [-future, 0) (keys ahead of
+    the query) g(d) >= peak if ``future_wins`` else g(d) <= peak - 1; the one with the smallest sum |a| + |b| (a
+    linear program, scipy's HiGHS: deterministic)."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    theta = _rope_theta().numpy()
+    d = np.arange(-future, MAX_POS, dtype=np.float64)
+    basis = np.hstack([np.cos(np.outer(d, theta)), np.sin(np.outer(d, theta))])
+    other, ahead = d != distance, np.zeros_like(d, dtype=bool)
+    if future_wins:
+        other, ahead = (d >= 0) & (d != distance), d < 0
+    a_ub = np.vstack([basis[other], -basis[ahead]])
+    b_ub = np.concatenate([np.full(other.sum(), peak - 1.0), np.full(ahead.sum(), -peak)])
+    a_eq = basis[d == distance]
+    # coefficients x+ - x-, both >= 0, minimising sum(x+ + x-)
+    res = linprog(
+        np.ones(2 * basis.shape[1]),
+        A_ub=np.hstack([a_ub, -a_ub]),
+        b_ub=b_ub,
+        A_eq=np.hstack([a_eq, -a_eq]),
+        b_eq=[peak],
+        bounds=(0, None),
+        method="highs",
+    )
+    assert res.status == 0, res.message
+    coef = torch.from_numpy(res.x[: basis.shape[1]] - res.x[basis.shape[1] :])
+    return coef[: len(theta)], coef[len(theta) :]
+
+
+def _rms_scale(active: float) -> float:
+    """What RMSNorm (weight 1) multiplies a residual with ``active`` unit one-hot features by."""
+    return 1.0 / math.sqrt(active / HIDDEN + RMS_EPS)
+
+
+NORM_IN = _rms_scale(2)  # layer input: EMB, BIAS
+NORM_MLP = _rms_scale(4)  # + CUR, PREV
+NORM_FINAL = _rms_scale(5)  # + VOTE
+
+
+def tables(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(SUCCESSOR [CLASSES, VOCAB], CLASS [VOCAB]). SUCCESSOR[0] is a permutation of the ordinary ids; the other
+    classes give each token a different successor; half the ordinary ids are class 0, the rest split evenly."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(FIRST_ID, VOCAB)
+    n = len(ids)
+    succ = torch.empty(CLASSES, VOCAB, dtype=torch.long)
+    succ[0] = ids[torch.randint(n, (VOCAB,), generator=g)]
+    succ[0, FIRST_ID:] = ids[torch.randperm(n, generator=g)]
+    for t in range(VOCAB):
+        others = ids[ids != succ[0, t]]
+        succ[1:, t] = others[torch.randperm(len(others), generator=g)[: CLASSES - 1]]
+    cls = torch.zeros(VOCAB, dtype=torch.long)
+    order = ids[torch.randperm(n, generator=g)]
+    for j, chunk in enumerate(order[n // 2 :].chunk(CLASSES - 1), start=1):
+        cls[chunk] = j
+    return succ, cls
+
+
+def _llama_config(layers: int, arch: str, inter: int) -> dict:
     return {
         "architectures": [arch],
         "model_type": "llama",
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
+        "intermediate_size": inter,
         "num_hidden_layers": layers,
         "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
+        "num_key_value_heads": HEADS,
         "head_dim": HEAD_DIM,
         "max_position_embeddings": MAX_POS,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
+        "rms_norm_eps": RMS_EPS,
+        "rope_theta": ROPE_THETA,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         # "dtype": transformers >= 4.56 (4.57 for vLLM 0.18, 5.x for 0.23) reads it; "torch_dtype" is deprecated
@@ -63,102 +166,203 @@ def write_models(root: str, seed: int = 0) -> tuple[str, str]:
     os.makedirs(target_dir, exist_ok=True)
     os.makedirs(draft_dir, exist_ok=True)
     with open(os.path.join(target_dir, "config.json"), "w") as f:
-        json.dump(_llama_config(TARGET_LAYERS, "LlamaForCausalLM"), f)
+        json.dump(_llama_config(1, "LlamaForCausalLM", TARGET_INTER), f)
     with open(os.path.join(draft_dir, "config.json"), "w") as f:
-        json.dump(_llama_config(1, "EagleLlamaForCausalLM"), f)
-    g = torch.Generator().manual_seed(seed)
-    save_file(target_weights(g), os.path.join(target_dir, "model.safetensors"))
-    save_file(eagle_weights(g), os.path.join(draft_dir, "model.safetensors"))
+        json.dump(_llama_config(1, "EagleLlamaForCausalLM", EAGLE_INTER), f)
+    succ, cls = tables(seed)
+    save_file(target_weights(succ, cls), os.path.join(target_dir, "model.safetensors"))
+    save_file(eagle_weights(succ, cls), os.path.join(draft_dir, "model.safetensors"))
     return target_dir, draft_dir
 
 
-def _layer(prefix: str, g: torch.Generator, scale: float) -> dict[str, torch.Tensor]:
-    def r(*s):
-        return (torch.randn(*s, generator=g) * scale).contiguous()
+def _positional_qk(distance: int, peak: float, future: int, future_wins: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query, key) of one head, to be multiplied by the constant feature: after RoPE at positions m, n (rotate-half
+    pairs (i, i + D/2), a complex number z_i each, rotated by theta_i * position) the score q.k / sqrt(HEAD_DIM)
+    is Re(sum_i z_q,i conj(z_k,i) e^(i theta_i (m - n))) = SCORE_GAP * g(m - n), g from score_kernel."""
+    a, b = score_kernel(distance, peak, future, future_wins)
+    w = torch.complex(a, -b) * SCORE_GAP * math.sqrt(HEAD_DIM)
+    zk = w.abs().sqrt()
+    zq = torch.where(zk > 0, w / zk.clamp_min(1e-300), 0)
+    return torch.cat([zq.real, zq.imag]).float(), torch.cat([zk, torch.zeros_like(zk)]).float()
 
+
+def _attention(prefix: str, norm: float, heads: list[tuple[tuple[int, int, float], torch.Tensor, int]]):
+    """One entry per head: (score_kernel's arguments, value rows [VOCAB] (which value dim each token
+    id's EMB feature goes to), the residual dim its value dim 0 is added to). ``norm``: the scale of the layer's
+    (normalised) input features."""
+    q = torch.zeros(HEADS * HEAD_DIM, HIDDEN)
+    k = torch.zeros(HEADS * HEAD_DIM, HIDDEN)
+    v = torch.zeros(HEADS * HEAD_DIM, HIDDEN)
+    o = torch.zeros(HIDDEN, HEADS * HEAD_DIM)
+    for h, (scores, rows, out) in enumerate(heads):
+        at = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
+        qh, kh = _positional_qk(*scores)
+        q[at, BIAS], k[at, BIAS] = qh / norm, kh / norm
+        v[h * HEAD_DIM + rows, EMB + torch.arange(VOCAB)] = 1 / norm
+        width = int(rows.max()) + 1
+        o[out + torch.arange(width), h * HEAD_DIM + torch.arange(width)] = 1
     return {
-        f"{prefix}.input_layernorm.weight": torch.ones(HIDDEN),
+        f"{prefix}.self_attn.q_proj.weight": q,
+        f"{prefix}.self_attn.k_proj.weight": k,
+        f"{prefix}.self_attn.v_proj.weight": v,
+        f"{prefix}.self_attn.o_proj.weight": o,
         f"{prefix}.post_attention_layernorm.weight": torch.ones(HIDDEN),
-        f"{prefix}.self_attn.q_proj.weight": r(HEADS * HEAD_DIM, HIDDEN),
-        f"{prefix}.self_attn.k_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
-        f"{prefix}.self_attn.v_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
-        f"{prefix}.self_attn.o_proj.weight": r(HIDDEN, HEADS * HEAD_DIM),
-        f"{prefix}.mlp.gate_proj.weight": r(INTER, HIDDEN),
-        f"{prefix}.mlp.up_proj.weight": r(INTER, HIDDEN),
-        f"{prefix}.mlp.down_proj.weight": r(HIDDEN, INTER),
     }
 
 
-def target_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
-    w = {
-        "model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+def _and_unit(gate, up, down, unit: int, features: list[tuple[int, float]], threshold: float, out: int):
+    """SwiGLU unit writing 1 into residual dim ``out`` iff sum(weight * feature) > threshold, where features are
+    0 or 1 (normalised by NORM_MLP) and the sum sits at least 0.5 away from the threshold."""
+    for dim, weight in features:
+        gate[unit, dim] = GATE * weight / NORM_MLP
+    gate[unit, BIAS] = -GATE * threshold / NORM_MLP
+    up[unit, BIAS] = 1 / NORM_MLP
+    down[out, unit] = 1 / torch.nn.functional.silu(torch.tensor(GATE / 2)).item()
+
+
+def target_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
+    tok = torch.arange(VOCAB)
+    embed = torch.zeros(VOCAB, HIDDEN)
+    embed[tok, EMB + tok] = 1
+    embed[:, BIAS] = 1
+    lm_head = torch.zeros(VOCAB, HIDDEN)
+    lm_head[tok, VOTE + tok] = LOGIT_MARGIN / NORM_FINAL
+    gate, up, down = (
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(HIDDEN, TARGET_INTER),
+    )
+    for t in range(VOCAB):
+        for j in range(CLASSES):
+            _and_unit(gate, up, down, t * CLASSES + j, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
+    return {
+        "model.embed_tokens.weight": embed,
         "model.norm.weight": torch.ones(HIDDEN),
-        "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+        "lm_head.weight": lm_head,
+        "model.layers.0.input_layernorm.weight": torch.ones(HIDDEN),
+        **_attention(
+            "model.layers.0",
+            NORM_IN,
+            [((0, 0.0, FUTURE, True), torch.arange(VOCAB), CUR), ((1, 0.0, 0, False), cls, PREV)],
+        ),
+        "model.layers.0.mlp.gate_proj.weight": gate,
+        "model.layers.0.mlp.up_proj.weight": up,
+        "model.layers.0.mlp.down_proj.weight": down,
     }
-    for i in range(TARGET_LAYERS):
-        w.update(_layer(f"model.layers.{i}", g, TARGET_LAYER_SCALE))
-    return w
 
 
-def eagle_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
-    # EAGLE checkpoints name weights without the "model." prefix; embed_tokens and lm_head are shared with the
-    # target (vLLM shares them when the checkpoint has none); layer 0 has no input_layernorm.
-    # fc = [I, 0]: the head starts from the embedding of the token just sampled and (nearly) ignores the target's
-    # hidden state, so its draft is the target's "bigram" reading of that token: right where the target's layers
-    # do not move the choice away from it.
-    fc = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], dim=1)
-    w = {"fc.weight": fc.contiguous()}
-    w.update({k: v for k, v in _layer("layers.0", g, EAGLE_LAYER_SCALE).items() if "input_layernorm" not in k})
+def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
+    """EAGLE checkpoints name weights without the "model." prefix; embed_tokens and lm_head are shared with the
+    target (vLLM shares them when the checkpoint has none); layer 0 has no input_layernorm and there is no final
+    norm, so the layer sees fc's output unnormalised and the LM head the layer's output.
+
+    fc: the embedding (EMB, BIAS) passes through; the hidden state's CUR (the target's current token, at NORM_FINAL
+    after its final norm) becomes the class one-hot in PREV at strength 1 -- or 1 / NORM_FINAL from the head's own
+    output (CUR at 1), too weak for the class units. Head 0 reads the input token through the head's own KV cache
+    into CUR; the MLP votes SUCCESSOR[j][token] for a class j in EAGLE_CLASSES, else SUCCESSOR[0][token] (scaled so
+    the shared LM head gives LOGIT_MARGIN)."""
+    tok = torch.arange(VOCAB)
+    fc = torch.zeros(HIDDEN, 2 * HIDDEN)
+    fc[EMB + tok, EMB + tok] = 1
+    fc[BIAS, BIAS] = 1
+    fc[PREV + cls, HIDDEN + CUR + tok] = 1 / NORM_FINAL
+    # the layer's MLP input: EMB, BIAS, CUR, PREV at 1 -- the same normalisation as the target's
+    gate, up, down = (
+        torch.zeros(EAGLE_INTER, HIDDEN),
+        torch.zeros(EAGLE_INTER, HIDDEN),
+        torch.zeros(HIDDEN, EAGLE_INTER),
+    )
+    known = len(EAGLE_CLASSES)
+    for t in range(VOCAB):
+        for i, j in enumerate(EAGLE_CLASSES):
+            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
+        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
+        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
+    down *= NORM_FINAL
+    w = {"fc.weight": fc}
+    # head 0 scores its key 1 above every other, keys ahead included: the head's drafting passes see entries of
+    # rejected positions past their query (docs/e2e.md, "Model"); a never-written slot takes no weight either
+    w.update(_attention("layers.0", 1.0, [((0, 1.0, FUTURE, False), torch.arange(VOCAB), CUR)]))
+    w.update(
+        {
+            "layers.0.mlp.gate_proj.weight": gate,
+            "layers.0.mlp.up_proj.weight": up,
+            "layers.0.mlp.down_proj.weight": down,
+        }
+    )
     return w
 
 
 # -- MTP: a MiMo-style pair (dense Qwen2 target + one MTP layer in the same checkpoint), docs/e2e.md "MTP" ---------
 
-MTP_LAYER_SCALE = 0.01
-
 
 def write_mtp_model(root: str, seed: int = 0) -> str:
     """Write a ``MiMoForCausalLM`` target with one MTP layer (``model.mtp_layers.0.*``) under ``root``/mimo; vLLM's
-    ``method="mtp"`` reads the draft from the target's own checkpoint. Returns the model directory."""
+    ``method="mtp"`` reads the draft from the target's own checkpoint. The target is the Llama target's weights
+    (Qwen2's q/k/v biases zero): the same tokens. Returns the model directory."""
     from safetensors.torch import save_file
 
     model_dir = os.path.join(root, "mimo")
     os.makedirs(model_dir, exist_ok=True)
-    config = _llama_config(TARGET_LAYERS, "MiMoForCausalLM")
+    config = _llama_config(1, "MiMoForCausalLM", TARGET_INTER)
     # MiMo's own config class (remote code) is Qwen2Config plus num_nextn_predict_layers; vLLM picks the model by
     # architecture and the MTP draft by it too (SpeculativeConfig.hf_config_override), so plain qwen2 suffices.
     config.update(model_type="qwen2", num_nextn_predict_layers=1, use_sliding_window=False)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(config, f)
-    g = torch.Generator().manual_seed(seed)
+    succ, cls = tables(seed)
     w = {}
-    for name, t in target_weights(g).items():
+    for name, t in target_weights(succ, cls).items():
         w[name] = t
         if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):  # Qwen2 attention has qkv biases
-            w[name.replace(".weight", ".bias")] = (
-                torch.randn(t.shape[0], generator=g) * TARGET_LAYER_SCALE
-            ).contiguous()
-    w.update(mtp_weights(g))
+            w[name.replace(".weight", ".bias")] = torch.zeros(t.shape[0])
+    w.update(mtp_weights(succ, cls))
     save_file(w, os.path.join(model_dir, "model.safetensors"))
     return model_dir
 
 
-def mtp_weights(g: torch.Generator) -> dict[str, torch.Tensor]:
-    # Names as vLLM's MiMoMTP.load_weights maps them: the norms and input_proj at model.mtp_layers.0, the decoder
-    # block's weights beside them (it inserts "mtp_block."). embed_tokens is shared with the target; the MTP layer
-    # reads lm_head.weight from the same checkpoint.
-    # input_proj acts on cat([target hidden, token embedding]); [0, I] passes the sampled token's (normalised)
-    # embedding through, so the draft is the target's "bigram" reading of that token (as eagle_weights' fc).
+def mtp_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The EAGLE head's construction in vLLM's ``MiMoMultiTokenPredictorLayer``: ``input_proj`` acts on
+    cat([hidden_layernorm(previous hidden), token_layernorm(embedding)]); it passes the embedding's EMB, BIAS through
+    and turns the previous hidden state's CUR into the class one-hot in PREV. The block (a Qwen2 decoder layer,
+    names as vLLM's MiMoMTP.load_weights maps them: it inserts "mtp_block.") reads the input token through its own
+    KV cache into CUR and votes as the EAGLE head's MLP; ``final_layernorm`` has weight 0 on CUR, so the layer's own
+    output -- the previous hidden state of every later draft -- carries no class: later drafts fall back to
+    SUCCESSOR[0]. The MiMo target's hidden state carries CUR: first drafts are right for classes EAGLE_CLASSES.
+    vLLM zeroes the embedding at position 0: no feature, all logits 0 there (draft token 0, rejected).
+    embed_tokens and lm_head are the target's (shared)."""
     p = "model.mtp_layers.0"
+    tok = torch.arange(VOCAB)
+    proj = torch.zeros(HIDDEN, 2 * HIDDEN)
+    proj[EMB + tok, HIDDEN + EMB + tok] = 1 / NORM_IN
+    proj[BIAS, HIDDEN + BIAS] = 1 / NORM_IN
+    proj[PREV + cls, CUR + tok] = 1 / NORM_FINAL  # hidden_layernorm: the target's 5 features at NORM_FINAL
+    final = torch.ones(HIDDEN)
+    final[CUR : CUR + VOCAB] = 0
+    gate, up, down = (
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(TARGET_INTER, HIDDEN),
+        torch.zeros(HIDDEN, TARGET_INTER),
+    )
+    known = len(EAGLE_CLASSES)
+    for t in range(VOCAB):
+        for i, j in enumerate(EAGLE_CLASSES):
+            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
+        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
+        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
     w = {
         f"{p}.token_layernorm.weight": torch.ones(HIDDEN),
         f"{p}.hidden_layernorm.weight": torch.ones(HIDDEN),
-        f"{p}.input_proj.weight": torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], dim=1).contiguous(),
-        f"{p}.final_layernorm.weight": torch.ones(HIDDEN),
+        f"{p}.input_proj.weight": proj,
+        f"{p}.final_layernorm.weight": final,
+        f"{p}.input_layernorm.weight": torch.ones(HIDDEN),
+        # the block's input: EMB, BIAS, PREV at 1
+        **_attention(p, _rms_scale(3), [((0, 1.0, FUTURE, False), torch.arange(VOCAB), CUR)]),
+        f"{p}.mlp.gate_proj.weight": gate,
+        f"{p}.mlp.up_proj.weight": up,
+        f"{p}.mlp.down_proj.weight": down,
     }
-    block = _layer(p, g, MTP_LAYER_SCALE)
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        rows = block[f"{p}.self_attn.{proj}.weight"].shape[0]
-        block[f"{p}.self_attn.{proj}.bias"] = (torch.randn(rows, generator=g) * MTP_LAYER_SCALE).contiguous()
-    w.update(block)
+    for proj_name in ("q_proj", "k_proj", "v_proj"):
+        rows = w[f"{p}.self_attn.{proj_name}.weight"].shape[0]
+        w[f"{p}.self_attn.{proj_name}.bias"] = torch.zeros(rows)
     return w

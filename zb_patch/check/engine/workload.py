@@ -25,6 +25,7 @@ class Workload:
     # tokens preempt others
     num_gpu_blocks: int = 3
     seed: int = 0
+    extreme_prompts: bool = False  # requests 0 and 1 get min_prompt and max_prompt tokens
 
     def requests(self, vocab: int, first_id: int = 3) -> list[tuple[list[int], int]]:
         """(prompt token ids, max_tokens) per request; a few ask for more than max_model_len allows."""
@@ -32,6 +33,8 @@ class Workload:
         out = []
         for i in range(self.num_requests):
             n = rng.randint(self.min_prompt, self.max_prompt)
+            if self.extreme_prompts and i < 2:
+                n = (self.min_prompt, self.max_prompt)[i]
             prompt = [rng.randrange(first_id, vocab) for _ in range(n)]
             want = rng.randint(self.min_tokens, self.max_tokens)
             if i % 5 == 4:  # runs into max_model_len
@@ -44,6 +47,21 @@ class Workload:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+# The CI workload (k = 2 runs, planted mistakes; 10 requests: the second one that runs into max_model_len is
+# preempted) and the larger one of issue item 4 (E2E_BIG=1)
+CI = Workload(num_requests=10)
+BIG = Workload(
+    num_requests=48,
+    max_prompt=300,
+    max_tokens=60,
+    max_model_len=384,
+    max_num_batched_tokens=64,
+    max_num_seqs=8,
+    num_gpu_blocks=18,  # 14-19 preemptions at k = 1..4 (6 blocks: 179 at k = 2, 3x the scheduled tokens)
+    extreme_prompts=True,
+)
 
 
 def summarize(name: str, result: dict) -> dict:
