@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -186,7 +187,7 @@ def _positional_qk(distance: int, peak: float, future: int, future_wins: bool) -
     return torch.cat([zq.real, zq.imag]).float(), torch.cat([zk, torch.zeros_like(zk)]).float()
 
 
-def _attention(prefix: str, norm: float, heads: list[tuple[tuple[int, int, float], torch.Tensor, int]]):
+def _attention(prefix: str, norm: float, heads: list[tuple[tuple[int, float, int, bool], torch.Tensor, int]]):
     """One entry per head: (score_kernel's arguments, value rows [VOCAB] (which value dim each token
     id's EMB feature goes to), the residual dim its value dim 0 is added to). ``norm``: the scale of the layer's
     (normalised) input features."""
@@ -210,7 +211,7 @@ def _attention(prefix: str, norm: float, heads: list[tuple[tuple[int, int, float
     }
 
 
-def _and_unit(gate, up, down, unit: int, features: list[tuple[int, float]], threshold: float, out: int):
+def _and_unit(gate, up, down, unit: int, features: Sequence[tuple[int, float]], threshold: float, out: int):
     """SwiGLU unit writing 1 into residual dim ``out`` iff sum(weight * feature) > threshold, where features are
     0 or 1 (normalised by NORM_MLP) and the sum sits at least 0.5 away from the threshold."""
     for dim, weight in features:
