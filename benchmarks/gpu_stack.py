@@ -129,6 +129,15 @@ PACKAGES: dict[str, str] = {
     "hpack": "h2",
     "hyperframe": "h2",
     "jmespath": "imported by the 0.23 engine process (va023-e2e)",
+    # 0.23: vllm_ascend.patch.platform.patch_glm_tool_call_streaming imports vLLM's OpenAI chat serving
+    "mistral-common": "vllm.tool_parsers.mistral_tool_parser (0.23)",
+    "pydantic-extra-types": "mistral_common",
+    "pycountry": "pydantic_extra_types",
+    "tiktoken": "mistral_common.tokens",
+    "jsonschema": "mistral_common",
+    "jsonschema-specifications": "jsonschema",
+    "referencing": "jsonschema",
+    "rpds-py": "referencing",
     # imported on the 0.13 path only (the same listing against va013-e2e)
     "blake3": "vllm.utils.hashing (0.13)",
     "interegular": "lmformatenforcer (0.13)",
@@ -170,6 +179,7 @@ KEEP_TRANSFORMERS_MODELS = (
     "deepseek_v3",
     "encoder_decoder",
     "gemma3",
+    "glm4_moe",  # 0.23: vllm_ascend.patch.worker.patch_gqa_c8 imports vLLM's glm4_moe model, which imports its config
     "llama",
     "qwen2",
     "qwen2_5_vl",
