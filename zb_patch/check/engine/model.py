@@ -252,6 +252,20 @@ def target_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Ten
     }
 
 
+def _draft_vote_mlp(succ: torch.Tensor, inter: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A drafter's MLP (gate, up, down; ``inter`` units): for the input token t (CUR) and a class j of EAGLE_CLASSES
+    in PREV it votes SUCCESSOR[j][t], for any other class SUCCESSOR[0][t]. Shared by the EAGLE head and the MTP
+    layer."""
+    gate, up, down = torch.zeros(inter, HIDDEN), torch.zeros(inter, HIDDEN), torch.zeros(HIDDEN, inter)
+    known = len(EAGLE_CLASSES)
+    for t in range(VOCAB):
+        for i, j in enumerate(EAGLE_CLASSES):
+            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
+        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
+        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
+    return gate, up, down
+
+
 def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
     """EAGLE checkpoints name weights without the "model." prefix; embed_tokens and lm_head are shared with the
     target (vLLM shares them when the checkpoint has none); layer 0 has no input_layernorm and there is no final
@@ -268,17 +282,7 @@ def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tens
     fc[BIAS, BIAS] = 1
     fc[PREV + cls, HIDDEN + CUR + tok] = 1 / NORM_FINAL
     # the layer's MLP input: EMB, BIAS, CUR, PREV at 1 -- the same normalisation as the target's
-    gate, up, down = (
-        torch.zeros(EAGLE_INTER, HIDDEN),
-        torch.zeros(EAGLE_INTER, HIDDEN),
-        torch.zeros(HIDDEN, EAGLE_INTER),
-    )
-    known = len(EAGLE_CLASSES)
-    for t in range(VOCAB):
-        for i, j in enumerate(EAGLE_CLASSES):
-            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
-        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
-        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
+    gate, up, down = _draft_vote_mlp(succ, EAGLE_INTER)
     down *= NORM_FINAL
     w = {"fc.weight": fc}
     # head 0 scores its key 1 above every other, keys ahead included: the head's drafting passes see entries of
@@ -340,17 +344,7 @@ def mtp_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor
     proj[PREV + cls, CUR + tok] = 1 / NORM_FINAL  # hidden_layernorm: the target's 5 features at NORM_FINAL
     final = torch.ones(HIDDEN)
     final[CUR : CUR + VOCAB] = 0
-    gate, up, down = (
-        torch.zeros(TARGET_INTER, HIDDEN),
-        torch.zeros(TARGET_INTER, HIDDEN),
-        torch.zeros(HIDDEN, TARGET_INTER),
-    )
-    known = len(EAGLE_CLASSES)
-    for t in range(VOCAB):
-        for i, j in enumerate(EAGLE_CLASSES):
-            _and_unit(gate, up, down, t * (known + 1) + i, [(CUR + t, 1), (PREV + j, 1)], 1.5, VOTE + int(succ[j, t]))
-        fallback = [(CUR + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
-        _and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]))
+    gate, up, down = _draft_vote_mlp(succ, TARGET_INTER)
     w = {
         f"{p}.token_layernorm.weight": torch.ones(HIDDEN),
         f"{p}.hidden_layernorm.weight": torch.ones(HIDDEN),
