@@ -350,9 +350,9 @@ class ZeroBubble:
     def _launch_corrections(self, runner: Any, b: Buffers, n: int, total: int, valid_gpu: Any, num_prev: int) -> None:
         """The device correction's launches (zb-patch's token-count and slot-mapping kernels) for ``n`` rows and
         ``total`` tokens whose inputs are queued in ``b``."""
-        from .. import zero_bubble
-
         if self.count_base == "cpu":
+            from .. import zero_bubble
+
             zero_bubble.correct_counts(
                 b.num_computed,
                 None,
