@@ -37,6 +37,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 import traceback
@@ -60,6 +62,9 @@ PROBE_ENV, SYNC_ENV, PROFILE_ENV, DRY_ENV, DEVICE_MS_ENV = (
 # "1": zb-patch's start-up compilation (ZeroBubble.compile_kernels) does nothing, the rest of zero-bubble runs (the
 # patch cannot be left out alone: ZB_PATCH_DISABLE of one patch leaves out its whole group)
 NO_START_COMPILE_ENV = "ZB_BENCH_NO_START_COMPILE"
+# "1": an experiment on classic async scheduling (no zb-patch): vLLM's synchronize_input_prep protocol added alone
+# (see _add_input_prep_wait)
+INPUT_PREP_WAIT_ENV = "ZB_BENCH_INPUT_PREP_WAIT"
 PHASES = ("pre", "prep", "zb-wait", "forward", "post", "sample")
 
 
@@ -87,6 +92,27 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--no-warmup", action="store_true", help="skip the short run that fills Triton's kernel cache")
     ap.add_argument("--no-reference", action="store_true", help="skip transformers' greedy reference run")
+    ap.add_argument(
+        "--models",
+        metavar="ARCHIVE",
+        help="the tiny models (target + EAGLE head, MiMo + MTP) as a .tar.xz written by --write-models (the box "
+        "has no scipy, which writing the constructed model needs); by default they are written here",
+    )
+    ap.add_argument(
+        "--selftest",
+        metavar="KS",
+        help="instead of (a)-(c): zb-patch selftest --engine (the product's comparison; tests/engine/run_engine.py as "
+        "the engine child, the NPU ops emulated on CUDA) at these k (comma-separated) on --workload, per drafter of "
+        "--drafters; no probes. Writes $OUT/selftest-<drafter>-k<k>.{json,md}",
+    )
+    ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
+    ap.add_argument("--jobs", type=int, default=4, help="--selftest: k values run at a time (3 engines each)")
+    ap.add_argument(
+        "--write-models",
+        metavar="ARCHIVE",
+        help="write the tiny models (zb_patch.check.engine.model.write_models, write_mtp_model) into ARCHIVE (.tar.xz) "
+        "and stop: run where scipy is installed (a va0XX tox env), carry the archive to the box",
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
     ap.add_argument(
         "--budget",
@@ -102,6 +128,8 @@ def main(argv: list[str]) -> int:
         "script, the stack and the probes, not the numbers)",
     )
     args = ap.parse_args(argv)
+    if args.write_models:
+        return _write_models_archive(args.write_models)
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
     report: dict = {"schema": "zb-patch-bench-engine-gpu/1", "argv": argv, "device_ms": args.device_ms}
@@ -138,10 +166,18 @@ def main(argv: list[str]) -> int:
     if not device.get("available"):
         return _finish(args.out, report, ["no usable CUDA device / the stack does not import: see device"])
 
+    if args.selftest:
+        wl = Workload(**json.loads(args.workload))
+        return _selftest(run, wl, args, deadline - time.monotonic())
     wl = Workload(**{**json.loads(args.workload), "num_speculative_tokens": args.k})
     report["workload"] = wl.to_json()
     models = os.path.join(args.out, "models")
-    write_models(models)
+    if args.models:
+        shutil.rmtree(models, ignore_errors=True)
+        with tarfile.open(args.models) as tar:
+            tar.extractall(args.out, filter="data")  # the archive holds models/target and models/eagle
+    else:
+        write_models(models)
     runs_dir = os.path.join(args.out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     failures: list[str] = []
@@ -189,6 +225,50 @@ def main(argv: list[str]) -> int:
         report["vs_transformers"] = {n: divergences(ref, res, fields=("tokens",)) for n, res in results.items()}
     report["seconds"] = round(time.monotonic() - started, 1)
     return _finish(args.out, report, failures)
+
+
+def _selftest(run, wl, args, seconds: float) -> int:
+    """``zb-patch selftest --engine`` on the box, one report per (drafter, k); ``--jobs`` of them at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not args.models:
+        print("--selftest needs --models (the box cannot write the constructed model)", file=sys.stderr)
+        return 2
+    os.environ[run.CHILD_ENV] = os.path.join(REPO, "tests", "engine", "run_engine.py")
+    # the models come from the archive: unpacked where run_engine_selftest writes them (its keep folder)
+    run.write_models = run.write_mtp_model = lambda root, seed=0: None
+
+    def one(drafter: str, k: int) -> str:
+        keep = os.path.join(args.out, f"selftest-{drafter}-k{k}")
+        with tarfile.open(args.models) as tar:
+            tar.extractall(keep, filter="data")
+        started = time.monotonic()
+        with open(os.path.join(keep, "progress.log"), "w") as log:
+            report = run.run_engine_selftest(wl, [k], parallel=3, keep=keep, log=log, drafter=drafter)
+        report["seconds"] = round(time.monotonic() - started, 1)
+        for ext, text in (("json", json.dumps(report, indent=2)), ("md", run.render(report))):
+            with open(f"{keep}.{ext}", "w") as fh:
+                fh.write(text + "\n")
+        return f"{drafter} k={k}: {report['verdict']} ({report['seconds']:.0f} s)"
+
+    jobs = [(d, int(k)) for d in args.drafters.split(",") for k in args.selftest.split(",")]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, d, k) for d, k in jobs]
+        for f in futures:
+            print(f.result(timeout=max(1.0, seconds)), flush=True)
+    return 0
+
+
+def _write_models_archive(archive: str) -> int:
+    from zb_patch.check.engine.model import write_models, write_mtp_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_models(os.path.join(tmp, "models"))
+        write_mtp_model(os.path.join(tmp, "models"))
+        with tarfile.open(archive, "w:xz") as tar:
+            tar.add(os.path.join(tmp, "models"), arcname="models")
+    print(f"wrote {archive} ({os.path.getsize(archive)} bytes)", file=sys.stderr)
+    return 0
 
 
 def _run(run, name, models, runs_dir, wl, flags, timeout):
@@ -382,12 +462,52 @@ def child_main(argv: list[str]) -> int:
             profile_steps,
             float(os.environ.get(DEVICE_MS_ENV) or 0.0),
         )
+    after_build = probes.install if probes else None
+    if os.environ.get(INPUT_PREP_WAIT_ENV) == "1":
+        if os.environ.get("ZB_PATCH") == "1":
+            raise SystemExit(f"{INPUT_PREP_WAIT_ENV}=1 is an experiment on classic async scheduling, without ZB_PATCH")
+        after_build = _chain(_add_input_prep_wait, after_build)
     return child.main(
         rest,
         llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
-        after_build=probes.install if probes else None,
+        after_build=after_build,
         device=_device,
     )
+
+
+def _chain(first, then):
+    def both():
+        out = first()
+        return {**out, **then()} if then else out
+
+    return both
+
+
+def _add_input_prep_wait() -> dict:
+    """vLLM's ``synchronize_input_prep`` protocol, which vllm-ascend 0.13's ``execute_model`` lacks, added alone to
+    the release's runner: ``_update_states`` first waits for an event recorded after the previous step's
+    ``_prepare_inputs`` queued its non-blocking host-to-device copies, so the reused pinned host buffers are not
+    rewritten under a copy still queued (what zb-patch's ascend-0.13 adapter does with ``prepare_inputs_event``).
+    Tells whether the classic async crash on the GPU box (docs/benchmarks.md) is that race."""
+    import torch
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    cls = NPUModelRunner
+    update_states, prepare_inputs = cls._update_states, cls._prepare_inputs
+    event = torch.cuda.Event()  # never recorded before the first step: synchronize() returns at once
+
+    def _update_states(runner, *args, **kwargs):
+        event.synchronize()
+        return update_states(runner, *args, **kwargs)
+
+    def _prepare_inputs(runner, *args, **kwargs):
+        try:
+            return prepare_inputs(runner, *args, **kwargs)
+        finally:
+            event.record()
+
+    cls._update_states, cls._prepare_inputs = _update_states, _prepare_inputs
+    return {"input_prep_wait": True}
 
 
 def _device() -> dict:

@@ -17,7 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
 sys.path.insert(0, HERE)
 
-EMULATED_DEVICE = {"available": True, "name": "CPU emulation of the NPU ops (tests/support/npu_ops)", "count": 1}
+ON = "CUDA" if os.environ.get("NPU_STANDIN_DEVICE") == "cuda" else "CPU"  # tests/support/npu_engine
+EMULATED_DEVICE = {"available": True, "name": f"{ON} emulation of the NPU ops (tests/support/npu_ops)", "count": 1}
 
 
 def main(argv: list[str]) -> int:

@@ -82,6 +82,28 @@ def test_count_difference_of_a_request_preempted_only_in_async_is_a_note():
     assert failures == ["async+zb vs sync: 0 accepted: 6 vs 5", "async+zb vs async: 0 accepted: 6 vs 5"]
 
 
+def test_count_difference_of_a_request_preempted_as_often_in_both_is_a_note():
+    """The big workload on vLLM 0.18 (k = 1, CPU): request 13 was preempted once in sync and in async, and async
+    verified one draft less; async scheduling decides before the step in flight returns, so it preempts at another
+    moment. A request never preempted still fails."""
+    runs = _runs()
+    for name in runs:
+        runs[name]["preemptions"] = {"1": 1}
+    for name in ("async", "async+zb"):
+        runs[name]["drafted"]["1"] = 9
+    assert compare(runs, WL) == (
+        [],
+        [
+            "async vs sync: 1 drafted: 10 vs 9 (preempted 1 vs 1 times)",
+            "async+zb vs sync: 1 drafted: 10 vs 9 (preempted 1 vs 1 times)",
+        ],
+    )
+    for name in ("async", "async+zb"):
+        runs[name]["drafted"]["2"] = 9
+    failures, _ = compare(runs, WL)
+    assert failures == ["async vs sync: 2 drafted: 10 vs 9", "async+zb vs sync: 2 drafted: 10 vs 9"]
+
+
 @pytest.mark.parametrize(
     ("run", "state", "expected"),
     [
@@ -133,3 +155,9 @@ def test_the_child_launcher_variable_leaves_zb_patch_on():
 
     settings = Settings({"ZB_PATCH": "1", CHILD_ENV: "tests/engine/run_engine.py"})
     assert settings.errors == [] and settings.enabled
+
+
+def test_limit_every_picks_the_requests_that_run_into_max_model_len():
+    assert Workload(num_requests=10).reaches_max_model_len(VOCAB) == {"4", "9"}
+    assert Workload(num_requests=10, limit_every=0).reaches_max_model_len(VOCAB) == set()
+    assert Workload(num_requests=10, limit_every=3).reaches_max_model_len(VOCAB) == {"2", "5", "8"}
