@@ -488,7 +488,7 @@ def _add_input_prep_wait() -> dict:
     the release's runner: ``_update_states`` first waits for an event recorded after the previous step's
     ``_prepare_inputs`` queued its non-blocking host-to-device copies, so the reused pinned host buffers are not
     rewritten under a copy still queued (what zb-patch's ascend-0.13 adapter does with ``prepare_inputs_event``).
-    Tells whether the classic async crash on the GPU box (docs/benchmarks.md) is that race."""
+    Tells whether a classic async crash on the GPU box (docs/benchmarks.md) is that race."""
     import torch
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 

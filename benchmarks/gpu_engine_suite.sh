@@ -8,7 +8,7 @@
 #            step is device-bound: tokens and counts, synchronisation in the prep window, host and device time
 #   race-*   classic async (no zb-patch), k = 3, host-bound, against transformers' tokens: as released, with vLLM's
 #            synchronize_input_prep wait added alone (bench_engine_gpu's ZB_BENCH_INPUT_PREP_WAIT=1), and with
-#            CUDA_LAUNCH_BLOCKING=1 (no host/device overlap): vllm-ascend 0.13's classic async crash, traced
+#            CUDA_LAUNCH_BLOCKING=1 (no host/device overlap): is a classic async crash a race? (docs/benchmarks.md)
 # Writes $OUT/summary.md (every report) and $OUT/suite.tgz (every run's result, log, probe and trace).
 # Usage (repo root, on the box): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS] [KS] [PARTS]
 #   KS: the k of the device-bound runs, "3 1" by default (each k: ~3 min on an H100)

@@ -8,7 +8,7 @@ workload, and with the MTP drafter (``--drafter mtp``: MiMo target + its own MTP
 and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must do what the release's
 ``EXPECTED`` entry says (docs/e2e.md, "Planted mistakes").
 
-E2E_BIG=1 runs the larger workload (more requests, longer prompts).
+E2E_BIG=1 runs the larger workload (BIG_NO_LIMIT: 48 requests, longer prompts, more preemptions).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
 from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, decode_counts, run_all, run_config  # noqa: E402
-from zb_patch.check.engine.workload import BIG, CI, Workload, divergences, summarize, table  # noqa: E402
+from zb_patch.check.engine.workload import BIG_NO_LIMIT, CI, Workload, divergences, summarize, table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _kept_results(keep: str, k: int, suffix: str = "plain") -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def selftest(tmp_path_factory):
     """The operator's command on the main workload (k = 2); its runs' results are kept for the tests below."""
-    wl = BIG if os.environ.get("E2E_BIG") else CI
+    wl = BIG_NO_LIMIT if os.environ.get("E2E_BIG") else CI
     keep = str(tmp_path_factory.mktemp("selftest"))
     rc, report = _selftest_cli(wl, [wl.num_speculative_tokens], keep)
     return wl, rc, report, keep
@@ -259,10 +259,12 @@ def test_async_matches_sync(runs, name):
     prompt tokens: test_drafts_verified_with_prompt_tokens_only_in_sync_on_013."""
     wl, res = runs
     at_limit = wl.reaches_max_model_len(tiny_model.VOCAB)
-    assert at_limit, "the workload must contain requests that reach max_model_len"
+    assert at_limit or not wl.limit_every, "the workload must contain requests that reach max_model_len"
+    # preempted in either run: async scheduling preempts at other moments (run.compare's notes)
+    preempted = set(res["sync"]["preemptions"]) | set(res[name]["preemptions"])
     assert divergences(res["sync"], res[name], fields=("tokens",)) == []
     counts = divergences(decode_counts(res["sync"]), decode_counts(res[name]), fields=("drafted", "accepted"))
-    assert [d for d in counts if d.split()[0] not in at_limit] == []
+    assert [d for d in counts if d.split()[0] not in at_limit | preempted] == []
 
 
 def test_zero_bubble_matches_classic_async_exactly(runs):
