@@ -111,9 +111,10 @@ def compare(runs: dict[str, dict], wl: Workload) -> tuple[list[str], list[str]]:
     scheduling differ with and without zb-patch alike (docs/e2e.md, "Findings"): at ``max_model_len`` the sync
     scheduler verifies one draft more; async scheduling reserves KV blocks for the optimistic tokens and schedules
     before the step in flight has returned, so it preempts at other moments (or other requests) than sync, and a
-    preempted request recomputes its tokens and verifies other drafts afterwards; vLLM 0.13's sync scheduler verifies
-    drafts together with a request's last prompt chunk, which async scheduling never does. Tokens must be equal
-    everywhere, and zb-patch must equal classic async in every field.
+    preempted request recomputes its tokens and verifies other drafts afterwards. vLLM 0.13's sync scheduler verifies
+    drafts together with a request's last prompt chunk, which async scheduling never does: those are counted apart,
+    and a request that has them in either run is a note too (the draft sync accepted with its prompt, async accepts
+    in a decode step). Tokens must be equal everywhere, and zb-patch must equal classic async in every field.
     """
     failures: list[str] = []
     notes: list[str] = []
@@ -128,10 +129,13 @@ def compare(runs: dict[str, dict], wl: Workload) -> tuple[list[str], list[str]]:
     for name in ("async", "async+zb"):
         failures += [f"{name} vs sync: {d}" for d in divergences(sync, runs[name], fields=("tokens",))]
         preempted = _preempted(sync, runs[name])
+        with_prompt = _drafts_with_prompt(sync, runs[name])
         for d in divergences(decode_counts(sync), decode_counts(runs[name]), fields=("drafted", "accepted")):
             request = d.split()[0]
             if request in preempted:
                 notes.append(f"{name} vs sync: {d} (preempted {preempted[request]})")
+            elif request in with_prompt:
+                notes.append(f"{name} vs sync: {d} (drafts verified with prompt tokens: {with_prompt[request]})")
             else:
                 (notes if request in at_limit else failures).append(f"{name} vs sync: {d}")
     failures += [f"async+zb vs async: {d}" for d in divergences(runs["async"], runs["async+zb"])]
@@ -150,6 +154,14 @@ def _preempted(sync: dict, other: dict) -> dict[str, str]:
     """Requests preempted in ``sync`` or in ``other``: {request: "a vs b times"}."""
     a, b = sync.get("preemptions", {}), other.get("preemptions", {})
     return {r: f"{a.get(r, 0)} vs {b.get(r, 0)} times" for r in sorted(set(a) | set(b)) if a.get(r, 0) or b.get(r, 0)}
+
+
+def _drafts_with_prompt(sync: dict, other: dict) -> dict[str, str]:
+    """Requests with drafts verified together with prompt tokens in ``sync`` or ``other`` (vLLM 0.13's sync
+    scheduler: a draft it verifies with the last prompt chunk, async scheduling verifies in a decode step):
+    {request: "a vs b"}."""
+    a, b = sync.get("drafted_in_prefill", {}), other.get("drafted_in_prefill", {})
+    return {r: f"{a.get(r, 0)} vs {b.get(r, 0)}" for r in sorted(set(a) | set(b)) if a.get(r, 0) or b.get(r, 0)}
 
 
 def decode_counts(result: dict) -> dict:
