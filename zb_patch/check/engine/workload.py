@@ -65,8 +65,8 @@ BIG = Workload(
     extreme_prompts=True,
 )
 # BIG without requests at max_model_len, on 8 KV blocks (20-37 preemptions at k = 1..4): at k >= 2 on BIG, vLLM
-# 0.13 / 0.18 async scheduling (with and without zb-patch) feeds a stale -1 draft placeholder to the model when a
-# request at the limit skipped a step (docs/e2e.md, "Findings"), so the k = 1..4 table runs this one
+# 0.18's async scheduling (with and without zb-patch) feeds a stale -1 draft placeholder to the model when a request
+# at the limit skipped a step (docs/e2e.md, "Findings"), so the k = 1..4 table runs this one
 BIG_NO_LIMIT = replace(BIG, limit_every=0, num_gpu_blocks=8)
 
 
