@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         metavar="KS",
         help="instead of (a)-(c): zb-patch selftest --engine (the product's comparison; tests/engine/run_engine.py as "
         "the engine child, the NPU ops emulated on CUDA) at these k (comma-separated) on --workload, per drafter of "
-        "--drafters; no probes. Writes $OUT/selftest-<drafter>-k<k>.{json,md}",
+        "--drafters; no probes. Writes $OUT/selftest-<drafter>-k<k>.{json,md} and each engine's log in that folder",
     )
     ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
     ap.add_argument("--jobs", type=int, default=4, help="--selftest: k values run at a time (3 engines each)")
@@ -237,6 +237,16 @@ def _selftest(run, wl, args, seconds: float) -> int:
     os.environ[run.CHILD_ENV] = os.path.join(REPO, "tests", "engine", "run_engine.py")
     # the models come from the archive: unpacked where run_engine_selftest writes them (its keep folder)
     run.write_models = run.write_mtp_model = lambda root, seed=0: None
+    run_config = run.run_config
+
+    def run_config_keeping_stderr(name, models, out_dir, wl, *args, **kwargs):
+        # each engine's whole log beside its result (the report keeps only a failure's tail)
+        r = run_config(name, models, out_dir, wl, *args, **kwargs)
+        with open(os.path.join(out_dir, f"{r.tag}.stderr"), "w") as fh:
+            fh.write(r.stderr)
+        return r
+
+    run.run_config = run_config_keeping_stderr
 
     def one(drafter: str, k: int) -> str:
         keep = os.path.join(args.out, f"selftest-{drafter}-k{k}")

@@ -74,6 +74,23 @@ def test_reshape_and_cache_writes_slots_and_skips_padding():
         )
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_reshape_and_cache_refuses_a_slot_past_the_cache(monkeypatch, checked):
+    """One slot past the end (a block's last slot + 1 in the last block) raises, the checked mode naming it; the
+    cache is left as it was."""
+    monkeypatch.setenv("NPU_OPS_CHECK_SLOTS", "1" if checked else "0")
+    kc, vc = torch.full((2, 4, 1, 2), 7.0), torch.full((2, 4, 1, 2), 7.0)
+    slots = torch.tensor([3, 8], dtype=torch.int32)
+    past = r"slots \[8\] of tokens \[1\] \(of 2\) are past the cache's 8 slots \(2 blocks of 4\)"
+    caller = r"; called from test_npu_ops.py:\d+ test_reshape_and_cache_refuses_a_slot_past_the_cache"
+    match = past + caller if checked else "index"
+    with pytest.raises(IndexError, match=match):
+        kv_cache._npu_reshape_and_cache(
+            key=rnd(2, 1, 2), value=rnd(2, 1, 2), key_cache=kc, value_cache=vc, slot_indices=slots
+        )
+    assert torch.equal(kc, torch.full_like(kc, 7.0)) and torch.equal(vc, torch.full_like(vc, 7.0))
+
+
 def test_rotary_embedding_neox_matches_loop():
     """vLLM's RoPE (NeoX halves) from its definition: angle = position * base ** (-2 i / head_size)."""
     tokens, heads, kv_heads, d, base = 3, 2, 1, 8, 10000.0

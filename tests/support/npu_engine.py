@@ -12,6 +12,11 @@ so the release's asynchrony is real.
 from __future__ import annotations
 
 WORKER_CLS = "npu_worker_double.CpuNPUWorker"
+# the release modules that allocate NPU tensors with pin_memory=True (npu_engine.install, CUDA stand-in)
+PROPOSERS_WITH_PINNED_DEVICE_ZEROS = (
+    "vllm_ascend.spec_decode.eagle_proposer",  # 0.18
+    "vllm_ascend.spec_decode.llm_base_proposer",  # 0.23
+)
 
 _installed = False
 
@@ -64,15 +69,29 @@ def install() -> None:
         NPUPlatform.get_current_memory_usage = classmethod(_cuda_memory_usage)
     npu_ops.bind(torch_npu)
     if device == "cuda":
-        # vllm-ascend 0.18's EAGLE proposer allocates a device tensor with pin_memory=<runner.pin_memory>
-        # (torch.zeros(..., device=device, pin_memory=...)); the NPU accepts that, torch's CUDA factory refuses it
-        # ("Only dense CPU tensors can be pinned"). Its module sees a torch whose zeros leaves device tensors unpinned.
-        # vllm_ascend.ops first, as the worker imports it: from 0.23 on, importing spec_decode before it runs into
-        # the ops <-> device_op import cycle.
-        import vllm_ascend.ops  # noqa: F401
-        import vllm_ascend.spec_decode.eagle_proposer as eagle_proposer
+        # vllm-ascend's proposers allocate device tensors with pin_memory=<runner.pin_memory> (0.18:
+        # eagle_proposer, 0.23: llm_base_proposer, `torch.zeros(..., device=device, pin_memory=...)`). torch_npu's
+        # zeros for the NPU (op-plugin's op_api::zeros, the default on 910B-class SoCs) allocates through
+        # OpPreparation's apply_tensor_use_empty, which passes pin_memory=false: an ordinary device tensor. torch's
+        # CUDA factory refuses the flag ("Only dense CPU tensors can be pinned"); those modules see a torch whose zeros
+        # leaves device tensors unpinned. vllm_ascend.ops first, as the worker imports it: from 0.23 on, importing
+        # spec_decode before it runs into the ops <-> device_op import cycle.
+        import importlib
 
-        eagle_proposer.torch = _DeviceTensorsUnpinned(torch)
+        import vllm_ascend.ops  # noqa: F401
+
+        for name in PROPOSERS_WITH_PINNED_DEVICE_ZEROS:
+            try:
+                proposer = importlib.import_module(name)
+            except ModuleNotFoundError:
+                continue
+            proposer.torch = _DeviceTensorsUnpinned(torch)
+        if family == "0.13":
+            import vllm_ascend.sample.rejection_sampler as rejection_sampler
+
+            rejection_sampler.rejection_greedy_sample_with_triton = _counts_after_a_guard_element(
+                rejection_sampler.rejection_greedy_sample_with_triton
+            )
     # vLLM inspects model classes in a fresh interpreter, which needs the stand-in too (it loads all plugins).
     import sys
 
@@ -96,6 +115,22 @@ class _DeviceTensorsUnpinned:
         if pin_memory and device is not None and self._torch.device(device).type != "cpu":
             pin_memory = False
         return self._torch.zeros(*size, device=device, pin_memory=pin_memory, **kwargs)
+
+
+def _counts_after_a_guard_element(launch):
+    """vllm-ascend 0.13.0's ``rejection_greedy_sample_with_triton`` for the CUDA stand-in. Its kernel loads
+    ``cu_num_draft_tokens[offset - 1]`` for offset 0 too, unmasked (``tl.where`` discards the value; vllm-ascend #8531
+    clamps the index from 0.18.0 on). On CUDA that read faults whenever the tensor begins a caching-allocator segment
+    (illegal memory access, sporadic, k >= 2). The launcher gets the same counts as a view one element into a buffer of
+    its own, so the stray read stays in owned memory; kernel, arguments and results are the release's."""
+
+    def launch_guarded(output_token_ids, num_draft_tokens, cu_num_draft_tokens, *args):
+        buffer = cu_num_draft_tokens.new_zeros(cu_num_draft_tokens.numel() + 1)
+        buffer[1:].copy_(cu_num_draft_tokens)
+        return launch(output_token_ids, num_draft_tokens, buffer[1:], *args)
+
+    launch_guarded.__wrapped__ = launch
+    return launch_guarded
 
 
 def _pageable(self, *args, **kwargs):

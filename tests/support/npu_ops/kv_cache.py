@@ -11,9 +11,17 @@ Written without boolean indexing, which would make the host wait for the device 
 GPU box runs it): every token scatters into slot ``max(slot, 0)`` by accumulation, padding tokens with zeros, and a
 slot takes its scattered value when a non-padding token targets it (the non-padding tokens of one call target
 distinct slots: one token per slot).
+
+A slot at or past the cache's end is outside the op's semantics (ATB would write past the cache): the scatter raises
+(``IndexError`` on CPU, a device-side assert on CUDA, reported asynchronously). ``NPU_OPS_CHECK_SLOTS=1`` checks
+first and raises ``IndexError`` naming the slots and the caller's stack, at the cost of one host wait per call (a
+debugging switch for the GPU box, where the assert names no values).
 """
 
 from __future__ import annotations
+
+import os
+import traceback
 
 import torch
 
@@ -41,6 +49,17 @@ def _npu_reshape_and_cache(
         raise unsupported(op, f"slot_indices shape {tuple(slot_indices.shape)} for {key.shape[0]} tokens")
     num_slots = key_cache.shape[0] * key_cache.shape[1]
     slots = slot_indices.long()
+    if os.environ.get("NPU_OPS_CHECK_SLOTS") == "1":
+        past = (slots >= num_slots).nonzero().view(-1).tolist()  # waits for the device
+        if past:
+            callers = " < ".join(
+                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                for f in reversed(traceback.extract_stack()[-9:-1])
+            )
+            raise IndexError(
+                f"{op}: slots {slots[past].tolist()} of tokens {past} (of {slots.numel()}) are past the cache's "
+                f"{num_slots} slots ({key_cache.shape[0]} blocks of {key_cache.shape[1]}); called from {callers}"
+            )
     keep = slots >= 0
     target = slots.clamp(min=0)
     written = torch.zeros(num_slots, dtype=torch.int32, device=slots.device)
