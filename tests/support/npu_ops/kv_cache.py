@@ -52,10 +52,9 @@ def _npu_reshape_and_cache(
     if os.environ.get("NPU_OPS_CHECK_SLOTS") == "1":
         past = (slots >= num_slots).nonzero().view(-1).tolist()  # waits for the device
         if past:
-            callers = " < ".join(
-                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
-                for f in reversed(traceback.extract_stack()[-9:-1])
-            )
+            # the release's frames (torch's module-call plumbing left out), innermost first
+            frames = [f for f in traceback.extract_stack()[:-1] if f"{os.sep}torch{os.sep}" not in f.filename]
+            callers = " < ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames[-14:]))
             raise IndexError(
                 f"{op}: slots {slots[past].tolist()} of tokens {past} (of {slots.numel()}) are past the cache's "
                 f"{num_slots} slots ({key_cache.shape[0]} blocks of {key_cache.shape[1]}); called from {callers}"
