@@ -120,9 +120,10 @@ class _DeviceTensorsUnpinned:
 def _counts_after_a_guard_element(launch):
     """vllm-ascend 0.13.0's ``rejection_greedy_sample_with_triton`` for the CUDA stand-in. Its kernel loads
     ``cu_num_draft_tokens[offset - 1]`` for offset 0 too, unmasked (``tl.where`` discards the value; vllm-ascend #8531
-    clamps the index from 0.18.0 on). On CUDA that read faults whenever the tensor begins a caching-allocator segment
-    (illegal memory access, sporadic, k >= 2). The launcher gets the same counts as a view one element into a buffer of
-    its own, so the stray read stays in owned memory; kernel, arguments and results are the release's."""
+    clamps the index from 0.18.0 on). On CUDA that read can fault where nothing is mapped just before the tensor's
+    allocation (illegal memory access, sporadic, k >= 2). The launcher gets the same counts as a view one element
+    into a buffer of its own, so the stray read stays in owned memory; kernel, arguments and results are the
+    release's."""
 
     def launch_guarded(output_token_ids, num_draft_tokens, cu_num_draft_tokens, *args):
         buffer = cu_num_draft_tokens.new_zeros(cu_num_draft_tokens.numel() + 1)
