@@ -109,7 +109,10 @@ class _DeviceTensorsUnpinned:
         self._torch = torch_module
 
     def __getattr__(self, name):
-        return getattr(self._torch, name)
+        # looked up once: the proposer reads torch.<name> in every step
+        value = getattr(self._torch, name)
+        setattr(self, name, value)
+        return value
 
     def zeros(self, *size, device=None, pin_memory=False, **kwargs):
         if pin_memory and device is not None and self._torch.device(device).type != "cpu":
@@ -126,7 +129,7 @@ def _counts_after_a_guard_element(launch):
     release's."""
 
     def launch_guarded(output_token_ids, num_draft_tokens, cu_num_draft_tokens, *args):
-        buffer = cu_num_draft_tokens.new_zeros(cu_num_draft_tokens.numel() + 1)
+        buffer = cu_num_draft_tokens.new_empty(cu_num_draft_tokens.numel() + 1)  # the guard's value is never used
         buffer[1:].copy_(cu_num_draft_tokens)
         return launch(output_token_ids, num_draft_tokens, buffer[1:], *args)
 

@@ -152,15 +152,19 @@ def compare(runs: dict[str, dict], wl: Workload) -> tuple[list[str], list[str]]:
 
 def _preempted(sync: dict, other: dict) -> dict[str, str]:
     """Requests preempted in ``sync`` or in ``other``: {request: "a vs b times"}."""
-    a, b = sync.get("preemptions", {}), other.get("preemptions", {})
-    return {r: f"{a.get(r, 0)} vs {b.get(r, 0)} times" for r in sorted(set(a) | set(b)) if a.get(r, 0) or b.get(r, 0)}
+    return {r: f"{pair} times" for r, pair in _in_either(sync, other, "preemptions").items()}
 
 
 def _drafts_with_prompt(sync: dict, other: dict) -> dict[str, str]:
     """Requests with drafts verified together with prompt tokens in ``sync`` or ``other`` (vLLM 0.13's sync
     scheduler: a draft it verifies with the last prompt chunk, async scheduling verifies in a decode step):
     {request: "a vs b"}."""
-    a, b = sync.get("drafted_in_prefill", {}), other.get("drafted_in_prefill", {})
+    return _in_either(sync, other, "drafted_in_prefill")
+
+
+def _in_either(sync: dict, other: dict, field: str) -> dict[str, str]:
+    """Requests with a non-zero per-request ``field`` in either result: {request: "a vs b"}."""
+    a, b = sync.get(field, {}), other.get(field, {})
     return {r: f"{a.get(r, 0)} vs {b.get(r, 0)}" for r in sorted(set(a) | set(b)) if a.get(r, 0) or b.get(r, 0)}
 
 
