@@ -342,12 +342,12 @@ def reference_main(models: str, workload: str, out: str) -> int:
     import torch
     from transformers import LlamaForCausalLM
 
-    from zb_patch.check.engine.model import VOCAB
+    from zb_patch.check.engine.model import DTYPE, VOCAB
     from zb_patch.check.engine.workload import Workload
 
     wl = Workload(**json.loads(workload))
     device = "cpu" if os.environ.get(DRY_ENV) else "cuda"
-    model = LlamaForCausalLM.from_pretrained(os.path.join(models, "target"), dtype=torch.float32).to(device).eval()
+    model = LlamaForCausalLM.from_pretrained(os.path.join(models, "target"), dtype=DTYPE).to(device).eval()
     tokens = {}
     with torch.no_grad():
         for i, (prompt, n) in enumerate(wl.requests(VOCAB)):

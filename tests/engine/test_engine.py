@@ -209,7 +209,7 @@ def test_sync_tokens_equal_transformers_greedy(runs, tmp_path_factory):
     wl, res = runs
     root = str(tmp_path_factory.mktemp("reference"))
     target_dir, _ = tiny_model.write_models(root)
-    model = LlamaForCausalLM.from_pretrained(target_dir, dtype="float32").eval()
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=tiny_model.DTYPE).eval()
     assert reference_tokens(model, wl) == res["sync"]["tokens"]
 
 
@@ -373,7 +373,7 @@ def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
     from transformers import Qwen2ForCausalLM
 
     model_dir = tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("reference_mtp")))
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=tiny_model.DTYPE).eval()
     expected = reference_tokens(model, K_SWEEP_WORKLOAD)
     for k, runs in k_sweep("mtp")[2].items():
         assert runs["sync"]["tokens"] == expected, k

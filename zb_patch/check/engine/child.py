@@ -74,7 +74,7 @@ def main(
     # EngineCore in this process: its scheduler is what _observe_scheduler counts, and the tests' emulation
     # exists only in the process that installed it (their launcher sets this before it imports vLLM).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from .model import VOCAB
+    from .model import DTYPE, VOCAB
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
@@ -86,7 +86,7 @@ def main(
     llm = LLM(
         model=target,
         skip_tokenizer_init=True,
-        dtype="float32",
+        dtype=DTYPE,
         enforce_eager=True,
         seed=0,
         max_model_len=wl.max_model_len,
