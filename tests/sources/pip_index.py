@@ -14,8 +14,9 @@ and ``test_pip_index.py`` runs every call made here against a local index, so a 
 
 Command line, for reading a release's files by hand (``docs/releases/native.md``)::
 
-    python tests/sources/pip_index.py --where                       # the locations pip asks, one per line
-    python tests/sources/pip_index.py [--kind sdist|wheel] [-d DIR] VERSION...   # download, sha256 checked
+    python tests/sources/pip_index.py --where                      # the locations pip asks, one per line
+    python tests/sources/pip_index.py --list [VERSION...]          # the files they list, upload time, hash
+    python tests/sources/pip_index.py [--kind sdist|wheel] [-d DIR] VERSION...   # download, hash checked
 """
 
 from __future__ import annotations
@@ -242,20 +243,38 @@ def sources(version: str, kind: str, cache: str, index: Callable[[], PipIndex] =
     return dest
 
 
+def _of_release(filename: str, version: str) -> bool:
+    return filename.startswith((f"vllm_ascend-{version}-", f"vllm-ascend-{version}-")) or is_artifact(
+        filename, version, "sdist"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=f"Download {PROJECT} release files through this environment's pip configuration (`pip config "
-        "list`). An sdist is downloaded, never built; the hash the index lists is checked."
+        description=f"Find and download {PROJECT} release files through this environment's pip configuration "
+        "(`pip config list`). An sdist is downloaded, never built; the hash the index lists is checked."
     )
     parser.add_argument("versions", nargs="*", metavar="VERSION", help="release, e.g. 0.26.0rc1")
     parser.add_argument("--kind", choices=KINDS, default="sdist", help="sdist (default) or cp311 x86_64 wheel")
     parser.add_argument("-d", "--dest", default=".", help="folder to download into (default: .)")
     parser.add_argument("--where", action="store_true", help="print the locations pip asks, one per line")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="download nothing: print the sdists and cp311 x86_64 wheels of the VERSIONs (of every release if none) "
+        "the locations list, with the upload time where the index gives one (PEP 700) and the hash",
+    )
     args = parser.parse_args(argv)
     try:
         idx = PipIndex()
         if args.where:
             print("\n".join(idx.where))
+        if args.list:
+            for link in idx.links():
+                if not args.versions or any(_of_release(link.filename, v) for v in args.versions):
+                    when = link.upload_time.isoformat() if getattr(link, "upload_time", None) else "-"
+                    print(f"{link.filename}  {when}  {link.hash_name or '-'}:{link.hash or '-'}")
+            return 0
         for version in args.versions:
             link = idx.find(version, args.kind)
             path = os.path.join(args.dest, link.filename)

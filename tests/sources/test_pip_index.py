@@ -198,3 +198,18 @@ def test_unfetchable_artifact_fails_its_test_in_one_line(tmp_path):
     lines = [line for line in failure.splitlines() if line.strip() and not line.startswith(("_", "="))]  # no rules
     want = f"cannot fetch vllm-ascend 0.13.0 cp311 manylinux x86_64 wheel: not listed by index {url}; pip: "
     assert len(lines) == 1 and lines[0].startswith(want), out
+
+
+def test_command_line_lists_and_downloads_from_local_index(tmp_path, files, pip_env, capsys):
+    """The command the release notes use: --where, --list (no download), then a download checked against the index."""
+    url = _simple_index(tmp_path, files)
+    pip_env.setenv("PIP_INDEX_URL", url)
+    assert pip_index.main(["--where", "--list", VERSION]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0] == f"index {url}"
+    assert sorted(line.split()[0] for line in listed[1:]) == sorted([SDIST, WHEEL])  # no aarch64 wheel
+    out = tmp_path / "out"
+    assert pip_index.main(["-d", str(out), VERSION]) == 0
+    assert os.listdir(out) == [SDIST] and _sha256(str(out / SDIST)) == _sha256(os.path.join(files, SDIST))
+    assert pip_index.main(["-d", str(out), "9.9.9"]) == 1
+    assert capsys.readouterr().err.startswith("error: cannot fetch vllm-ascend 9.9.9 sdist: not listed by index ")
