@@ -1,40 +1,25 @@
-"""Every recorded vllm-ascend verdict and fingerprint is reproducible from the PyPI artifacts: each published
-release from 0.13.0 to the newest recorded one, its cp311 x86_64 wheel and its sdist (no build: only the Python
-sources are read, nothing is imported). Downloads go to .cache/sources once (extracted ``vllm_ascend/**.py`` only;
-later runs read the cache). vLLM-side targets are checked live by the va0xx envs (their wheels are 250-470 MB)."""
+"""Every recorded vllm-ascend verdict and fingerprint is reproducible from the published artifacts: each release
+from 0.13.0 to the newest recorded one, its cp311 x86_64 wheel and its sdist (no build: only the Python sources are
+read, nothing is imported). They are found and downloaded through this environment's own pip configuration
+(``pip_index.py``: index-url, extra-index-url, find-links, proxy, cert, ...), into .cache/sources once (extracted
+``vllm_ascend/**.py`` only; later runs read the cache and ask no index). ``ZB_PATCH_SOURCES_CACHE`` names another
+cache folder. A file no location offers fails its tests in one line naming it and the locations pip asked.
+vLLM-side targets are checked live by the va0xx envs (their wheels are 250-470 MB)."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import os
-import re
-import shutil
-import tarfile
-import urllib.request
-import zipfile
 
+import pip_index
 import pytest
 
 from zb_patch import versions as V
 from zb_patch.versions import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CACHE = os.path.join(ROOT, ".cache", "sources")
+CACHE = os.environ.get("ZB_PATCH_SOURCES_CACHE") or os.path.join(ROOT, ".cache", "sources")
 FIRST = (0, 13, 0)
-
-
-def _index() -> list[tuple[str, str]]:
-    """(filename, url) of every vllm-ascend file on PyPI's simple index (it lists rc files too)."""
-    global _INDEX
-    if _INDEX is None:
-        with urllib.request.urlopen("https://pypi.org/simple/vllm-ascend/", timeout=60) as r:
-            html = r.read().decode()
-        _INDEX = [(m.group(2), m.group(1)) for m in re.finditer(r'href="([^"#]+/([^/"#]+))(?:#[^"]*)?"', html)]
-    return _INDEX
-
-
-_INDEX = None
 
 
 def _is_first_or_later(release: str) -> bool:
@@ -47,53 +32,34 @@ SDIST_ONLY = {"0.23.0.post1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1"
 ARTIFACTS = [(rel, kind) for rel in RELEASES for kind in (("sdist",) if rel in SDIST_ONLY else ("wheel", "sdist"))]
 
 
-def _artifact(version: str, kind: str) -> tuple[str, str]:
-    files = _index()
-    if kind == "wheel":
-        picks = [
-            (u, n)
-            for n, u in files
-            if n.startswith(f"vllm_ascend-{version}-cp311-cp311-manylinux") and n.endswith("x86_64.whl")
-        ]
-    else:
-        picks = [(u, n) for n, u in files if n == f"vllm_ascend-{version}.tar.gz"]
-    if not picks:
-        raise AssertionError(f"PyPI has no {kind} for vllm-ascend {version}")
-    return picks[0]
+_FAILED: dict[tuple[str, str], str] = {}
 
 
-def _sources(version: str, kind: str) -> str:
-    """Directory holding vllm_ascend/**.py of that artifact (downloaded and extracted once)."""
-    dest = os.path.join(CACHE, f"vllm_ascend-{version}-{kind}")
-    if os.path.isdir(os.path.join(dest, "vllm_ascend")):
-        return dest
-    url, name = _artifact(version, kind)
-    with urllib.request.urlopen(url, timeout=300) as r:
-        data = r.read()
-    tmp = dest + ".part"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    if name.endswith(".whl"):
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            for member in z.namelist():
-                if member.startswith("vllm_ascend/") and member.endswith(".py"):
-                    z.extract(member, tmp)
-    else:
-        with tarfile.open(fileobj=io.BytesIO(data)) as t:
-            for member in t.getmembers():
-                parts = member.name.split("/", 1)
-                if len(parts) == 2 and parts[1].startswith("vllm_ascend/") and parts[1].endswith(".py"):
-                    member.name = parts[1]
-                    t.extract(member, tmp)
-    os.replace(tmp, dest)  # a killed download never leaves a half tree that looks cached
-    return dest
+def _fetch(release: str, kind: str) -> str | None:
+    """The artifact's source folder, or None after recording the one-line reason it could not be fetched."""
+    if (release, kind) in _FAILED:
+        return None
+    try:
+        return pip_index.sources(release, kind, CACHE)
+    except pip_index.FetchError as exc:
+        _FAILED[(release, kind)] = str(exc)
+        return None
+
+
+def _sources(release: str, kind: str) -> str:
+    """Directory holding vllm_ascend/**.py of that artifact (downloaded and extracted once); a test whose artifact
+    cannot be fetched fails in one line, without a traceback."""
+    root = _fetch(release, kind)
+    if root is None:
+        pytest.fail(_FAILED[(release, kind)], pytrace=False)
+    return root
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _prefetch():
     """Fetch the missing artifacts in parallel once (network-bound; the 2-core CI box idles meanwhile)."""
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        list(pool.map(lambda a: _sources(*a), ARTIFACTS))
+        list(pool.map(lambda a: _fetch(*a), ARTIFACTS))
 
 
 def test_every_published_release_from_0_13_is_covered():
