@@ -73,6 +73,16 @@ class State:
     fallback_uploads: int = 0
 
 
+def runner_report(runner: Any) -> dict | None:
+    """zb-patch's zero-bubble state of ``runner`` (active or the reason, steps, corrected steps, host waits, fallback
+    uploads), or None when no wrapper of this module ever saw the runner (nothing applied, or native zero-bubble)."""
+    for value in vars(runner).values():
+        if isinstance(value, State):
+            keys = ("active", "reason", "steps", "corrected_steps", "host_waits", "fallback_uploads")
+            return {key: getattr(value, key) for key in keys}
+    return None
+
+
 class OptimisticCounts(list):
     """What ``_get_valid_sampled_token_count()`` returns while the release's ``_update_states`` runs:
     ``drafts + 1`` at every previous row (all drafts accepted). Records the rows the release reads -- exactly the
