@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, engine_overlap, npu_runner
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -332,6 +332,8 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
+KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.13.0": "7df3442f2a7cfb7e"})
+
 PATCHES: tuple = (
     UPDATE_STATES,
     PREPARE_INPUTS,
@@ -340,6 +342,7 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
+    KEEP_OVERLAPPED,
 )
 
 ADAPTER = Adapter(

@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, engine_overlap, npu_runner
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -268,7 +268,17 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING, COMPILE_KERNELS)
+KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.18.0, 0.18.1": "2469b882239a0df4"})
+
+PATCHES: tuple = (
+    UPDATE_STATES,
+    PREPARE_INPUTS,
+    EXECUTE_MODEL,
+    COPY_VALID_COUNT,
+    BACKUP_STAGING,
+    COMPILE_KERNELS,
+    KEEP_OVERLAPPED,
+)
 
 ADAPTER = Adapter(
     id="ascend-0.18",
