@@ -22,7 +22,7 @@ EMULATED_DEVICE = {"available": True, "name": f"{ON} emulation of the NPU ops (t
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(add_help=False)
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # "--out" is the child's, not "--output-..."
     ap.add_argument("--plant", help="planted mistakes of tests/engine/plants.py (comma-separated)")
     ap.add_argument(
         "--output-ready-early",
