@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, early_output, npu_runner
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -332,7 +332,7 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.13.0": "7df3442f2a7cfb7e"})
+EXACT_COUNTS = early_output.patches({"vllm-ascend 0.13.0": "207f651e97972538"}, {"vllm 0.13.0": "26d90667e22b8057"})
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -342,7 +342,7 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
-    KEEP_OVERLAPPED,
+    *EXACT_COUNTS,
 )
 
 ADAPTER = Adapter(

@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, early_output, npu_runner
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -268,7 +268,9 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.18.0, 0.18.1": "2469b882239a0df4"})
+EXACT_COUNTS = early_output.patches(
+    {"vllm-ascend 0.18.0": "441bd2275373ce7d"}, {"vllm 0.18.0, 0.18.1": "20784bf355208845"}
+)
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -277,7 +279,7 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
-    KEEP_OVERLAPPED,
+    *EXACT_COUNTS,
 )
 
 ADAPTER = Adapter(
