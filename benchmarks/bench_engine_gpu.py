@@ -83,6 +83,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-steps", type=int, default=30)
     ap.add_argument("--configs", default="sync,async,async+zb")
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="engine runs per configuration, interleaved (sync, async, async+zb, sync, ...): the summary gives each "
+        "figure's median over the repeats and its spread (min..max)",
+    )
+    ap.add_argument(
         "--device-ms",
         type=float,
         default=0.0,
@@ -149,8 +156,8 @@ def main(argv: list[str]) -> int:
         )
     _child_environment(tree, manifest, args.dry_run)
     report["stand_ins"] = os.environ.get("ZB_BENCH_STAND_INS", "")
-    from zb_patch.check.engine import run
-    from zb_patch.check.engine.model import write_models
+    from zb_patch.check.engine import run, verdict
+    from zb_patch.check.engine.model import VOCAB, write_models
 
     os.environ[run.CHILD_ENV] = BENCH  # this file is the engine child (run_config does not pass it on)
     from zb_patch.check.engine.workload import Workload, divergences, summarize, table
@@ -187,33 +194,43 @@ def main(argv: list[str]) -> int:
         small = Workload(num_requests=2, max_prompt=20, max_tokens=12, num_speculative_tokens=args.k)
         warm = _run(run, "async+zb", models, runs_dir, small, ("--warmup",), timeout())
         if warm.result is None:
-            failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.stderr[-3000:]}")
+            failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.log[-3000:]}")
             return _finish(args.out, report, failures)
 
-    results, probes = {}, {}
-    for name in args.configs.split(","):
-        probe_path = os.path.join(runs_dir, f"{name}-probe.json")
-        os.environ[PROBE_ENV] = probe_path
-        os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
-        os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
-        os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
-        r = _run(run, name, models, runs_dir, wl, ("--bench",), timeout())
-        if os.path.isfile(probe_path):
-            with open(probe_path) as fh:
-                probes[name] = json.load(fh)
-        report["probes"] = {n: p.get("summary", p) for n, p in probes.items()}
-        if r.result is None:
-            failures.append(f"{r.tag}: engine process failed (rc {r.returncode}): {r.stderr[-4000:]}")
-        else:
-            results[name] = r.result
-        _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
+    results, probes, repeats = {}, {}, {}
+    configs = args.configs.split(",")
+    for rep in range(args.repeats):
+        rep_dir = os.path.join(runs_dir, f"r{rep}")
+        os.makedirs(rep_dir, exist_ok=True)
+        for name in configs:
+            probe_path = os.path.join(rep_dir, f"{name}-probe.json")
+            os.environ[PROBE_ENV] = probe_path
+            os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
+            os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
+            os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
+            r = _run(run, name, models, rep_dir, wl, ("--bench",), timeout())
+            label = f"{name} #{rep + 1}"
+            if os.path.isfile(probe_path):
+                with open(probe_path) as fh:
+                    probes[label] = json.load(fh)
+            report["probes"] = {n: p.get("summary", p) for n, p in probes.items()}
+            report["repeats"] = summarize_repeats(report["probes"], configs)
+            if r.result is None:
+                failures.append(f"{r.tag} #{rep + 1}: engine process failed (rc {r.returncode}): {r.log[-4000:]}")
+            elif name in results:
+                # every repeat must generate what the first did
+                repeats[label] = divergences(results[name], r.result, fields=("tokens",))
+                failures += [f"{label} vs #1: {d}" for d in repeats[label]]
+            else:
+                results[name] = r.result
+            _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
 
     reference = (
         {} if args.no_reference else _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
     )
     report["reference"] = {k: v for k, v in reference.items() if k != "tokens"}
     if set(results) == set(run.CONFIGS):
-        fails, notes = run.compare(results, wl)
+        fails, notes = verdict.compare(results, wl, VOCAB)
         failures += fails
         report["notes"] = notes
         report["rows"] = [summarize(n, res) for n, res in results.items()]
@@ -239,14 +256,14 @@ def _selftest(run, wl, args, seconds: float) -> int:
     run.write_models = run.write_mtp_model = lambda root, seed=0: None
     run_config = run.run_config
 
-    def run_config_keeping_stderr(name, models, out_dir, wl, *args, **kwargs):
+    def run_config_keeping_log(name, models, out_dir, wl, *args, **kwargs):
         # each engine's whole log beside its result (the report keeps only a failure's tail)
         r = run_config(name, models, out_dir, wl, *args, **kwargs)
-        with open(os.path.join(out_dir, f"{r.tag}.stderr"), "w") as fh:
-            fh.write(r.stderr)
+        with open(os.path.join(out_dir, f"{r.tag}.log"), "w") as fh:
+            fh.write(r.log)
         return r
 
-    run.run_config = run_config_keeping_stderr
+    run.run_config = run_config_keeping_log
 
     def one(drafter: str, k: int) -> str:
         keep = os.path.join(args.out, f"selftest-{drafter}-k{k}")
@@ -282,16 +299,16 @@ def _write_models_archive(archive: str) -> int:
 
 
 def _run(run, name, models, runs_dir, wl, flags, timeout):
-    """run.run_config, its stderr (the engine's log) saved beside its result; a timeout is a failed run."""
+    """run.run_config, the engine's log saved beside its result; a timeout is a failed run."""
     try:
         r = run.run_config(name, models, runs_dir, wl, flags, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        err = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
         r = run.Run(
             name, f"{name}-{flags[0].lstrip('-')}", None, timeout, -9, f"timed out after {timeout:.0f} s\n{err}"
         )
     with open(os.path.join(runs_dir, f"{r.tag}.log"), "w") as fh:
-        fh.write(r.stderr)
+        fh.write(r.log)
     print(f"{r.tag}: {r.seconds:.0f} s, rc {r.returncode}", flush=True)
     return r
 
@@ -342,12 +359,12 @@ def reference_main(models: str, workload: str, out: str) -> int:
     import torch
     from transformers import LlamaForCausalLM
 
-    from zb_patch.check.engine.model import VOCAB
+    from zb_patch.check.engine.model import DTYPE, VOCAB
     from zb_patch.check.engine.workload import Workload
 
     wl = Workload(**json.loads(workload))
     device = "cpu" if os.environ.get(DRY_ENV) else "cuda"
-    model = LlamaForCausalLM.from_pretrained(os.path.join(models, "target"), dtype=torch.float32).to(device).eval()
+    model = LlamaForCausalLM.from_pretrained(os.path.join(models, "target"), dtype=DTYPE).to(device).eval()
     tokens = {}
     with torch.no_grad():
         for i, (prompt, n) in enumerate(wl.requests(VOCAB)):
@@ -357,6 +374,38 @@ def reference_main(models: str, workload: str, out: str) -> int:
     with open(out, "w") as fh:
         json.dump({"tokens": tokens, "matmul_precision": torch.get_float32_matmul_precision()}, fh)
     return 0
+
+
+def summarize_repeats(probes: dict, configs: list[str]) -> dict:
+    """Per configuration, over its repeats (``probes`` keyed "<config> #<n>"): the median of each run's figure and
+    the spread (min, max) for device idle per step (median and p90 of each run), host time blocked in event waits
+    per step, event waits per step by site."""
+    out = {}
+    for name in configs:
+        runs = [p for label, p in probes.items() if label.rsplit(" #", 1)[0] == name and "steps" in p]
+        if not runs:
+            continue
+
+        def spread(values):
+            values = [v for v in values if isinstance(v, (int, float))]
+            if not values:
+                return None
+            return {"median": round(statistics.median(values), 2), "min": min(values), "max": max(values)}
+
+        sites: dict[str, list[float]] = collections.defaultdict(list)
+        for p in runs:
+            steps = p.get("steps") or 1
+            for site, count in (p.get("event_waits", {}).get("sites") or {}).items():
+                sites[site].append(count / steps)
+        out[name] = {
+            "repeats": len(runs),
+            "idle_us_median": spread([p.get("device", {}).get("idle_us_median") for p in runs]),
+            "idle_us_p90": spread([p.get("device", {}).get("idle_us_p90") for p in runs]),
+            "blocked_ms_per_step": spread([p.get("host", {}).get("blocked_ms_per_step") for p in runs]),
+            "event_waits_per_step_by_site": {site: spread(v) for site, v in sorted(sites.items())},
+            "prep_syncs_after_first_step": spread([p.get("syncs", {}).get("prep_after_first_step") for p in runs]),
+        }
+    return out
 
 
 def _finish(out: str, report: dict, failures: list[str], quiet: bool = False) -> int:
@@ -398,6 +447,20 @@ def render(report: dict) -> str:
                 + (f" (first: {divs[0]})" if divs else "")
             )
         lines += [f"- note: {n}" for n in report.get("notes", [])]
+    summary = report.get("repeats", {})
+    if summary:
+        lines += ["", "## Over the repeats: median [min..max] of each run's figure", ""]
+        lines.append(
+            "| config | runs | device idle us / step, median | device idle us / step, p90 | blocked in event waits "
+            "ms / step | unexpected syncs in prep after step 0 | event waits / step by site |"
+        )
+        lines.append("|---|---|---|---|---|---|---|")
+        for n, a in summary.items():
+            sites = "; ".join(f"{site} {_spread(v)}" for site, v in a["event_waits_per_step_by_site"].items())
+            lines.append(
+                f"| {n} | {a['repeats']} | {_spread(a['idle_us_median'])} | {_spread(a['idle_us_p90'])} | "
+                f"{_spread(a['blocked_ms_per_step'])} | {_spread(a['prep_syncs_after_first_step'])} | {sites or '-'} |"
+            )
     probes = report.get("probes", {})
     if probes:
         lines += ["", "## (b) synchronisation per step, (c) time per step", ""]
@@ -903,6 +966,10 @@ def _spin_cycles(ms: float) -> int:
 def _p90(values):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def _spread(v: dict | None) -> str:
+    return "-" if v is None else f"{v['median']:g} [{v['min']:g}..{v['max']:g}]"
 
 
 def _ms(values, fn=statistics.median):

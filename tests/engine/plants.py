@@ -141,7 +141,45 @@ def stale_padded_seq_lens() -> None:
     zb.device_correction = device_correction
 
 
+def zero_bubble_corrects_exact_counts() -> None:
+    """Zero-bubble corrects every row the release reads, including rows whose count from the scheduler is already
+    exact (the engine core processed the previous step's output before scheduling this one): its own test of
+    ``early_output.already_exact`` finds nothing."""
+    from zb_patch.versions import npu_runner
+
+    def already_exact(runner, scheduler_output, prev_scheduled):
+        HITS["zero-bubble-corrects-exact-counts"] += 1
+        return {}
+
+    npu_runner.already_exact = already_exact
+
+
+OFF_REASON = "planted: switched off at run time"
+
+
+def zero_bubble_off_at_run_time() -> None:
+    """Zero-bubble switches itself off on the runner, as it does for a combination it does not support (one
+    WARNING, the release's classic path runs): the runner's state becomes inactive with a reason. Tokens and counts
+    then equal classic async's; only the runner's report tells."""
+    from zb_patch.versions.npu_runner import State
+
+    zb = _zero_bubble()
+    original = zb.state_of
+
+    def state_of(runner):
+        st = original(runner)
+        if st.active:
+            st = runner.__dict__[zb.state_attr] = State(active=False, reason=OFF_REASON)
+            zb.logger.warning("zb-patch: zero-bubble NOT active: %s", OFF_REASON)
+            HITS["zero-bubble-off-at-run-time"] += 1
+        return st
+
+    zb.state_of = state_of
+
+
 PLANTS: dict[str, Callable[[], None]] = {
+    "zero-bubble-corrects-exact-counts": zero_bubble_corrects_exact_counts,
+    "zero-bubble-off-at-run-time": zero_bubble_off_at_run_time,
     "slot-mapping-off-by-one": slot_mapping_off_by_one,
     "slot-mapping-kernel-off-by-one": slot_mapping_kernel_off_by_one,
     "host-seq-lens-optimistic": host_seq_lens_optimistic,

@@ -22,8 +22,15 @@ EMULATED_DEVICE = {"available": True, "name": f"{ON} emulation of the NPU ops (t
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(add_help=False)
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # "--out" is the child's, not "--output-..."
     ap.add_argument("--plant", help="planted mistakes of tests/engine/plants.py (comma-separated)")
+    ap.add_argument(
+        "--output-ready-early",
+        action="store_true",
+        help="every step's output is ready when the engine core first asks (vLLM 0.13 / 0.18: the executor's "
+        "async-output thread is removed, so the output is made inline): the engine core then processes each step's "
+        "output before it schedules the next -- the side of the race the async-output thread wins now and then",
+    )
     args, rest = ap.parse_known_args(argv)
 
     # before install() imports vLLM: the child needs the EngineCore in this process (the emulation lives here)
@@ -31,6 +38,8 @@ def main(argv: list[str]) -> int:
     import npu_engine
 
     npu_engine.install()
+    if args.output_ready_early:
+        _output_ready_early()
     from zb_patch.check.engine import child
 
     def after_build() -> dict:
@@ -50,6 +59,21 @@ def main(argv: list[str]) -> int:
         after_build=after_build,
         device=lambda: EMULATED_DEVICE,
     )
+
+
+def _output_ready_early() -> None:
+    """vLLM 0.13 / 0.18's uni-process executor hands an async step's output to a one-thread pool and returns its
+    future; without the pool it makes the output inline and returns a done future. (vLLM 0.19+ makes the output
+    when the future is waited on, and its engine core no longer asks whether it is done: no effect there.)"""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    init = UniProcExecutor._init_executor
+
+    def _init_executor(self):
+        init(self)
+        self.async_output_thread = None
+
+    UniProcExecutor._init_executor = _init_executor
 
 
 if __name__ == "__main__":

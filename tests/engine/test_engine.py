@@ -24,8 +24,11 @@ import pytest
 
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va013-e2e / va018-e2e / va023-e2e envs)")
 
+import plants  # noqa: E402  (tests/engine/plants.py: OFF_REASON)
+
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
-from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, compare, decode_counts, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.verdict import compare  # noqa: E402
 from zb_patch.check.engine.workload import BIG_NO_LIMIT, CI, Workload, divergences, summarize, table  # noqa: E402
 
 
@@ -72,6 +75,8 @@ EXPECTED = {
                 "zb013-device-valid-count",
                 "zb013-backup-token-staging",
                 "zb013-compile-kernels-at-start",
+                "exact-counts-after-early-output",
+                "exact-counts-report-accepted",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -88,6 +93,8 @@ EXPECTED = {
                 "zb018-device-valid-count",
                 "zb018-backup-token-staging",
                 "zb018-compile-kernels-at-start",
+                "exact-counts-after-early-output",
+                "exact-counts-report-accepted",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -101,6 +108,7 @@ EXPECTED = {
         drafters=("eagle",),
     ),
 }
+ZERO_BUBBLE_ADAPTERS = ("ascend-0.13", "ascend-0.18")  # zb-patch's backport; on 0.19+ zero-bubble is the release's
 RELEASE = version("vllm-ascend")  # the envs pin exact releases; each was measured as it is
 if RELEASE not in EXPECTED:
     pytest.fail(f"no engine-test expectations for vllm-ascend {RELEASE}", pytrace=False)
@@ -188,6 +196,31 @@ def test_engine_selftest_without_npu_says_so():
     assert "Verdict: NO-DEVICE" in proc.stdout
 
 
+def test_product_child_runs_until_the_npu_itself_is_needed(tmp_path):
+    """The command's own engine child (no emulation, no worker double), started by the command's own ``run_config``
+    as the async + ZB_PATCH=1 configuration, on a host whose only gap is the NPU: vLLM builds the engine in bfloat16
+    with async scheduling and the drafter, zb-patch activates, and the run stops at vllm-ascend's NPUWorker, at the
+    first call that needs CANN (the stand-in raises there)."""
+    models = str(tmp_path / "models")
+    tiny_model.write_models(models)
+    old = os.environ[CHILD_ENV]
+    os.environ[CHILD_ENV] = os.path.join(HERE, "run_product_child.py")
+    try:
+        run = run_config("async+zb", models, str(tmp_path), CI)
+    finally:
+        os.environ[CHILD_ENV] = old
+    log = run.log
+    assert run.returncode != 0 and run.result is None, log[-3000:]
+    assert f"dtype=torch.{tiny_model.DTYPE}" in log and "method='eagle'" in log, log[-3000:]
+    assert "zb-patch: pid=" in log and f"adapter={EXPECT.adapter}" in log, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: NPU stand-in: ") and "needs an Ascend NPU" in last, last
+    frames = [line for line in log.splitlines() if line.strip().startswith('File "')]
+    release_frames = [f for f in frames if f"{os.sep}vllm_ascend{os.sep}" in f]
+    assert release_frames and f"vllm_ascend{os.sep}worker{os.sep}worker.py" in release_frames[-1], frames[-6:]
+    print(f"\nproduct child stops at: {release_frames[-1].strip()}\n  {last}")
+
+
 def test_every_request_generates_its_tokens(runs):
     wl, res = runs
     reqs = wl.requests(tiny_model.VOCAB)
@@ -209,7 +242,7 @@ def test_sync_tokens_equal_transformers_greedy(runs, tmp_path_factory):
     wl, res = runs
     root = str(tmp_path_factory.mktemp("reference"))
     target_dir, _ = tiny_model.write_models(root)
-    model = LlamaForCausalLM.from_pretrained(target_dir, dtype="float32").eval()
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=tiny_model.DTYPE).eval()
     assert reference_tokens(model, wl) == res["sync"]["tokens"]
 
 
@@ -226,6 +259,11 @@ def test_preemption_happens(runs):
     _, res = runs
     for name, r in res.items():
         assert sum(r["preemptions"].values()) > 0, name
+
+
+def _decode_verifications(result: dict) -> dict:
+    """Per request, its decode steps' verifications: [position, drafted, accepted] (child._observe_scheduler)."""
+    return {r: [v[:3] for v in recs if not v[3]] for r, recs in result["verifications"].items()}
 
 
 def _drafts_with_prefill(runs: dict) -> dict:
@@ -260,7 +298,7 @@ def test_async_matches_sync(runs, name):
     rules: test_selftest_compare.py)."""
     wl, res = runs
     assert wl.reaches_max_model_len(tiny_model.VOCAB) or not wl.limit_every, "no request reaches max_model_len"
-    failures, _ = compare(res, wl)  # the operators' rules: at max_model_len, preempted, drafts with prompt: notes
+    failures, _ = compare(res, wl, tiny_model.VOCAB)  # the operators' rules (zb_patch/check/engine/verdict.py)
     assert [f for f in failures if f.startswith(f"{name} vs sync:")] == []
 
 
@@ -332,7 +370,8 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
     for name in ("async", "async+zb"):
         assert divergences(runs["sync"], runs[name], fields=("tokens",)) == [], name
-        assert divergences(decode_counts(runs["sync"]), decode_counts(runs[name])) == [], name
+        # no preemption, no request at max_model_len: every decode step verifies the same drafts at the same position
+        assert _decode_verifications(runs["sync"]) == _decode_verifications(runs[name]), name
     with_prefill = _drafts_with_prefill(runs)
     assert (with_prefill["sync"] > 0) == EXPECT.sync_drafts_with_prefill, with_prefill
     assert with_prefill["async"] == with_prefill["async+zb"] == 0, with_prefill
@@ -373,7 +412,7 @@ def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
     from transformers import Qwen2ForCausalLM
 
     model_dir = tiny_model.write_mtp_model(str(tmp_path_factory.mktemp("reference_mtp")))
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=tiny_model.DTYPE).eval()
     expected = reference_tokens(model, K_SWEEP_WORKLOAD)
     for k, runs in k_sweep("mtp")[2].items():
         assert runs["sync"]["tokens"] == expected, k
@@ -386,22 +425,108 @@ def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
 def planted(runs, models, tmp_path_factory):
     wl, _ = runs
     out_dir = str(tmp_path_factory.mktemp("plants"))
-    names = list(EXPECT.plants)
+    names = list(EXPECT.plants) + ([OFF_PLANT] if EXPECT.adapter in ZERO_BUBBLE_ADAPTERS else [])
     jobs = [lambda p=p: run_config("async+zb", models, out_dir, wl, extra_args=["--plant", p]) for p in names]
-    return {p: (r.result, r.stderr) for p, r in zip(names, run_all(jobs, parallel=2))}
+    return {p: (r.result, r.log) for p, r in zip(names, run_all(jobs, parallel=2))}
+
+
+# vLLM 0.13 / 0.18's engine core processes a step's output before scheduling the next when the output is already
+# there when it asks (a race with the executor's async-output thread): the scheduler's counts are then exact, and the
+# runner subtracts the previous step's rejected drafts again. Forced with run_engine.py --output-ready-early on a
+# 2-request MTP k = 1 workload, request 1 goes wrong from output index 2 in classic async, and in zero-bubble without
+# its own test of exact counts (docs/e2e.md, "Findings" 7). The fix exact-counts-after-early-output carries the test
+# for the classic path.
+EARLY = Workload(num_requests=2, max_prompt=10, min_tokens=6, max_tokens=6, num_speculative_tokens=1)
+EXACT_FIX = "exact-counts-after-early-output"
+EXACT_PLANT = "zero-bubble-corrects-exact-counts"
+
+
+@pytest.fixture(scope="module")
+def output_ready_early(tmp_path_factory):
+    """name -> result of the EARLY workload (MTP, k = 1), every step's output ready when first asked: sync; classic
+    async (no zb-patch); async + ZB_PATCH=1 with zero-bubble left out (the fix alone); async + ZB_PATCH=1; async +
+    ZB_PATCH=1 with the fix left out and zero-bubble's own test planted out."""
+    out = str(tmp_path_factory.mktemp("output_ready_early"))
+    models = os.path.join(out, "models")
+    tiny_model.write_mtp_model(models)
+    zero_bubble = f"{EXPECT.adapter.replace('ascend-0.', 'zb0')}-optimistic-update-states"  # its whole group
+    runs = {
+        "sync": ("sync", {}, ()),
+        "async": ("async", {}, ()),
+        "async, fix only": ("async+zb", {"ZB_PATCH_DISABLE": zero_bubble}, ()),
+        "async+zb": ("async+zb", {}, ()),
+        "async+zb, no test of exact counts": ("async+zb", {"ZB_PATCH_DISABLE": EXACT_FIX}, ("--plant", EXACT_PLANT)),
+    }
+    jobs = []
+    for name, (config, env, extra) in runs.items():
+        folder = os.path.join(out, name.replace(" ", "_").replace(",", ""))
+        os.makedirs(folder)
+        args = ("--drafter", "mtp", "--output-ready-early", *extra)
+        jobs.append(lambda c=config, f=folder, a=args, e=env: run_config(c, models, f, EARLY, a, env_overrides=e))
+    done = run_all(jobs, parallel=2)
+    for name, r in zip(runs, done):
+        assert r.result is not None, (name, r.log[-3000:])
+    return {name: r.result for name, r in zip(runs, done)}
+
+
+@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
+def test_output_ready_early_double_corrects_without_a_test_of_exact_counts(output_ready_early):
+    """Every step processed before the next is scheduled (0 steps overlapped), and request 1 goes wrong at output
+    index 2 -- in vLLM's classic async path, and in zero-bubble when its own test is planted out and the fix left
+    out."""
+    res = output_ready_early
+    for name in ("async", "async+zb, no test of exact counts"):
+        assert res[name]["scheduling"]["overlapped"] == 0, (name, res[name]["scheduling"])
+        first = divergences(res["sync"], res[name], fields=("tokens",))
+        assert first and first[0].startswith("1 tokens: first difference at output index 2"), (name, first)
+    planted = res["async+zb, no test of exact counts"]
+    assert planted["plant_hits"].get(EXACT_PLANT, 0) > 0 and planted["zero_bubble"]["active"] is True
+
+
+@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
+def test_exact_counts_are_left_alone_with_and_without_zero_bubble(output_ready_early):
+    """With the fix alone (zero-bubble left out) and with zero-bubble (its own test, the fix beside it), every step
+    still runs after its predecessor's output was processed, and tokens and counts are sync's."""
+    res = output_ready_early
+    for name in ("async, fix only", "async+zb"):
+        got = res[name]
+        applied = {i["id"] for i in got["zb_patch_status"]["report"]["items"] if i["verdict"] == "applied"}
+        assert EXACT_FIX in applied, (name, applied)
+        assert got["scheduling"]["overlapped"] == 0, (name, got["scheduling"])
+        assert divergences(res["sync"], got) == [], name
+    assert res["async+zb"]["zero_bubble"]["active"] is True
+    assert res["async, fix only"]["zero_bubble"]["kind"] == "none"
+
+
+OFF_PLANT = "zero-bubble-off-at-run-time"
+
+
+@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="zero-bubble is the release's own here")
+def test_zero_bubble_switched_off_at_run_time_fails_the_verdict(runs, planted):
+    """The async + ZB_PATCH=1 run with zero-bubble switched off on its runner (plants.zero_bubble_off_at_run_time) is
+    classic async: every token and count equal, the plugin still reports its adapter applied. The verdict fails on
+    the runner's own report, and on nothing else."""
+    wl, res = runs
+    got, log = planted[OFF_PLANT]
+    assert got is not None, log[-3000:]
+    assert got["plant_hits"].get(OFF_PLANT, 0) > 0 and got["zb_patch_status"]["state"] == "applied"
+    assert divergences(res["async"], got) == []
+    assert compare(res, wl, tiny_model.VOCAB)[0] == []
+    failures, _ = compare({**res, "async+zb": got}, wl, tiny_model.VOCAB)
+    assert failures == [f"async+zb: zero-bubble switched itself off at run time: {plants.OFF_REASON}"]
 
 
 @pytest.mark.parametrize("plant", sorted(EXPECT.plants))
 def test_planted_mistake(runs, planted, plant):
     _, res = runs
-    got, stderr = planted[plant]
+    got, log = planted[plant]
     kind, *what = EXPECT.plants[plant]
     if kind == "raises":
         where, error = what
         assert got is None, "the planted run finished"
-        assert error in stderr and where in stderr, stderr[-3000:]
+        assert error in log and where in log, log[-3000:]
         return
-    assert got is not None, stderr[-3000:]
+    assert got is not None, log[-3000:]
     assert got["plant"] == plant
     for name in plant.split(","):
         assert got["plant_hits"].get(name, 0) > 0, (name, got["plant_hits"])  # the plant changed values

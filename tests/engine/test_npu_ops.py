@@ -1,4 +1,6 @@
-"""The emulated NPU ops (tests/support/npu_ops) against naive loop references, and their refusals."""
+"""The emulated NPU ops (tests/support/npu_ops) against naive loop references, and their refusals. The attention,
+KV-cache and RoPE ops run in bfloat16 (what they take on the NPU and what the engine tests run); the references
+compute in float64 from the same bfloat16 values."""
 
 from __future__ import annotations
 
@@ -18,8 +20,12 @@ from npu_ops.triton_ascend import get_element
 g = torch.Generator().manual_seed(0)
 
 
-def rnd(*shape):
-    return torch.randn(*shape, generator=g)
+HALF = torch.bfloat16
+BF16_TOL = {"rtol": 1e-2, "atol": 1e-2}  # an output rounded to bfloat16 (8 significant bits) vs a float64 loop
+
+
+def rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype)
 
 
 def test_rms_norm_matches_loop():
@@ -58,8 +64,8 @@ def test_swiglu_matches_loop():
 
 def test_reshape_and_cache_writes_slots_and_skips_padding():
     blocks, bs, kvh, d = 3, 4, 2, 2
-    kc, vc = torch.full((blocks, bs, kvh, d), 7.0), torch.full((blocks, bs, kvh, d), 7.0)
-    k, v = rnd(4, kvh, d), rnd(4, kvh, d)
+    kc, vc = torch.full((blocks, bs, kvh, d), 7.0, dtype=HALF), torch.full((blocks, bs, kvh, d), 7.0, dtype=HALF)
+    k, v = rnd(4, kvh, d, dtype=HALF), rnd(4, kvh, d, dtype=HALF)
     slots = torch.tensor([5, 0, -1, 11], dtype=torch.int32)
     kv_cache._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slot_indices=slots)
     expected_k, expected_v = torch.full_like(kc, 7.0), torch.full_like(vc, 7.0)
@@ -79,14 +85,18 @@ def test_reshape_and_cache_refuses_a_slot_past_the_cache(monkeypatch, checked):
     """One slot past the end (a block's last slot + 1 in the last block) raises, the checked mode naming it; the
     cache is left as it was."""
     monkeypatch.setenv("NPU_OPS_CHECK_SLOTS", "1" if checked else "0")
-    kc, vc = torch.full((2, 4, 1, 2), 7.0), torch.full((2, 4, 1, 2), 7.0)
+    kc, vc = torch.full((2, 4, 1, 2), 7.0, dtype=HALF), torch.full((2, 4, 1, 2), 7.0, dtype=HALF)
     slots = torch.tensor([3, 8], dtype=torch.int32)
     past = r"slots \[8\] of tokens \[1\] \(of 2\) are past the cache's 8 slots \(2 blocks of 4\)"
     caller = r"; called from test_npu_ops.py:\d+ test_reshape_and_cache_refuses_a_slot_past_the_cache"
     match = past + caller if checked else "index 8 is out of bounds for dimension 0 with size 8"
     with pytest.raises(IndexError, match=match):
         kv_cache._npu_reshape_and_cache(
-            key=rnd(2, 1, 2), value=rnd(2, 1, 2), key_cache=kc, value_cache=vc, slot_indices=slots
+            key=rnd(2, 1, 2, dtype=HALF),
+            value=rnd(2, 1, 2, dtype=HALF),
+            key_cache=kc,
+            value_cache=vc,
+            slot_indices=slots,
         )
     assert torch.equal(kc, torch.full_like(kc, 7.0)) and torch.equal(vc, torch.full_like(vc, 7.0))
 
@@ -97,9 +107,9 @@ def test_rotary_embedding_neox_matches_loop():
     inv_freq = [base ** (-2 * i / d) for i in range(d // 2)]
     max_pos = 16
     angles = torch.tensor([[p * f for f in inv_freq] for p in range(max_pos)], dtype=torch.float64)
-    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float()
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(HALF)
     positions = torch.tensor([0, 5, 11])
-    q, k = rnd(tokens, heads * d), rnd(tokens, kv_heads * d)
+    q, k = rnd(tokens, heads * d, dtype=HALF), rnd(tokens, kv_heads * d, dtype=HALF)
     q0, k0 = q.clone(), k.clone()
     assert rope._npu_rotary_embedding(positions, q, k, d, cache, True) is None  # in place
     for x, x0, n in ((q, q0, heads), (k, k0, kv_heads)):
@@ -107,24 +117,25 @@ def test_rotary_embedding_neox_matches_loop():
             for h in range(n):
                 for i in range(d // 2):
                     a, b = float(x0[t, h * d + i]), float(x0[t, h * d + i + d // 2])
-                    c, s = math.cos(p * inv_freq[i]), math.sin(p * inv_freq[i])
-                    assert x[t, h * d + i].item() == pytest.approx(a * c - b * s, rel=1e-5, abs=1e-6)
-                    assert x[t, h * d + i + d // 2].item() == pytest.approx(b * c + a * s, rel=1e-5, abs=1e-6)
+                    c, s = float(cache[p, i]), float(cache[p, d // 2 + i])  # the cache as given, bfloat16
+                    assert x[t, h * d + i].item() == pytest.approx(a * c - b * s, rel=1e-2, abs=1e-2)
+                    assert x[t, h * d + i + d // 2].item() == pytest.approx(b * c + a * s, rel=1e-2, abs=1e-2)
 
 
 def test_rotary_embedding_refuses_other_modes():
-    positions, cache = torch.tensor([0, 1]), rnd(4, 8)
+    positions, cache = torch.tensor([0, 1]), rnd(4, 8, dtype=HALF)
     with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: is_neox_style=False"):
-        rope._npu_rotary_embedding(positions, rnd(2, 8), rnd(2, 8), 8, cache, False)
+        rope._npu_rotary_embedding(positions, rnd(2, 8, dtype=HALF), rnd(2, 8, dtype=HALF), 8, cache, False)
     with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: cos_sin_cache"):
-        rope._npu_rotary_embedding(positions, rnd(2, 16), rnd(2, 16), 16, cache, True)
+        rope._npu_rotary_embedding(positions, rnd(2, 16, dtype=HALF), rnd(2, 16, dtype=HALF), 16, cache, True)
     with pytest.raises(NotImplementedError, match="_npu_rotary_embedding: query"):
-        rope._npu_rotary_embedding(positions, rnd(2, 2, 8), rnd(2, 8), 8, cache, True)
+        rope._npu_rotary_embedding(positions, rnd(2, 2, 8, dtype=HALF), rnd(2, 8, dtype=HALF), 8, cache, True)
 
 
 def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):
     """q_rows [q, N, D]; keys/values [kv, KVN, D]; causal with the diagonal at the bottom right."""
     q_len, kv_len = q_rows.shape[0], keys.shape[0]
+    q_rows, keys, values = q_rows.double(), keys.double(), values.double()
     out = torch.zeros_like(q_rows)
     for i in range(q_len):
         for h in range(n_heads):
@@ -145,7 +156,7 @@ MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 def test_fia_prefill_without_cache_matches_loop():
     n, kvn, d = 4, 2, 8
     lens = [3, 5]
-    q, k, v = rnd(8, n, d), rnd(8, kvn, d), rnd(8, kvn, d)
+    q, k, v = rnd(8, n, d, dtype=HALF), rnd(8, kvn, d, dtype=HALF), rnd(8, kvn, d, dtype=HALF)
     ends = [3, 8]
     out, lse = attention.npu_fused_infer_attention_score(
         q,
@@ -163,7 +174,8 @@ def test_fia_prefill_without_cache_matches_loop():
     start = 0
     for L in lens:
         ref = _naive_attention(q[start : start + L], k[start : start + L], v[start : start + L], 0.3, n, kvn)
-        torch.testing.assert_close(out[start : start + L], ref, rtol=1e-4, atol=1e-5)
+        assert out.dtype == HALF
+        torch.testing.assert_close(out[start : start + L].double(), ref, **BF16_TOL)
         start += L
     assert lse.shape == (8, n, 1)
 
@@ -172,10 +184,10 @@ def test_fia_paged_chunked_and_decode_match_loop():
     """Request 0: chunk of 3 new tokens over 7 cached+new KV; request 1: 1 decode token over 10 KV; request 2: a
     spec-decode verify of 3 tokens over 6 KV. KV lives in scattered blocks of a paged cache."""
     n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
-    kc, vc = rnd(nblocks, bs, kvn, d), rnd(nblocks, bs, kvn, d)
+    kc, vc = rnd(nblocks, bs, kvn, d, dtype=HALF), rnd(nblocks, bs, kvn, d, dtype=HALF)
     table = torch.tensor([[7, 2, 0], [1, 9, 4], [5, 3, 0]], dtype=torch.int32)
     q_lens, kv_lens = [3, 1, 3], [7, 10, 6]
-    q = rnd(sum(q_lens), n, d)
+    q = rnd(sum(q_lens), n, d, dtype=HALF)
     ends = [3, 4, 7]
     out, _ = attention.npu_fused_infer_attention_score(
         q,
@@ -197,7 +209,7 @@ def test_fia_paged_chunked_and_decode_match_loop():
         keys = torch.stack([kc[table[b, j // bs], j % bs] for j in range(kl)])
         vals = torch.stack([vc[table[b, j // bs], j % bs] for j in range(kl)])
         ref = _naive_attention(q[start : start + ql], keys, vals, 0.25, n, kvn)
-        torch.testing.assert_close(out[start : start + ql], ref, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out[start : start + ql].double(), ref, **BF16_TOL)
         start += ql
 
 
@@ -207,13 +219,13 @@ def test_ops_stay_on_the_inputs_device_without_reading_values():
     on CUDA), raises; every output must come back on the inputs' device."""
     meta = torch.device("meta")
     n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
-    kc, vc = torch.empty(nblocks, bs, kvn, d, device=meta), torch.empty(nblocks, bs, kvn, d, device=meta)
-    k, v = torch.empty(3, kvn, d, device=meta), torch.empty(3, kvn, d, device=meta)
+    kc, vc = (torch.empty(nblocks, bs, kvn, d, device=meta, dtype=HALF) for _ in range(2))
+    k, v = (torch.empty(3, kvn, d, device=meta, dtype=HALF) for _ in range(2))
     slots = torch.empty(3, dtype=torch.int32, device=meta)
     kv_cache._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slot_indices=slots)
     table = torch.empty(2, 3, dtype=torch.int32, device=meta)
     out, lse = attention.npu_fused_infer_attention_score(
-        torch.empty(4, n, d, device=meta),
+        torch.empty(4, n, d, device=meta, dtype=HALF),
         kc.view(nblocks, bs, -1),
         vc.view(nblocks, bs, -1),
         atten_mask=MASK.to(meta),
@@ -227,7 +239,7 @@ def test_ops_stay_on_the_inputs_device_without_reading_values():
         scale=0.25,
         sparse_mode=3,
     )
-    x, w = torch.empty(3, 8, device=meta), torch.empty(8, device=meta)
+    x, w = torch.empty(3, 8, device=meta, dtype=HALF), torch.empty(8, device=meta, dtype=HALF)
     outputs = [out, lse, *norm.npu_rms_norm(x, w), *norm.npu_add_rms_norm(x, x, w), activation.npu_swiglu(x)]
     assert [t.device for t in outputs] == [meta] * len(outputs)
 
@@ -256,7 +268,64 @@ def test_fia_refuses_other_modes(kwargs, message):
     )
     args.update(kwargs)
     with pytest.raises(NotImplementedError, match="npu_fused_infer_attention_score: .*" + message.replace("(", r"\(")):
-        attention.npu_fused_infer_attention_score(rnd(2, n, d), rnd(2, n, d), rnd(2, n, d), **args)
+        attention.npu_fused_infer_attention_score(
+            rnd(2, n, d, dtype=HALF), rnd(2, n, d, dtype=HALF), rnd(2, n, d, dtype=HALF), **args
+        )
+
+
+FIA_ARGS = dict(atten_mask=MASK, actual_seq_lengths=[2], actual_seq_lengths_kv=[2], num_heads=2, input_layout="TND")
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda q, k, v: attention.npu_fused_infer_attention_score(q, k, v, **FIA_ARGS, sparse_mode=3),
+            "npu_fused_infer_attention_score: query dtype float32",
+        ),
+        (
+            lambda q, k, v: kv_cache._npu_reshape_and_cache(
+                key=k,
+                value=v,
+                key_cache=torch.zeros(1, 4, 2, 4),
+                value_cache=torch.zeros(1, 4, 2, 4),
+                slot_indices=torch.tensor([0, 1], dtype=torch.int32),
+            ),
+            "_npu_reshape_and_cache: key dtype float32",
+        ),
+        (
+            lambda q, k, v: rope._npu_rotary_embedding(
+                torch.tensor([0, 1]), q.flatten(1), k.flatten(1), 4, rnd(4, 4), True
+            ),
+            "_npu_rotary_embedding: query dtype float32",
+        ),
+        (lambda q, k, v: norm.npu_rms_norm(q.double(), rnd(4).double()), "npu_rms_norm: x dtype float64"),
+        (lambda q, k, v: activation.npu_swiglu(q.double()), "npu_swiglu: x dtype float64"),
+    ],
+    ids=["fia", "reshape_and_cache", "rotary_embedding", "rms_norm", "swiglu"],
+)
+def test_ops_refuse_the_dtypes_the_npu_refuses(call, message):
+    """float32 attention / KV cache / RoPE (the NPU ops take float16 / bfloat16), float64 anywhere."""
+    q, k, v = rnd(2, 2, 4), rnd(2, 2, 4), rnd(2, 2, 4)
+    with pytest.raises(NotImplementedError, match=message):
+        call(q, k, v)
+
+
+def test_ops_refuse_mixed_dtypes():
+    """One dtype for query / key / value, for the KV written and its cache, for x and gamma."""
+    q, k = rnd(2, 2, 4, dtype=HALF), rnd(2, 2, 4, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="npu_fused_infer_attention_score: mixed dtypes"):
+        attention.npu_fused_infer_attention_score(q, k, k, **FIA_ARGS, sparse_mode=3)
+    with pytest.raises(NotImplementedError, match="_npu_reshape_and_cache: mixed dtypes"):
+        kv_cache._npu_reshape_and_cache(
+            key=q,
+            value=q,
+            key_cache=torch.zeros(1, 4, 2, 4, dtype=torch.float16),
+            value_cache=torch.zeros(1, 4, 2, 4, dtype=HALF),
+            slot_indices=torch.tensor([0, 1], dtype=torch.int32),
+        )
+    with pytest.raises(NotImplementedError, match="npu_rms_norm: mixed dtypes"):
+        norm.npu_rms_norm(rnd(2, 4, dtype=HALF), rnd(4))
 
 
 @triton.jit

@@ -1,5 +1,5 @@
-"""The engine self-test's verdict (zb_patch.check.engine.run.compare / render) on hand-made results: each kind of
-difference lands where it must (failure or note), with the request and field named."""
+"""The engine self-test's verdict (zb_patch.check.engine.verdict.compare, run.render) on hand-made results: each kind
+of difference lands where it must (failure or note), with the request, field or position named."""
 
 from __future__ import annotations
 
@@ -10,98 +10,227 @@ import pytest
 pytest.importorskip("torch", reason="zb_patch.check.engine writes models with torch")
 
 from zb_patch.check.engine.model import VOCAB  # noqa: E402
-from zb_patch.check.engine.run import compare, render  # noqa: E402
+from zb_patch.check.engine.run import render  # noqa: E402
+from zb_patch.check.engine.verdict import compare  # noqa: E402
 from zb_patch.check.engine.workload import Workload  # noqa: E402
 
-WL = Workload(num_requests=5)  # request 4 runs into max_model_len (Workload.requests: every fifth)
+WL = Workload(num_requests=5)  # k = 2; request 4 runs into max_model_len 160 (Workload.requests: every fifth)
+LIMIT_ZONE = WL.max_model_len - 2 * (WL.num_speculative_tokens + 1)  # 154
+# every request's decode steps: [position, drafted, accepted, verified with prompt tokens]
+CHAIN = [[10, 2, 1, False], [12, 2, 2, False], [15, 2, 0, False], [16, 2, 2, False]]
+LIMIT_CHAIN = [[148, 2, 1, False], [150, 2, 2, False], [153, 2, 0, False], [154, 2, 1, False], [156, 2, 2, False]]
 
 
-def _result(state: str) -> dict:
+def _result(name: str) -> dict:
     reqs = WL.requests(VOCAB)
-    return {
+    verifications = {str(i): copy.deepcopy(LIMIT_CHAIN if i == 4 else CHAIN) for i in range(len(reqs))}
+    result = {
         "tokens": {str(i): list(range(n)) for i, (_, n) in enumerate(reqs)},
-        "drafted": {str(i): 10 for i in range(len(reqs))},
-        "accepted": {str(i): 6 for i in range(len(reqs))},
         "preemptions": {},
-        "zb_patch_status": {"state": state},
+        "preempted_at": {},
+        "drafted_in_prefill": {},
+        "accepted_in_prefill": {},
+        "verifications": verifications,
+        "drafted_per_pos": [16, 16],
+        "accepted_per_pos": [10, 6],
+        "async_scheduling": name != "sync",
+        "scheduling": {
+            "scheduler": "Scheduler" if name == "sync" else "AsyncScheduler",
+            "steps": 40,
+            "overlapped": 0 if name == "sync" else 38,
+            "after_drafts": 20,
+        },
+        "zero_bubble": (
+            {"kind": "zb-patch", "active": True, "reason": "", "steps": 40, "corrected_steps": 20, "host_waits": 20}
+            if name == "async+zb"
+            else {"kind": "none", "active": False}
+        ),
+        "zb_patch_status": {"state": "applied" if name == "async+zb" else "off"},
     }
+    _recount(result)
+    return result
+
+
+def _recount(result: dict) -> None:
+    """drafted / accepted per request from the verifications (what the child counts)."""
+    for field, at in (("drafted", 1), ("accepted", 2)):
+        result[field] = {r: sum(v[at] for v in recs) for r, recs in result["verifications"].items()}
 
 
 def _runs() -> dict[str, dict]:
-    return {"sync": _result("off"), "async": _result("off"), "async+zb": _result("applied")}
+    return {name: _result(name) for name in ("sync", "async", "async+zb")}
+
+
+def _in_both_async(runs: dict, change) -> None:
+    for name in ("async", "async+zb"):
+        change(runs[name])
+        _recount(runs[name])
 
 
 def test_identical_runs_pass():
     assert WL.reaches_max_model_len(VOCAB) == {"4"}
-    assert compare(_runs(), WL) == ([], [])
+    assert compare(_runs(), WL, VOCAB) == ([], [])
 
 
 def test_a_token_difference_fails_naming_request_and_index():
     runs = _runs()
     runs["async+zb"]["tokens"]["2"][3] += 1
-    failures, _ = compare(runs, WL)
+    failures, _ = compare(runs, WL, VOCAB)
     assert failures[0].startswith("async+zb vs sync: 2 tokens: first difference at output index 3")
     assert any(f.startswith("async+zb vs async: 2 tokens") for f in failures)
 
 
-def test_zero_bubble_must_equal_classic_async_counts():
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda r: r["verifications"]["1"][2].__setitem__(0, 14), "async+zb vs async: 1 verifications: first diff"),
+        (lambda r: r["preempted_at"].__setitem__("3", [40]), "async+zb vs async: 3 preempted_at: None vs [40]"),
+        (lambda r: r.__setitem__("accepted_per_pos", [10, 5]), "async+zb vs async: accepted_per_pos: [10, 6] vs"),
+        (lambda r: r["preemptions"].__setitem__("0", 1), "async+zb vs async: 0 preemptions: None vs 1"),
+    ],
+    ids=["verification position", "preemption position", "per-position acceptance", "preemptions"],
+)
+def test_zero_bubble_must_equal_classic_async_in_every_field(change, expected):
     runs = _runs()
-    runs["async+zb"]["accepted"]["1"] = 5
-    failures, _ = compare(runs, WL)
-    assert "async+zb vs async: 1 accepted: 6 vs 5" in failures
+    change(runs["async+zb"])
+    failures, _ = compare(runs, WL, VOCAB)
+    assert [f for f in failures if f.startswith(expected)], failures
 
 
-def test_count_difference_at_max_model_len_is_a_note_elsewhere_a_failure():
+def test_count_difference_in_the_max_model_len_clamp_is_a_note_elsewhere_a_failure():
+    """Async scheduling clamps an optimistic count near max_model_len: one draft less at position 154 is a note for
+    request 4; the same change at position 12 (outside the clamp zone, no other event) fails."""
     runs = _runs()
-    for name in ("async", "async+zb"):
-        runs[name]["drafted"]["4"] = 9  # sync verified one draft more on the request that hits max_model_len
-    assert compare(runs, WL) == ([], ["async vs sync: 4 drafted: 10 vs 9", "async+zb vs sync: 4 drafted: 10 vs 9"])
-    for name in ("async", "async+zb"):
-        runs[name]["drafted"]["0"] = 9
-    failures, _ = compare(runs, WL)
-    assert failures == ["async vs sync: 0 drafted: 10 vs 9", "async+zb vs sync: 0 drafted: 10 vs 9"]
-
-
-def test_count_difference_of_a_request_preempted_only_in_async_is_a_note():
-    """Seen on the GPU box (k = 1): async scheduling preempted a request once where sync did not, and the recomputed
-    request verified one draft less; its tokens were equal. Another request's count difference still fails, and so
-    does any difference between zb-patch and classic async."""
+    _in_both_async(runs, lambda r: r["verifications"]["4"][3].__setitem__(1, 1))  # 1 of 2 drafts at 154
+    failures, notes = compare(runs, WL, VOCAB)
+    assert failures == []
+    assert notes == [
+        f"{n} vs sync: 4 drafted 10 vs 9: from position {LIMIT_ZONE} (max_model_len clamp from position "
+        f"{LIMIT_ZONE}); 0 verifications in one run only"
+        for n in ("async", "async+zb")
+    ]
     runs = _runs()
-    for name in ("async", "async+zb"):
-        runs[name]["preemptions"] = {"1": 1}
-        runs[name]["accepted"]["1"] = 5
-    assert compare(runs, WL) == (
-        [],
-        [
-            "async vs sync: 1 accepted: 6 vs 5 (preempted 0 vs 1 times)",
-            "async+zb vs sync: 1 accepted: 6 vs 5 (preempted 0 vs 1 times)",
-        ],
+    _in_both_async(runs, lambda r: r["verifications"]["4"].__setitem__(0, [147, 2, 1, False]))  # before the zone
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures[0] == (
+        "async vs sync: 4: verifications at positions [147, 148] in one run only, before the first explaining event "
+        f"(max_model_len clamp from position {LIMIT_ZONE})"
     )
-    runs["async+zb"]["accepted"]["0"] = 5
-    failures, _ = compare(runs, WL)
-    assert failures == ["async+zb vs sync: 0 accepted: 6 vs 5", "async+zb vs async: 0 accepted: 6 vs 5"]
 
 
-def test_count_difference_of_a_request_preempted_as_often_in_both_is_a_note():
-    """The big workload on vLLM 0.18 (k = 1, CPU): request 13 was preempted once in sync and in async, and async
-    verified one draft less; async scheduling decides before the step in flight returns, so it preempts at another
-    moment. A request never preempted still fails."""
+def test_unmatched_verifications_after_a_preemption_are_a_note_before_it_a_failure():
+    """A request preempted at position 15 in the async runs recomputes and verifies from another position: what
+    differs from position 12 on (one step in flight before the event, k + 1 = 3) is a note naming the preemption; a
+    verification in one run only before that is a failure."""
     runs = _runs()
-    for name in runs:
-        runs[name]["preemptions"] = {"1": 1}
-    for name in ("async", "async+zb"):
-        runs[name]["drafted"]["1"] = 9
-    assert compare(runs, WL) == (
-        [],
-        [
-            "async vs sync: 1 drafted: 10 vs 9 (preempted 1 vs 1 times)",
-            "async+zb vs sync: 1 drafted: 10 vs 9 (preempted 1 vs 1 times)",
-        ],
+
+    def preempt_and_shift(r):
+        r["preemptions"]["1"] = 1
+        r["preempted_at"]["1"] = [15]
+        r["verifications"]["1"][2:] = [[17, 2, 1, False], [19, 2, 2, False]]
+
+    _in_both_async(runs, preempt_and_shift)
+    failures, notes = compare(runs, WL, VOCAB)
+    assert failures == []
+    assert notes == [
+        f"{n} vs sync: 1 accepted 5 vs 6: from position 15 (preempted at 15 in {n}); 4 verifications in one run only"
+        for n in ("async", "async+zb")
+    ]
+    _in_both_async(runs, lambda r: r["verifications"]["1"].__setitem__(0, [9, 2, 1, False]))
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures[0] == (
+        "async vs sync: 1: verifications at positions [9, 10] in one run only, before the first explaining event "
+        "(preempted at 15 in async)"
     )
-    for name in ("async", "async+zb"):
-        runs[name]["drafted"]["2"] = 9
-    failures, _ = compare(runs, WL)
-    assert failures == ["async vs sync: 2 drafted: 10 vs 9", "async+zb vs sync: 2 drafted: 10 vs 9"]
+
+
+def test_accepted_counts_at_a_common_position_must_agree_even_after_an_event():
+    """The drafts from one position are the same drafts in every run: a lower accepted count there (a drafter-side
+    mistake) fails even on a preempted request; fewer drafts accept the other run's count capped at their own."""
+    runs = _runs()
+
+    def preempt_then_accept_less(r):
+        r["preempted_at"]["2"] = [11]
+        r["preemptions"]["2"] = 1
+        r["verifications"]["2"][1] = [12, 2, 1, False]
+
+    _in_both_async(runs, preempt_then_accept_less)
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures == [
+        f"{n} vs sync: 2 at position 12: 2 of 2 drafts accepted vs 1 of 2" for n in ("async", "async+zb")
+    ]
+    runs = _runs()
+    _in_both_async(runs, lambda r: r["verifications"]["2"].__setitem__(1, [12, 1, 1, False]))  # token budget: 1 draft
+    failures, notes = compare(runs, WL, VOCAB)
+    assert failures == [] and len(notes) == 2
+    assert "from position 12 (1 of 2 drafts at 12 in async" in notes[0]
+
+
+def test_a_count_difference_without_an_event_fails():
+    runs = _runs()
+    _in_both_async(runs, lambda r: r["verifications"]["0"].append([20, 2, 1, False]))
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures[0] == "async vs sync: 0: verifications at positions [20] in one run only, and no explaining event"
+
+
+def test_drafts_verified_with_prompt_tokens_are_an_event():
+    """vLLM 0.13's sync scheduler verifies drafts with a request's last prompt chunk; async never does. Those
+    verifications are not matched by position, and the difference they make is a note from that position on."""
+    runs = _runs()
+    runs["sync"]["verifications"]["3"].insert(0, [8, 2, 1, True])
+    runs["sync"]["drafted_in_prefill"]["3"] = 2
+    runs["sync"]["accepted_in_prefill"]["3"] = 1
+    _recount(runs["sync"])
+    failures, notes = compare(runs, WL, VOCAB)
+    assert failures == []
+    assert notes[0] == (
+        "async vs sync: 3 drafted 10 vs 8, accepted 6 vs 5: from position 8 (drafts verified with prompt tokens at 8 "
+        "in sync); 0 verifications in one run only"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, change, expected",
+    [
+        ("sync", lambda r: r["scheduling"].__setitem__("overlapped", 3), "sync: 3 steps scheduled while another"),
+        ("async", lambda r: r["scheduling"].__setitem__("overlapped", 0), "async: no step was scheduled while"),
+        ("async+zb", lambda r: r.__setitem__("async_scheduling", False), "async+zb: async_scheduling False"),
+    ],
+)
+def test_each_run_must_have_scheduled_as_configured(name, change, expected):
+    runs = _runs()
+    change(runs[name])
+    failures, _ = compare(runs, WL, VOCAB)
+    assert [f for f in failures if f.startswith(expected)], failures
+
+
+@pytest.mark.parametrize(
+    "zero_bubble, expected",
+    [
+        (
+            {"kind": "zb-patch", "active": False, "reason": "planted: switched off", "corrected_steps": 0},
+            "async+zb: zero-bubble switched itself off at run time: planted: switched off",
+        ),
+        (
+            {"kind": "zb-patch", "active": True, "reason": "", "corrected_steps": 19, "host_waits": 19},
+            "async+zb: zero-bubble corrected 19 steps, 20 scheduled a request right after",
+        ),
+        (
+            {"kind": "zb-patch", "active": True, "reason": "", "corrected_steps": 20, "host_waits": 21},
+            "async+zb: 21 host waits for 20 corrected steps",
+        ),
+        ({"kind": "native", "active": False}, "async+zb: the release's own zero-bubble"),
+        ({"kind": "none", "active": False}, "async+zb: zero-bubble did not run"),
+    ],
+    ids=["switched off at run time", "too few corrections", "extra host waits", "native off", "none"],
+)
+def test_zero_bubble_must_have_run(zero_bubble, expected):
+    """A run where zero-bubble switched itself off equals classic async and would pass every token and count
+    comparison: the runner's own report makes it FAIL."""
+    runs = _runs()
+    runs["async+zb"]["zero_bubble"] = zero_bubble
+    failures, notes = compare(runs, WL, VOCAB)
+    assert [f for f in failures if f.startswith(expected)] and notes == [], failures
 
 
 @pytest.mark.parametrize(
@@ -115,22 +244,25 @@ def test_count_difference_of_a_request_preempted_as_often_in_both_is_a_note():
 def test_zb_patch_state_is_checked(run, state, expected):
     runs = _runs()
     runs[run]["zb_patch_status"] = {"state": state}
-    failures, _ = compare(runs, WL)
+    failures, _ = compare(runs, WL, VOCAB)
     assert [f for f in failures if f.startswith(expected)], failures
 
 
 def test_native_zero_bubble_counts_as_in_effect():
+    """A release whose zero-bubble is its own (0.19+): the zb-patch process may say "native", the runner reports the
+    release's switch on."""
     runs = _runs()
     runs["async+zb"]["zb_patch_status"] = {"state": "native"}
-    assert compare(runs, WL) == ([], [])
+    runs["async+zb"]["zero_bubble"] = runs["async"]["zero_bubble"] = {"kind": "native", "active": True}
+    assert compare(runs, WL, VOCAB) == ([], [])
 
 
 def test_no_verified_draft_fails():
-    runs = copy.deepcopy(_runs())
+    runs = _runs()
     for r in runs.values():
-        r["drafted"] = {k: 0 for k in r["drafted"]}
-        r["accepted"] = {k: 0 for k in r["accepted"]}
-    failures, _ = compare(runs, WL)
+        r["verifications"] = {k: [] for k in r["verifications"]}
+        _recount(r)
+    failures, _ = compare(runs, WL, VOCAB)
     assert failures == ["sync: no draft token was verified (speculative decoding did not run)"]
 
 
@@ -161,26 +293,3 @@ def test_limit_every_picks_the_requests_that_run_into_max_model_len():
     assert Workload(num_requests=10).reaches_max_model_len(VOCAB) == {"4", "9"}
     assert Workload(num_requests=10, limit_every=0).reaches_max_model_len(VOCAB) == set()
     assert Workload(num_requests=10, limit_every=3).reaches_max_model_len(VOCAB) == {"2", "5", "8"}
-
-
-def test_count_difference_of_a_request_with_drafts_verified_with_its_prompt_is_a_note():
-    """vLLM 0.13, big workload, k = 2 (CPU and GPU box alike): sync verified 2 drafts of request 34 with its last
-    prompt chunk and accepted 1 (counted apart); async accepted that draft in a decode step: decode-step accepted 12
-    vs 13, totals equal. A note; the same difference on a request without such drafts still fails."""
-    runs = _runs()
-    runs["sync"]["drafted_in_prefill"] = {"1": 2}
-    runs["sync"]["accepted_in_prefill"] = {"1": 1}
-    runs["sync"]["drafted"]["1"] = 12  # 10 in decode steps, as async
-    for name in ("async", "async+zb"):
-        runs[name]["accepted"]["1"] = 6  # sync: 6 - 1 = 5 in decode steps
-    failures, notes = compare(runs, WL)
-    assert failures == []
-    assert notes == [
-        "sync: 2 drafts verified together with prompt tokens (not compared)",
-        "async vs sync: 1 accepted: 5 vs 6 (drafts verified with prompt tokens: 2 vs 0)",
-        "async+zb vs sync: 1 accepted: 5 vs 6 (drafts verified with prompt tokens: 2 vs 0)",
-    ]
-    for name in ("async", "async+zb"):
-        runs[name]["accepted"]["2"] = 5
-    failures, _ = compare(runs, WL)
-    assert failures == ["async vs sync: 2 accepted: 6 vs 5", "async+zb vs sync: 2 accepted: 6 vs 5"]

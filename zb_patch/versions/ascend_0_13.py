@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, early_output, npu_runner
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -332,6 +332,8 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
+EXACT_COUNTS = early_output.patches({"vllm-ascend 0.13.0": "207f651e97972538"}, {"vllm 0.13.0": "26d90667e22b8057"})
+
 PATCHES: tuple = (
     UPDATE_STATES,
     PREPARE_INPUTS,
@@ -340,6 +342,7 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
+    *EXACT_COUNTS,
 )
 
 ADAPTER = Adapter(

@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, early_output, npu_runner
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -268,7 +268,19 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING, COMPILE_KERNELS)
+EXACT_COUNTS = early_output.patches(
+    {"vllm-ascend 0.18.0": "441bd2275373ce7d"}, {"vllm 0.18.0, 0.18.1": "20784bf355208845"}
+)
+
+PATCHES: tuple = (
+    UPDATE_STATES,
+    PREPARE_INPUTS,
+    EXECUTE_MODEL,
+    COPY_VALID_COUNT,
+    BACKUP_STAGING,
+    COMPILE_KERNELS,
+    *EXACT_COUNTS,
+)
 
 ADAPTER = Adapter(
     id="ascend-0.18",

@@ -21,6 +21,8 @@ Implemented mode -- exactly how ``forward_fused_infer_attention`` calls it for e
   mask comes in as the compressed 2048x2048 ``atten_mask``; it must be given and is otherwise not read here.
 - grouped-query attention: head ``h`` reads KV head ``h // (N // KVN)``.
 Returns ``(attention_out [T, N, D], softmax_lse [T, N, 1] float32)``; softmax in float32.
+``query`` / ``key`` / ``value`` are float16 or bfloat16, one dtype (the op's documented types; int8 only with the
+quantisation arguments): float32 is refused, as the NPU refuses it.
 Every other layout, sparse mode, quantisation, pse/sink/rope argument raises NotImplementedError.
 """
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ._check import only_defaults, unsupported
+from ._check import HALF, dtypes, only_defaults, unsupported
 
 OP = "npu_fused_infer_attention_score"
 _INT_MAX = 2147483647
@@ -54,6 +56,7 @@ def npu_fused_infer_attention_score(
     only_defaults(
         OP, other, {"pre_tokens": _INT_MAX, "next_tokens": _INT_MAX, "inner_precise": 0, "softmax_lse_flag": False}
     )
+    dtypes(OP, HALF, query=query, key=key, value=value)
     if input_layout != "TND":
         raise unsupported(OP, f"input_layout={input_layout!r} (only 'TND')")
     if sparse_mode != 3:

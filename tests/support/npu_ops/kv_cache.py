@@ -5,7 +5,9 @@ ND cache layout): for every token ``t`` with ``slot = slot_indices[t] >= 0``, wr
 Layouts as vllm-ascend 0.18 uses them (``attention/attention_v1.py`` reshape_and_cache via
 ``device/device_op.py`` BaseDeviceAdaptor): ``key/value [num_tokens, num_kv_heads, head_size]``,
 ``key_cache/value_cache [num_blocks, block_size, num_kv_heads, head_size]``, ``slot_indices [num_tokens]``
-int32/int64. Negative slots (padding) are skipped, as vLLM's own reshape_and_cache kernels do.
+int32/int64. Negative slots (padding) are skipped, as vLLM's own reshape_and_cache kernels do. Key, value and both
+caches are float16 or bfloat16, one dtype (ATB's documented types besides int8, which is not implemented here):
+float32 is refused, as ATB refuses it.
 
 Written without boolean indexing, which would make the host wait for the device on every call (on CUDA, where the
 GPU box runs it): every token scatters into slot ``max(slot, 0)`` by accumulation, padding tokens with zeros, and a
@@ -25,7 +27,7 @@ import traceback
 
 import torch
 
-from ._check import unsupported
+from ._check import HALF, dtypes, unsupported
 
 
 def _npu_reshape_and_cache(
@@ -37,6 +39,7 @@ def _npu_reshape_and_cache(
     slot_indices: torch.Tensor,
 ) -> None:
     op = "_npu_reshape_and_cache"
+    dtypes(op, HALF, key=key, value=value, key_cache=key_cache, value_cache=value_cache)
     if key_cache.dim() != 4 or key.dim() != 3 or key_cache.shape[2:] != key.shape[1:]:
         raise unsupported(
             op,

@@ -8,17 +8,19 @@ torch_npu semantics (op-plugin docs):
   then ``y, rstd`` as above on ``x``.
 vllm-ascend (``ops/layernorm.py`` AscendRMSNorm.forward_oot) calls ``npu_rms_norm(x, weight, eps)`` on
 ``[num_tokens, hidden]`` and ``npu_add_rms_norm(x, residual, weight, eps)`` when a residual is carried; it
-keeps ``y`` and, for the add variant, ``x`` as the next residual.
+keeps ``y`` and, for the add variant, ``x`` as the next residual. ``x`` (``x1``, ``x2``) and ``gamma`` are float16,
+bfloat16 or float32, one dtype; anything else is refused.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._check import unsupported
+from ._check import HALF_OR_FLOAT, dtypes, unsupported
 
 
 def _rms(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    dtypes("npu_rms_norm", HALF_OR_FLOAT, x=x, gamma=gamma)
     if gamma.shape != x.shape[x.dim() - gamma.dim() :]:
         raise unsupported("npu_rms_norm", f"gamma shape {tuple(gamma.shape)} vs x shape {tuple(x.shape)}")
     dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
@@ -35,6 +37,7 @@ def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) ->
 def npu_add_rms_norm(
     x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dtypes("npu_add_rms_norm", HALF_OR_FLOAT, x1=x1, x2=x2, gamma=gamma)
     if x1.shape != x2.shape:
         raise unsupported("npu_add_rms_norm", f"broadcasting x1 {tuple(x1.shape)} + x2 {tuple(x2.shape)}")
     x = x1 + x2

@@ -8,15 +8,17 @@ flattened heads), ``positions [T]`` and ``cos_sin_cache [max_position, rot_dim]`
 ``c, s = cos_sin_cache[positions[t]].chunk(2)`` and the head split into halves ``x1, x2`` (NeoX style):
 ``x1' = x1 * c - x2 * s``, ``x2' = x2 * c + x1 * s``. (0.18 runs vllm-ascend's Triton RoPE kernel instead.)
 
-Implemented: NeoX style, ``rot_dim == head_size``. GPT-J (interleaved) style, a partial rotary dim, or shapes that
-are not ``[T, heads * head_size]`` raise NotImplementedError.
+Implemented: NeoX style, ``rot_dim == head_size``; ``query``, ``key`` and ``cos_sin_cache`` float16 or bfloat16, one
+dtype (ATB RopeOperation's types; the release casts the cache to the query's dtype first), float32 refused. GPT-J
+(interleaved) style, a partial rotary dim, or shapes that are not ``[T, heads * head_size]`` raise
+NotImplementedError.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._check import unsupported
+from ._check import HALF, dtypes, unsupported
 
 OP = "_npu_rotary_embedding"
 
@@ -29,6 +31,7 @@ def _npu_rotary_embedding(
     cos_sin_cache: torch.Tensor,
     is_neox_style: bool,
 ) -> None:
+    dtypes(OP, HALF, query=query, key=key, cos_sin_cache=cos_sin_cache)
     if not is_neox_style:
         raise unsupported(OP, "is_neox_style=False (GPT-J interleaved rotation)")
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_size:

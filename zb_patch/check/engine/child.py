@@ -7,8 +7,10 @@ this process) on the installed platform, the tiny target + draft of :mod:`.model
     python -m zb_patch.check.engine.child --check-device
 
 ``ZB_PATCH=1`` in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
-Per-request drafted / accepted counts, drafted / accepted per draft position and preemptions are read where vLLM's
-scheduler counts them (``make_spec_decoding_stats`` per request, ``_preempt_request``), without changing what it does.
+Per-request drafted / accepted counts (and every verification's position), drafted / accepted per draft position and
+preemptions are read where vLLM's scheduler counts them (``make_spec_decoding_stats`` per request,
+``_preempt_request``), and how the steps were scheduled (``schedule``: overlapped with an outstanding step or not),
+without changing what it does; what zero-bubble did is read from the runner (``_zero_bubble_state``).
 
 The tests start this through a launcher that first installs the NPU emulation (tests/engine/run_engine.py): it
 calls :func:`main` with ``llm_overrides`` (its worker class), ``after_build`` (planted mistakes) and ``device``.
@@ -74,11 +76,11 @@ def main(
     # EngineCore in this process: its scheduler is what _observe_scheduler counts, and the tests' emulation
     # exists only in the process that installed it (their launcher sets this before it imports vLLM).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from .model import VOCAB
+    from .model import DTYPE, VOCAB
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
-    counts, per_pos = _observe_scheduler()
+    counts, per_pos, scheduling = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -86,7 +88,7 @@ def main(
     llm = LLM(
         model=target,
         skip_tokenizer_init=True,
-        dtype="float32",
+        dtype=DTYPE,
         enforce_eager=True,
         seed=0,
         max_model_len=wl.max_model_len,
@@ -108,20 +110,21 @@ def main(
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
     outs = llm.generate(prompts, params, use_tqdm=False)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     # LLM numbers requests in submission order ("0", "1", ...); the engine core's ids add "-<random suffix>"
     result = {
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
         **{field: [c[i] for i in range(wl.num_speculative_tokens)] for field, c in per_pos.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        "scheduling": scheduling,
+        "zero_bubble": _zero_bubble_state(runner),
         # the platform's choice (vllm-ascend: 128 tokens); the workload's KV block count is sized for it
         "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
         "drafter": args.drafter,
-        "draft_model": type(
-            llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.get_model()
-        ).__name__,
+        "draft_model": type(runner.drafter.get_model()).__name__,
         **extra,
     }
     with open(args.out, "w") as f:
@@ -148,6 +151,21 @@ def _zb_patch_status() -> dict:
     return json.loads(json.dumps(plugin.status(), default=str))
 
 
+def _zero_bubble_state(runner) -> dict:
+    """What zero-bubble did on the engine's runner: zb-patch's per-runner state (active or the reason, steps,
+    corrected steps, host waits, fallback uploads) where zb-patch's backport ran; else whether the release's own
+    zero-bubble (vLLM's ``use_async_spec_decode``, 0.19+) was on."""
+    from zb_patch.versions.npu_runner import runner_report
+
+    report = runner_report(runner)
+    if report is not None:
+        return {"kind": "zb-patch", **report}
+    native = getattr(runner, "use_async_spec_decode", None)
+    if native is not None:
+        return {"kind": "native", "active": bool(native)}
+    return {"kind": "none", "active": False}
+
+
 def _take_drafts_in_process(llm) -> None:
     """vLLM before #30319 (0.13.x): the in-process client's ``get_output`` runs the engine core's ``step_fn`` but not
     its ``post_step`` (the sync path's ``take_draft_token_ids``), so the scheduler never receives a draft and sync
@@ -167,25 +185,52 @@ def _take_drafts_in_process(llm) -> None:
     core.step_fn = step_then_post_step
 
 
-def _observe_scheduler() -> tuple[dict, dict]:
+def _observe_scheduler() -> tuple[dict, dict, dict]:
     """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), apart the drafts
     it verified in a step that was not a pure decode step (it also computed prompt tokens, or recomputed tokens:
     vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk and verifies them with the last
     chunk), and drafted / accepted per draft position over all requests (as its ``SpecDecodingStats.observe_draft``:
-    accepted n counts positions 0..n-1)."""
+    accepted n counts positions 0..n-1).
+
+    Per request also every verification ``[position, drafted, accepted, with_prompt]`` (position: the request's
+    token count when the step's result arrives, i.e. where the step's first draft sits; the same in sync and async
+    runs for the same draft chain) and the position of every preemption.
+
+    The third dict describes the scheduling itself: the scheduler's class, the steps that scheduled tokens, how many
+    of them were scheduled while an earlier step's result was still outstanding (``overlapped``: async scheduling
+    ran; 0 in a synchronous engine), and how many scheduled a request whose drafts were verified in the step before
+    (``after_drafts``: the steps whose inputs zero-bubble must correct on the device)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
-    counts: dict[str, collections.Counter] = {k: collections.Counter() for k in fields}
+    counts: dict[str, Any] = {k: collections.Counter() for k in fields}
+    counts["verifications"] = collections.defaultdict(list)
+    counts["preempted_at"] = collections.defaultdict(list)
     per_pos: dict[str, collections.Counter] = {
         k: collections.Counter() for k in ("drafted_per_pos", "accepted_per_pos")
     }
+    scheduling: dict[str, Any] = {"scheduler": "", "steps": 0, "overlapped": 0, "after_drafts": 0}
     make_stats, preempt = Scheduler.make_spec_decoding_stats, Scheduler._preempt_request
-    update = Scheduler.update_from_output
+    schedule, update = Scheduler.schedule, Scheduler.update_from_output
     signature = inspect.signature(make_stats)
-    step: dict[str, dict] = {}
+    step: dict[str, Any] = {}
+    outstanding: set[int] = set()  # scheduler outputs with tokens whose result has not arrived
+    previous_drafts: set[str] = set()
+
+    def schedule_and_count(self):
+        nonlocal previous_drafts
+        out = schedule(self)
+        scheduling["scheduler"] = type(self).__name__
+        if out.total_num_scheduled_tokens > 0:
+            scheduling["steps"] += 1
+            scheduling["overlapped"] += bool(outstanding)
+            scheduling["after_drafts"] += bool(previous_drafts & set(out.num_scheduled_tokens))
+            outstanding.add(id(out))
+            previous_drafts = set(out.scheduled_spec_decode_tokens)
+        return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        outstanding.discard(id(scheduler_output))
         cached = scheduler_output.scheduled_cached_reqs
         step["computed"] = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
         step["computed"].update(zip(cached.req_ids, cached.num_computed_tokens))  # before the step
@@ -201,23 +246,29 @@ def _observe_scheduler() -> tuple[dict, dict]:
         accepted = a["num_accepted_tokens"]
         counts["drafted"][request_id] += drafted
         counts["accepted"][request_id] += accepted
+        request = self.requests[request_id]
         # a pure decode step starts past the prompt and computes the last sampled token and the drafts
-        past_prompt = step["computed"][request_id] >= self.requests[request_id].num_prompt_tokens
-        if not (past_prompt and step["scheduled"][request_id] == a["num_draft_tokens"] + 1):
+        past_prompt = step["computed"][request_id] >= request.num_prompt_tokens
+        with_prompt = not (past_prompt and step["scheduled"][request_id] == a["num_draft_tokens"] + 1)
+        if with_prompt:
             counts["drafted_in_prefill"][request_id] += drafted
             counts["accepted_in_prefill"][request_id] += accepted
+        # called before this step's tokens are appended: num_tokens is where the first draft sits
+        counts["verifications"][request_id].append([request.num_tokens, drafted, accepted, with_prompt])
         per_pos["drafted_per_pos"].update(range(drafted))
         per_pos["accepted_per_pos"].update(range(accepted))
         return make_stats(self, *args, **kwargs)
 
     def _preempt_request(self, request, timestamp):
         counts["preemptions"][request.request_id] += 1
+        counts["preempted_at"][request.request_id].append(request.num_tokens)
         return preempt(self, request, timestamp)
 
+    Scheduler.schedule = schedule_and_count
     Scheduler.update_from_output = update_from_output
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
-    return counts, per_pos
+    return counts, per_pos, scheduling
 
 
 if __name__ == "__main__":

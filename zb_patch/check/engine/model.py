@@ -41,6 +41,11 @@ MAX_POS = 1024
 ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
 LOGIT_MARGIN = 10.0
+# The dtype the checkpoints are written in and the engine runs in: the NPU attention and KV-cache ops take float16 /
+# bfloat16 (npu_fused_infer_attention_score, ATB ReshapeAndCache and Rope refuse float32), and bfloat16 is what the
+# Ascend deployments of these model families run. The construction keeps every greedy margin near LOGIT_MARGIN at
+# bfloat16's precision (tests/engine/test_tiny_model.py asserts it).
+DTYPE = "bfloat16"
 
 # Residual stream layout: one-hot features of magnitude 1 in disjoint subspaces.
 EMB = 0  # token embedding (one-hot), the residual's copy of the current token
@@ -152,7 +157,7 @@ def _llama_config(layers: int, arch: str, inter: int) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         # "dtype": transformers >= 4.56 (4.57 for vLLM 0.18, 5.x for 0.23) reads it; "torch_dtype" is deprecated
-        "dtype": "float32",
+        "dtype": DTYPE,
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
@@ -160,8 +165,6 @@ def _llama_config(layers: int, arch: str, inter: int) -> dict:
 
 def write_models(root: str, seed: int = 0) -> tuple[str, str]:
     """Write target and EAGLE draft under ``root``; returns (target_dir, draft_dir)."""
-    from safetensors.torch import save_file
-
     target_dir = os.path.join(root, "target")
     draft_dir = os.path.join(root, "eagle")
     os.makedirs(target_dir, exist_ok=True)
@@ -171,9 +174,17 @@ def write_models(root: str, seed: int = 0) -> tuple[str, str]:
     with open(os.path.join(draft_dir, "config.json"), "w") as f:
         json.dump(_llama_config(1, "EagleLlamaForCausalLM", EAGLE_INTER), f)
     succ, cls = tables(seed)
-    save_file(target_weights(succ, cls), os.path.join(target_dir, "model.safetensors"))
-    save_file(eagle_weights(succ, cls), os.path.join(draft_dir, "model.safetensors"))
+    _save(target_weights(succ, cls), target_dir)
+    _save(eagle_weights(succ, cls), draft_dir)
     return target_dir, draft_dir
+
+
+def _save(weights: dict[str, torch.Tensor], model_dir: str) -> None:
+    """The constructed (float32) weights rounded to DTYPE: the checkpoint holds what the engine computes with."""
+    from safetensors.torch import save_file
+
+    dtype = getattr(torch, DTYPE)
+    save_file({name: w.to(dtype) for name, w in weights.items()}, os.path.join(model_dir, "model.safetensors"))
 
 
 def _positional_qk(distance: int, peak: float, future: int, future_wins: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,8 +316,6 @@ def write_mtp_model(root: str, seed: int = 0) -> str:
     """Write a ``MiMoForCausalLM`` target with one MTP layer (``model.mtp_layers.0.*``) under ``root``/mimo; vLLM's
     ``method="mtp"`` reads the draft from the target's own checkpoint. The target is the Llama target's weights
     (Qwen2's q/k/v biases zero): the same tokens. Returns the model directory."""
-    from safetensors.torch import save_file
-
     model_dir = os.path.join(root, "mimo")
     os.makedirs(model_dir, exist_ok=True)
     config = _llama_config(1, "MiMoForCausalLM", TARGET_INTER)
@@ -322,7 +331,7 @@ def write_mtp_model(root: str, seed: int = 0) -> str:
         if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):  # Qwen2 attention has qkv biases
             w[name.replace(".weight", ".bias")] = torch.zeros(t.shape[0])
     w.update(mtp_weights(succ, cls))
-    save_file(w, os.path.join(model_dir, "model.safetensors"))
+    _save(w, model_dir)
     return model_dir
 
 

@@ -85,21 +85,28 @@ def summarize(name: str, result: dict) -> dict:
 
 
 def divergences(reference: dict, other: dict, fields=("tokens", "drafted", "accepted")) -> list[str]:
-    """Per-request differences of ``other`` from ``reference``: one line per (request, field)."""
+    """Per-request differences of ``other`` from ``reference``: one line per (request, field); a field that is one
+    list for the whole run (per-position counts) is one line."""
     out = []
     for field in fields:
         ref, got = reference[field], other[field]
+        if isinstance(ref, list) or isinstance(got, list):
+            if ref != got:
+                out.append(f"{field}: {ref} vs {got}")
+            continue
         for req in sorted(set(ref) | set(got), key=_req_order):
             a, b = ref.get(req), got.get(req)
-            if a != b:
-                if field == "tokens" and a is not None and b is not None:
-                    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                    out.append(
-                        f"{req} tokens: first difference at output index {first} "
-                        f"({a[first : first + 3]} vs {b[first : first + 3]}, lengths {len(a)}/{len(b)})"
-                    )
-                else:
-                    out.append(f"{req} {field}: {a} vs {b}")
+            if a == b:
+                continue
+            if isinstance(a, list) and isinstance(b, list):
+                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                what = "output index" if field == "tokens" else "entry"
+                out.append(
+                    f"{req} {field}: first difference at {what} {first} "
+                    f"({a[first : first + 3]} vs {b[first : first + 3]}, lengths {len(a)}/{len(b)})"
+                )
+            else:
+                out.append(f"{req} {field}: {a} vs {b}")
     return out
 
 

@@ -1,0 +1,187 @@
+"""The engine self-test's verdict on the results of its runs (:mod:`.child`): what must be equal, what may differ and
+only with which mechanism, checked; plain data in, ``(failures, notes)`` out.
+
+The rules (docs/e2e.md, "Verdict"):
+
+1. **Each run ran as configured.** Sync: vLLM's ``Scheduler``, no step scheduled while another's result was
+   outstanding. Async runs: ``AsyncScheduler`` and steps scheduled while the previous one was in flight.
+2. **Zero-bubble ran.** The zb-patch run's runner reports zb-patch's zero-bubble active and at least one corrected
+   step per step that scheduled a request whose drafts the step before verified (or, on a release whose zero-bubble
+   is native, the release's own switched on), with at most one host wait per corrected step; the zb-patch process
+   reports its adapter applied. The classic run has zb-patch off.
+3. **Tokens**: identical in every run, for every request.
+4. **zb-patch vs classic async: strict** on every field the child records (tokens, counts, every verification's
+   position / drafted / accepted, preemptions and where, per-position acceptance).
+5. **Each async run vs sync: bounded excuses.** At every position both runs verified drafts, the accepted counts
+   agree (the drafts from one position are the same drafts: the one with fewer drafts accepts the other's accepted
+   count capped at its own). A verification that only one run made is allowed only from the first event that
+   explains a different draft schedule on, one step in flight before it: a preemption in either run (recomputed
+   tokens, drafts dropped), a verification with fewer than k drafts (the token budget), drafts verified together with
+   prompt tokens (vLLM 0.13's sync scheduler), or the ``max_model_len`` clamp (async scheduling clamps an optimistic
+   count: from ``max_model_len - 2 (k + 1)`` on). A count difference is then a note naming that event; without one
+   it is a failure.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .workload import Workload, divergences
+
+# every per-request / per-run field the child records that must be identical between zb-patch and classic async
+STRICT_FIELDS = (
+    "tokens",
+    "drafted",
+    "accepted",
+    "preemptions",
+    "preempted_at",
+    "drafted_in_prefill",
+    "accepted_in_prefill",
+    "verifications",
+    "drafted_per_pos",
+    "accepted_per_pos",
+)
+# the process states of zb-patch that mean "zero-bubble is in effect" (zb_patch.plugin)
+IN_EFFECT = ("applied", "native")
+
+
+def compare(runs: dict[str, dict], wl: Workload, vocab: int) -> tuple[list[str], list[str]]:
+    """(failures, notes) of the runs ``sync``, ``async`` (classic) and ``async+zb``."""
+    failures: list[str] = []
+    notes: list[str] = []
+    sync = runs["sync"]
+    if sum(sync["drafted"].values()) == 0:
+        failures.append("sync: no draft token was verified (speculative decoding did not run)")
+    failures += scheduling_failures(runs)
+    failures += zero_bubble_failures(runs)
+    for name in ("async", "async+zb"):
+        failures += [f"{name} vs sync: {d}" for d in divergences(sync, runs[name], fields=("tokens",))]
+        f, n = counts_vs_sync(sync, runs[name], wl, vocab, name)
+        failures += f
+        notes += n
+    failures += [f"async+zb vs async: {d}" for d in divergences(runs["async"], runs["async+zb"], STRICT_FIELDS)]
+    return failures, notes
+
+
+def scheduling_failures(runs: dict[str, dict]) -> list[str]:
+    """Rule 1: sync ran synchronously, the async runs asynchronously (steps scheduled while one was in flight)."""
+    out = []
+    for name, res in runs.items():
+        sched = res["scheduling"]
+        want_async = name != "sync"
+        if res["async_scheduling"] != want_async or (sched["scheduler"] == "AsyncScheduler") != want_async:
+            out.append(f"{name}: async_scheduling {res['async_scheduling']}, scheduler {sched['scheduler']}")
+        if want_async and not sched["overlapped"]:
+            out.append(f"{name}: no step was scheduled while another was in flight (async scheduling did not run)")
+        if not want_async and sched["overlapped"]:
+            out.append(f"{name}: {sched['overlapped']} steps scheduled while another was in flight")
+    return out
+
+
+def zero_bubble_failures(runs: dict[str, dict]) -> list[str]:
+    """Rule 2: the zb-patch run's zero-bubble ran and corrected the steps that needed it; classic async without
+    zb-patch."""
+    out = []
+    zb_run = runs["async+zb"]
+    status = zb_run.get("zb_patch_status", {})
+    if status.get("state") not in IN_EFFECT:
+        out.append(
+            f"async+zb: zb-patch is {status.get('state')!r}, not in effect ({status.get('reason', 'no reason')})"
+        )
+    plain = runs["async"].get("zb_patch_status", {})
+    if plain.get("state") != "off":
+        out.append(f"async: zb-patch should be off, is {plain.get('state')!r}")
+    if runs["async"]["zero_bubble"]["kind"] == "zb-patch":
+        out.append("async: zb-patch's zero-bubble ran in the classic async run")
+    zb = zb_run["zero_bubble"]
+    need = zb_run["scheduling"]["after_drafts"]
+    if zb["kind"] == "native":
+        if not zb["active"]:
+            out.append("async+zb: the release's own zero-bubble (use_async_spec_decode) is off")
+    elif zb["kind"] != "zb-patch":
+        out.append("async+zb: zero-bubble did not run (neither zb-patch's backport nor the release's own)")
+    elif not zb["active"]:
+        out.append(f"async+zb: zero-bubble switched itself off at run time: {zb['reason'] or 'no reason given'}")
+    else:
+        if need == 0 and sum(zb_run["drafted"].values()):
+            out.append("async+zb: drafts were verified, but no step scheduled a request right after its drafts")
+        if zb["corrected_steps"] < need:
+            out.append(
+                f"async+zb: zero-bubble corrected {zb['corrected_steps']} steps, {need} scheduled a request right "
+                "after a step that verified its drafts"
+            )
+        if zb["host_waits"] > zb["corrected_steps"]:
+            out.append(f"async+zb: {zb['host_waits']} host waits for {zb['corrected_steps']} corrected steps")
+    return out
+
+
+def counts_vs_sync(sync: dict, other: dict, wl: Workload, vocab: int, name: str) -> tuple[list[str], list[str]]:
+    """Rule 5 for one async run: (failures, notes)."""
+    failures: list[str] = []
+    notes: list[str] = []
+    k = wl.num_speculative_tokens
+    limit_zone = wl.max_model_len - 2 * (k + 1)
+    at_limit = wl.reaches_max_model_len(vocab)
+    requests = sorted(set(sync["verifications"]) | set(other["verifications"]), key=_order)
+    for r in requests:
+        recs = {"sync": sync["verifications"].get(r, []), name: other["verifications"].get(r, [])}
+        mine, theirs = _by_position(recs["sync"]), _by_position(recs[name])
+        for pos in sorted(set(mine) & set(theirs)):
+            for d1, a1 in mine[pos]:
+                for d2, a2 in theirs[pos]:
+                    if min(a1, d2) != min(a2, d1):
+                        failures.append(
+                            f"{name} vs sync: {r} at position {pos}: {a1} of {d1} drafts accepted vs {a2} of {d2}"
+                        )
+        events = _events(r, {"sync": sync, name: other}, k, limit_zone if r in at_limit else None)
+        first = min(events) if events else (math.inf, "")
+        unmatched = sorted(set(mine) ^ set(theirs))
+        early = [p for p in unmatched if p < first[0] - (k + 1)]
+        if early:
+            failures.append(
+                f"{name} vs sync: {r}: verifications at positions {early[:6]} in one run only, "
+                + (f"before the first explaining event ({first[1]})" if events else "and no explaining event")
+            )
+        diff = [f"{f} {_sum(sync, f, r)} vs {_sum(other, f, r)}" for f in ("drafted", "accepted")]
+        diff = [d for d, f in zip(diff, ("drafted", "accepted")) if _sum(sync, f, r) != _sum(other, f, r)]
+        if diff and not early:
+            if events:
+                notes.append(
+                    f"{name} vs sync: {r} {', '.join(diff)}: from position {first[0]} ({first[1]}); "
+                    f"{len(unmatched)} verifications in one run only"
+                )
+            else:  # different draft counts at the same positions without any event: cannot happen, say so
+                failures.append(f"{name} vs sync: {r} {', '.join(diff)} without an explaining event")
+    return failures, notes
+
+
+def _events(r: str, runs: dict[str, dict], k: int, limit_zone: int | None) -> list[tuple[int, str]]:
+    """(position, what) of every event of request ``r`` that explains a different draft schedule."""
+    events = []
+    for run, res in runs.items():
+        events += [(pos, f"preempted at {pos} in {run}") for pos in res["preempted_at"].get(r, [])]
+        for pos, drafted, _, with_prompt in res["verifications"].get(r, []):
+            if with_prompt:
+                events.append((pos, f"drafts verified with prompt tokens at {pos} in {run}"))
+            elif drafted < k and (limit_zone is None or pos < limit_zone):
+                events.append((pos, f"{drafted} of {k} drafts at {pos} in {run} (token budget)"))
+    if limit_zone is not None:
+        events.append((limit_zone, f"max_model_len clamp from position {limit_zone}"))
+    return events
+
+
+def _by_position(records: list) -> dict[int, list[tuple[int, int]]]:
+    """Decode-step verifications by position: {position: [(drafted, accepted), ...]}."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for pos, drafted, accepted, with_prompt in records:
+        if not with_prompt:
+            out.setdefault(pos, []).append((drafted, accepted))
+    return out
+
+
+def _sum(result: dict, field: str, r: str) -> int:
+    return result[field].get(r, 0)
+
+
+def _order(req: str):
+    return int(req) if req.isdigit() else req
