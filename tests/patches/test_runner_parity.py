@@ -36,6 +36,7 @@ import importlib
 import logging
 import os
 import sys
+from collections import Counter
 
 import pytest
 
@@ -61,6 +62,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 PARITY_ITERATIONS = 2900  # engine iterations per k = 1..4: ~10,500 engine steps (schedule() calls) in total
 MIN_TOTAL_STEPS = 10_000
+# The default 64-token budget leaves room for every decode (8 requests x (1 + 4 drafts) <= 40 tokens): the scheduler
+# cuts drafts for budget reasons only with a tighter budget. One more run: k = 4 with a 16-token budget.
+TIGHT_BUDGET = (4, 16, 700, 7)  # (k, max_num_batched_tokens, iterations, seed)
+# The fast parity runs (~10 s; the killer of tests/mutation): every edge case of runner_harness.EDGE_CASES.
+EDGE_RUNS = ((1, None, 300, 1), (2, None, 600, 2), (3, None, 600, 23), (4, 16, 400, 7))
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +92,10 @@ def sess(H):
         yield s
 
 
-def _shape(k):
+def _shape(k, budget=None):
     from zb_patch.check.selftest.compat import EngineShape
 
-    return EngineShape(num_spec_tokens=k)
+    return EngineShape(num_spec_tokens=k, **({"max_num_batched_tokens": budget} if budget else {}))
 
 
 def _check_waits(res):
@@ -117,11 +123,17 @@ def added_input_prep_waits(res):
 def test_parity_10k_steps(H, release, sess, capsys):
     total = 0
     lines = []
-    for k in (1, 2, 3, 4):
-        res = H.parity(sess, _shape(k), PARITY_ITERATIONS, seed=k, release=release)
+    edges = Counter()
+    for k, budget, iterations, seed in [(k, None, PARITY_ITERATIONS, k) for k in (1, 2, 3, 4)] + [TIGHT_BUDGET]:
+        res = H.parity(sess, _shape(k, budget), iterations, seed=seed, release=release)
         assert res["divergences"] == 0, res["examples"]
         _check_waits(res)
         u, p = res["unpatched"], res["patched"]
+        edges.update(u["edges"])
+        if budget:
+            lines.append(f"k={k}, {budget}-token budget: {u['steps']} steps, edge cases {dict(u['edges'])}")
+            total += u["steps"]
+            continue
         assert 0 < u["accepted"] < u["drafted"]  # partial acceptance overall
         assert u["preemptions"] > 0 and u["aborted"] > 0  # batch changes of every kind happened
         assert p["negative_input_ids"] == (0 if CLAMPS_INPUT_IDS else u["negative_input_ids"]), (
@@ -141,8 +153,25 @@ def test_parity_10k_steps(H, release, sess, capsys):
             f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s"
         )
     assert total >= MIN_TOTAL_STEPS
+    assert all(edges[e] for e in H.EDGE_CASES), edges
+    lines.append(f"edge cases: {dict(edges)}")
     with capsys.disabled():
         print(f"\nrunner-level parity ({release.ADAPTER.id}), {total} steps, 0 divergences:\n  " + "\n  ".join(lines))
+
+
+def test_parity_scheduler_edge_cases(H, release, sess):
+    """Short parity runs that still go through every scheduler / batch edge case of ``runner_harness.EDGE_CASES``:
+    drafts cut below k by the token budget (a 16-token budget) and near max_model_len, a request left out of a step
+    while holding drafts and scheduled again, preempted and resumed, rows moved and swapped. The fast killer of the
+    mutation run (docs/mutation.md)."""
+    edges = Counter()
+    for k, budget, iterations, seed in EDGE_RUNS:
+        res = H.parity(sess, _shape(k, budget), iterations, seed=seed, release=release)
+        assert res["divergences"] == 0, res["examples"]
+        _check_waits(res)
+        edges.update(res["unpatched"]["edges"])
+        assert res["patched"]["edges"] == res["unpatched"]["edges"]
+    assert all(edges[e] for e in H.EDGE_CASES), edges
 
 
 def test_parity_on_triton_kernels(H, release, ZB, sess):

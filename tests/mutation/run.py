@@ -1,0 +1,143 @@
+"""Mutation testing of the zero-bubble per-step path with mutmut (docs/mutation.md).
+
+Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``mutation-va013``; ``mutation`` runs the fixed
+CI sample). mutmut keeps its state in ``mutants/`` under the directory it runs in, so each env works in its own copy
+of the tree, ``.mutation/<env>/`` (git-ignored): ``zb_patch/``, ``tests/`` and a ``pyproject.toml`` holding the
+repository's ``[tool.mutmut]`` (what is mutated, what is left alone, the killers) and pytest settings. A second run in
+the same directory reuses mutmut's results for every function whose source did not change.
+
+    python tests/mutation/run.py [--max-children N] [--tests NODE ...] [--json PATH] [MUTANT ...]
+    python tests/mutation/run.py --sample            # the CI sample (SAMPLE below): fails if one survives
+
+``MUTANT`` names (or ``module.function*`` globs, mutmut's syntax) rerun just those mutants. ``--tests`` replaces the
+killer selection of ``[tool.mutmut]``. ``--json`` writes every mutant's status (mutmut's verdict per mutant).
+``--report`` reads the statuses of ``.mutation/<env>/`` without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# The CI sample (tox -e mutation): mutants of every part of the per-step path that a killer must kill, chosen among
+# the ones the full run found killed only by the parity harness or by a test written for a survivor. Fails if one
+# survives; bounded to a couple of minutes on the 2-core CI box.
+SAMPLE_TESTS = [
+    "tests/unit/test_zero_bubble.py",
+    "tests/patches/test_runner_parity.py::test_parity_scheduler_edge_cases",
+]
+SAMPLE: list[str] = []
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"'{value}'" if "'" not in value and "\n" not in value else json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def _table(name: str, values: dict) -> str:
+    return f"[{name}]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in values.items())
+
+
+def prepare(work: Path, tests: list[str] | None) -> dict:
+    """The work directory: a copy of ``zb_patch/`` and ``tests/`` (modification times kept: mutmut reuses results of
+    unchanged functions) and the configuration."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mutmut = dict(config["tool"]["mutmut"])
+    if tests:
+        mutmut["pytest_add_cli_args_test_selection"] = tests
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("zb_patch", "tests"):
+        target = work / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(
+            ROOT / name,
+            target,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis"),
+            copy_function=shutil.copy2,
+        )
+    text = (
+        _table("tool.mutmut", mutmut)
+        + "\n"
+        + _table("tool.pytest.ini_options", config["tool"]["pytest"]["ini_options"])
+    )
+    (work / "pyproject.toml").write_text(text)
+    return mutmut
+
+
+def statuses(work: Path) -> dict[str, str]:
+    """Every mutant's status from mutmut's ``mutants/**/*.py.meta`` files."""
+    from mutmut.stats import status_by_exit_code
+
+    out = {}
+    for meta in sorted((work / "mutants").rglob("*.py.meta")):
+        data = json.loads(meta.read_text())
+        for name, code in data.get("exit_code_by_key", {}).items():
+            out[name] = status_by_exit_code[code]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mutants", nargs="*")
+    parser.add_argument("--env", default=os.environ.get("TOX_ENV_NAME", "local"))
+    parser.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--tests", nargs="+")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--sample", action="store_true", help="run the CI sample; exit 1 if a mutant survives")
+    parser.add_argument("--report", action="store_true", help="only read the statuses of the last run")
+    args = parser.parse_args(argv)
+
+    work = ROOT / ".mutation" / args.env
+    mutants = list(args.mutants)
+    tests = args.tests
+    if args.sample:
+        mutants, tests = mutants or SAMPLE, tests or SAMPLE_TESTS
+    if not args.report:
+        prepare(work, tests)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+        started = time.time()
+        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *mutants]
+        print("+", " ".join(cmd), f"(in {work})", flush=True)
+        rc = subprocess.call(cmd, cwd=work, env=env)
+        print(f"mutmut exited {rc} after {time.time() - started:.0f} s", flush=True)
+    result = statuses(work)
+    if mutants:
+        import fnmatch
+
+        result = {k: v for k, v in result.items() if any(fnmatch.fnmatch(k, m) or k == m for m in mutants)}
+    counts = Counter(result.values())
+    print("mutants:", len(result), dict(sorted(counts.items())))
+    for name, status in sorted(result.items()):
+        if status != "killed":
+            print(f"  {status:12} {name}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"env": args.env, "counts": counts, "mutants": result}, indent=1, sort_keys=True)
+        )
+    if args.sample:
+        return 0 if result and set(result.values()) == {"killed"} else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
