@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sample", action="store_true", help="run the CI sample; exit 1 if a mutant survives")
     parser.add_argument("--report", action="store_true", help="only read the statuses of the last run")
+    parser.add_argument("--prepare", action="store_true", help="only write the work directory (to run mutmut elsewhere)")
     args = parser.parse_args(argv)
 
     work = ROOT / ".mutation" / args.env
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     tests = args.tests
     if args.sample:
         mutants, tests = mutants or SAMPLE, tests or SAMPLE_TESTS
+    if args.prepare:
+        prepare(work, tests)
+        return 0
     if not args.report:
         prepare(work, tests)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")

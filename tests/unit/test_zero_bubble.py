@@ -157,6 +157,17 @@ def test_remap_accepted_counts_after_condense():
     assert taken.tolist() == [3, 1]
 
 
+def test_remap_accepted_counts_bounds():
+    """The bound on previous rows is exclusive and num_prev narrows it below the snapshot's length; an empty or
+    one-row snapshot is gathered without reading past it (mutation testing: docs/mutation.md)."""
+    snap = np.array([3, 1, 2, 4], dtype=np.int32)  # rows 2, 3: stale (the previous batch had 2 rows)
+    out = np.zeros(4, dtype=np.int32)
+    assert zb.remap_accepted_counts(np.array([1, 2, 3]), snap, 3, out, num_prev=2).tolist() == [1, 1, 1]
+    assert zb.remap_accepted_counts(np.array([0, 2]), snap, 2, out, num_prev=2, new_value=7).tolist() == [3, 7]
+    assert zb.remap_accepted_counts(np.array([0, -1]), np.zeros(0, dtype=np.int32), 2, out).tolist() == [1, 1]
+    assert zb.remap_accepted_counts(np.array([-1, 0]), np.array([5], dtype=np.int32), 2, out).tolist() == [1, 5]
+
+
 # ------------------------------------------------------------------------------------------------
 # the whole chain on random batch changes: optimistic + device correction + deferred correction
 # == the classic exact arithmetic, and the Ascend CPU seq_lens == the device seq_lens
@@ -295,3 +306,86 @@ def test_cpu_base_is_right_when_the_previous_step_also_caught_up_tokens():
 def test_correction_base_is_checked():
     with pytest.raises(ValueError):
         _device_correct("nope", [0], [1], [1], [1], [0], 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# bounds, dtypes and paddings the runner relies on (each test below kills mutants of docs/mutation.md)
+# ------------------------------------------------------------------------------------------------
+# previous batch: 3 rows in 5-row buffers (rows 3, 4: stale, with drafts). Row 0 had 1 draft (rejected: valid 1), row 1
+# no draft (a discarded partial prefill: valid 0), row 2 two drafts (both accepted: valid 3).
+_PREV_NC = [10, 20, 30, 99, 99]
+_PREV_DRAFTS = [1, 0, 2, 2, 2]
+_VALID = [1, 0, 3, 1, 1]
+# current rows <- previous rows 2, 0, 1, 3 (== num_prev: stale), new; a prev_positions buffer longer than the batch
+_PREV_POS = [2, 0, 1, 3, -1, 4, 4]
+_CPU = [33, 12, 21, 50, 7]  # scheduler counts: optimistic (all drafts accepted) for the participating rows 0, 1
+_EXACT = [33, 11, 21, 50, 7]
+
+
+def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num_prev=3, num_positions=12):
+    n, tokens = len(_CPU), len(_CPU) * 2
+    nc = torch.tensor(_PREV_NC + [0, 0, 0], dtype=torch.int32)
+    acc = torch.full((8,), -5, dtype=torch.int32)
+    seq = torch.full((8,), -9, dtype=torch.int32)
+    pos = torch.full((16,), -9, dtype=torch.int64)
+    zb.correct_counts(
+        nc,
+        acc,
+        None if prev_pos is None else torch.tensor(prev_pos, dtype=torch.int64),
+        None if valid is None else torch.tensor(valid, dtype=torch.int64),
+        None if drafts is None else torch.tensor(drafts, dtype=torch.int32),
+        torch.tensor(_CPU + [77], dtype=torch.int32),
+        torch.full((8,), 2, dtype=torch.int32),
+        seq,
+        num_reqs=n,
+        req_indices=torch.arange(n, dtype=torch.int64).repeat_interleave(2),
+        query_pos=torch.tensor([0, 1] * n, dtype=torch.int64),
+        positions=pos,
+        num_tokens=tokens,
+        num_positions=num_positions,
+        num_prev_reqs=num_prev,
+        base=base,
+    )
+    return nc[:n].tolist(), acc.tolist(), seq.tolist(), pos.tolist()
+
+
+@pytest.mark.parametrize("base", ["previous", "cpu"])
+def test_correct_counts_participation_bounds_and_padding(base):
+    """Only rows whose previous row is inside the previous batch (< num_prev, not merely inside the buffers) and had
+    >= 1 draft are corrected -- one draft counts, a discarded no-draft row (valid 0) does not, a new row never reads
+    row 0; num_accepted_tokens is written for exactly those rows; positions past num_tokens up to num_positions and
+    seq_lens past num_reqs are zeroed. Both correction bases agree here (the previous step scheduled 1 + drafts)."""
+    nc, acc, seq, pos = _correct(base)
+    assert nc == _EXACT
+    assert acc == [3, 1, -5, -5, -5, -5, -5, -5]
+    assert seq == [c + 2 for c in _EXACT] + [0, 0, 0]
+    assert pos[:10] == [c + q for c in _EXACT for q in (0, 1)] and pos[10:12] == [0, 0] and pos[12:] == [-9] * 4
+
+
+@pytest.mark.parametrize("base", ["previous", "cpu"])
+def test_correct_counts_without_previous_counts(base):
+    """An empty count tensor (nothing to gather from) and no previous step at all: the CPU counts are copied."""
+    assert _correct(base, valid=[], drafts=[], num_prev=None)[0] == _CPU
+    assert _correct(base, valid=None, drafts=None, prev_pos=None, num_prev=None)[0] == _CPU
+    assert _correct(base, num_prev=None)[0][:3] == _EXACT[:3]  # num_prev defaults to the count tensor's length
+
+
+def test_deferred_corrections_single_previous_row_and_dtype():
+    corr = zb.deferred_cpu_corrections(np.array([0, -1]), np.array([3, 2]), np.array([2], dtype=np.int32))
+    assert corr.tolist() == [2, 0] and corr.dtype == np.int64
+
+
+def test_optimistic_advance_returns_int64_placeholders():
+    buf = np.zeros(4, dtype=np.int32)
+    got = zb.optimistic_advance(np.array([2], dtype=np.int32), np.array([3], dtype=np.int32), buf)
+    assert got.dtype == np.int64 and buf.tolist() == [0, 0, 3, 0]
+
+
+def test_backup_token_indices_and_ids_at_the_row_edges():
+    """Unsigned counts do not wrap; a one-token row reads column 0; a full row reads its last column; an index past
+    the table is clamped to the last column; rows past num_reqs are not read."""
+    assert zb.backup_token_indices(np.array([0, 1], dtype=np.uint32), 2).tolist() == [-1, 0]
+    table = np.arange(12, dtype=np.int32).reshape(3, 4)
+    out = np.full(3, 7, dtype=np.int64)
+    got = zb.backup_next_token_ids(table, np.array([1, 4, 9, 2]), 3, out)
+    assert got.tolist() == [0, 7, 11]
