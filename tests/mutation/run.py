@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="run the CI sample; exit 1 if a mutant survives")
     parser.add_argument("--report", action="store_true", help="only read the statuses of the last run")
     parser.add_argument("--prepare", action="store_true", help="only write the work directory (to run mutmut elsewhere)")
+    parser.add_argument("--keep", action="store_true", help="run in the work directory as it is (no fresh copy)")
     args = parser.parse_args(argv)
 
     work = ROOT / ".mutation" / args.env
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(work, tests)
         return 0
     if not args.report:
-        prepare(work, tests)
+        if not args.keep:
+            prepare(work, tests)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
         started = time.time()
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *mutants]

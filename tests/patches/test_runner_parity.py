@@ -242,6 +242,46 @@ def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
     assert spies[0].ids > 0 and res["patched"]["negative_input_ids"] == 0
 
 
+def test_kernels_compiled_at_kv_cache_initialisation(H, ZB, sess):
+    """The initialize_kv_cache wrapper: the release's method runs first (arguments and result passed through), then
+    zero-bubble's activation is decided and, when active, its launches run once on no request (compile_kernels):
+    seq_lens.gpu becomes all padding (0), every slot mapping the release computes all PAD_SLOT_ID; positions.gpu and
+    the device counts stay as they were; the time is kept per runner. Not active: nothing runs."""
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    calls = []
+
+    def release(r, *args, **kwargs):
+        calls.append((r, args, kwargs))
+        return "release result"
+
+    wrapped = ZB.make_initialize_kv_cache(release)
+    st = ZB.state_of(runner)
+    b = st.buffers
+    for buf in (b.cpu_counts, b.num_scheduled):  # what a launch over one row would read
+        buf.gpu.fill_(3)
+    runner.seq_lens.gpu.fill_(5)
+    runner.positions.gpu.fill_(9)
+    tables = [t for t in runner.input_batch.block_table.block_tables if npu_runner.computes_slot_mapping(t)]
+    assert tables
+    for t in tables:
+        t.slot_mapping.gpu.fill_(7)
+    compiled = len(ZB.compile_seconds)
+    assert wrapped(runner, "kv config", flag=1) == "release result"
+    assert calls == [(runner, ("kv config",), {"flag": 1})]
+    assert len(ZB.compile_seconds) == compiled + 1 and 0 <= ZB.compile_seconds[-1] < 60
+    assert runner.seq_lens.gpu.eq(0).all() and runner.positions.gpu.eq(9).all() and b.num_computed.eq(0).all()
+    for t in tables:
+        assert t.slot_mapping.gpu[: t.max_num_batched_tokens].eq(-1).all()
+
+    off = H.build_config(sess, shape, async_scheduling=False)
+    idle = H.make_runner(off, H.kv_cache_config(off, shape))
+    idle.seq_lens.gpu.fill_(5)
+    assert ZB.make_initialize_kv_cache(release)(idle) == "release result"
+    assert len(ZB.compile_seconds) == compiled + 1 and idle.seq_lens.gpu.eq(5).all()
+
+
 # -- planted mistakes: each must be caught ------------------------------------------------------------------
 
 

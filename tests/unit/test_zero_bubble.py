@@ -389,3 +389,14 @@ def test_backup_token_indices_and_ids_at_the_row_edges():
     out = np.full(3, 7, dtype=np.int64)
     got = zb.backup_next_token_ids(table, np.array([1, 4, 9, 2]), 3, out)
     assert got.tolist() == [0, 7, 11]
+
+
+def test_device_slot_mapping_entry_point():
+    """zero_bubble.slot_mapping forwards every argument (num_reqs and the context-parallel options included)."""
+    bt = torch.arange(32, dtype=torch.int32).reshape(4, 8)
+    qsl, pos = torch.tensor([0, 2, 3, 4], dtype=torch.int32), torch.tensor([0, 5, 1, 2])
+    out = torch.zeros(8, dtype=torch.int64)
+    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=2)
+    assert out.tolist() == [0, 5, 33, -1, -1, -1, 0, 0]  # the fourth token belongs to no request of the two
+    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=3, dcp_world_size=2, dcp_rank=1)
+    assert out.tolist() == [-1, 2, 32, -1, -1, -1, 0, 0]  # rank 1 of 2 owns the odd positions, at local p // 2
