@@ -111,6 +111,7 @@ def _check_waits(res):
     zb = p["zb"]
     assert zb["active"] and zb["fallback_uploads"] == 0, zb
     assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
+    assert zb["host_waits"] == zb["corrected_steps"]  # one wait per corrected step, counted
     # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13)
     assert p["input_prep_waits"] - u["input_prep_waits"] == added_input_prep_waits(res), (u, p)
 
@@ -411,6 +412,18 @@ def test_unsupported_combination_falls_through_with_one_warning(H, release, ZB, 
     assert set(p["waits"]) == {"update_states"} and p["min_before_prep_per_spec_step"] >= 1  # the classic path
     lines = [r for r in caplog.records if "zero-bubble NOT active" in r.getMessage()]
     assert len(lines) == 1 and "hybrid" in lines[0].getMessage()
+
+
+def test_release_instance_names(ZB):
+    """A release's ZeroBubble: per-release names for the runner / drafter state and a logger under vllm.zb_patch (the
+    logger tests and operators filter on), fresh bookkeeping."""
+    zb = type(ZB)(ZB.release, other_runners="other")
+    tag = ZB.release.replace(".", "")
+    assert (zb.release, zb.other_runners) == (ZB.release, "other")
+    assert zb.state_attr == ZB.state_attr == f"_zb_patch_{tag}"
+    assert zb.backup_pair_attr == ZB.backup_pair_attr == f"_zb_patch_{tag}_backup_pair"
+    assert zb.logger.name == ZB.logger.name == "vllm.zb_patch.ascend_" + ZB.release.replace(".", "_")
+    assert zb.warned == set() and zb.compile_seconds == []
 
 
 def test_async_scheduling_off_is_left_alone(H, ZB, sess, caplog):

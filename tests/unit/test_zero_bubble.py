@@ -400,3 +400,42 @@ def test_device_slot_mapping_entry_point():
     assert out.tolist() == [0, 5, 33, -1, -1, -1, 0, 0]  # the fourth token belongs to no request of the two
     zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=3, dcp_world_size=2, dcp_rank=1)
     assert out.tolist() == [-1, 2, 32, -1, -1, -1, 0, 0]  # rank 1 of 2 owns the odd positions, at local p // 2
+
+
+# ------------------------------------------------------------------------------------------------
+# zb_patch.versions.npu_runner helpers (no vLLM: stand-in block tables with the attributes the guarded
+# vllm-ascend BlockTable has)
+# ------------------------------------------------------------------------------------------------
+class _Buf:
+    def __init__(self, tensor):
+        self.gpu = tensor
+
+
+class _Table:
+    def __init__(self, block_size=4, kernel_sizes=(4,), rows=4, cols=8):
+        self.block_size, self.physical_block_size, self.max_num_batched_tokens = block_size, block_size, 6
+        if kernel_sizes is not None:
+            self.kernel_sizes = list(kernel_sizes)
+        self.block_table = _Buf(torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols))
+        self.slot_mapping = _Buf(torch.zeros(8, dtype=torch.int64))
+
+
+def test_computes_slot_mapping_only_for_the_first_kernel_block_size():
+    from zb_patch.versions.npu_runner import computes_slot_mapping
+
+    assert computes_slot_mapping(_Table(4, (4,))) and computes_slot_mapping(_Table(4, (4, 8)))
+    assert not computes_slot_mapping(_Table(4, (8, 4)))
+    assert not computes_slot_mapping(_Table(4, ()))
+    assert not computes_slot_mapping(_Table(4, None))  # no kernel_sizes attribute at all
+
+
+def test_slot_mapper_is_built_once_per_block_table():
+    from zb_patch.versions import npu_runner
+
+    b = npu_runner.Buffers(*[None] * 7)
+    t1, t2 = _Table(), _Table()
+    m1 = npu_runner.slot_mapper(b, t1)
+    m2 = npu_runner.slot_mapper(b, t2)
+    assert m1 is not m2 and npu_runner.slot_mapper(b, t1) is m1 and npu_runner.slot_mapper(b, t2) is m2
+    m1(2, torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 1]))
+    assert t1.slot_mapping.gpu.tolist() == [0, 5, 33, -1, -1, -1, 0, 0] and not t2.slot_mapping.gpu.any()
