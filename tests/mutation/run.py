@@ -57,13 +57,23 @@ def _table(name: str, values: dict) -> str:
     return f"[{name}]\n" + "".join(f"{key} = {_toml_value(v)}\n" for key, v in values.items())
 
 
-def prepare(work: Path, tests: list[str] | None) -> dict:
+def module_file(mutant: str) -> str:
+    """``zb_patch.versions.npu_runner.xǁZeroBubbleǁcorrect__mutmut_3`` -> ``zb_patch/versions/npu_runner.py``."""
+    module = mutant.split(".x_")[0].split(".xǁ")[0]
+    path = module.replace(".", "/")
+    return path + ("/__init__.py" if (ROOT / path).is_dir() else ".py")
+
+
+def prepare(work: Path, tests: list[str] | None, only: list[str] | None = None) -> dict:
     """The work directory: a copy of ``zb_patch/`` and ``tests/`` (modification times kept: mutmut reuses results of
-    unchanged functions) and the configuration."""
+    unchanged functions) and the configuration (``tests``: another killer selection; ``only``: mutate just these
+    files)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     mutmut = dict(config["tool"]["mutmut"])
     if tests:
         mutmut["pytest_add_cli_args_test_selection"] = tests
+    if only:
+        mutmut["only_mutate"] = only
     work.mkdir(parents=True, exist_ok=True)
     for name in ("zb_patch", "tests"):
         target = work / name
@@ -96,6 +106,37 @@ def statuses(work: Path) -> dict[str, str]:
     return out
 
 
+# a mutant run in several envs: the first of these statuses that any env gave it
+PRECEDENCE = ("killed", "timeout", "caught by type check", "segfault", "suspicious", "survived", "no tests", "skipped")
+
+
+def combine(per_env: list[dict[str, str]]) -> dict[str, str]:
+    """One status per mutant over several envs' runs (killed in any env: killed)."""
+    out: dict[str, str] = {}
+    for name in sorted(set().union(*per_env)):
+        seen = {statuses.get(name, "not checked") for statuses in per_env}
+        out[name] = next((s for s in PRECEDENCE if s in seen), "not checked")
+    return out
+
+
+def equivalents() -> dict[str, str]:
+    """tests/mutation/equivalent.toml: mutant name or fnmatch pattern -> why no test can kill it."""
+    return tomllib.loads((Path(__file__).with_name("equivalent.toml")).read_text())
+
+
+def classify(result: dict[str, str]) -> dict[str, str]:
+    """Survivors that equivalent.toml explains become "equivalent"."""
+    import fnmatch
+
+    known = equivalents()
+    return {
+        name: "equivalent"
+        if status == "survived" and any(name == k or fnmatch.fnmatchcase(name, k) for k in known)
+        else status
+        for name, status in result.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mutants", nargs="*")
@@ -104,29 +145,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", nargs="+")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sample", action="store_true", help="run the CI sample; exit 1 if a mutant survives")
-    parser.add_argument("--report", action="store_true", help="only read the statuses of the last run")
+    parser.add_argument("--report", action="store_true", help="only read the statuses of the last run (or --combine)")
     parser.add_argument("--prepare", action="store_true", help="only write the work directory (to run mutmut elsewhere)")
     parser.add_argument("--keep", action="store_true", help="run in the work directory as it is (no fresh copy)")
+    parser.add_argument("--combine", nargs="+", metavar="ENV", help="report the statuses of these envs' runs together")
     args = parser.parse_args(argv)
 
     work = ROOT / ".mutation" / args.env
     mutants = list(args.mutants)
     tests = args.tests
+    only = None
     if args.sample:
         mutants, tests = mutants or SAMPLE, tests or SAMPLE_TESTS
+        only = sorted({module_file(m) for m in mutants})
     if args.prepare:
-        prepare(work, tests)
+        prepare(work, tests, only)
         return 0
-    if not args.report:
+    if not args.report and not args.combine:
         if not args.keep:
-            prepare(work, tests)
+            prepare(work, tests, only)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
         started = time.time()
         cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *mutants]
         print("+", " ".join(cmd), f"(in {work})", flush=True)
         rc = subprocess.call(cmd, cwd=work, env=env)
         print(f"mutmut exited {rc} after {time.time() - started:.0f} s", flush=True)
-    result = statuses(work)
+    if args.combine:
+        result = combine([statuses(ROOT / ".mutation" / env) for env in args.combine])
+    else:
+        result = statuses(work)
+    result = classify(result)
     if mutants:
         import fnmatch
 

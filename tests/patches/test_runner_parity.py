@@ -199,6 +199,32 @@ def test_parity_without_batch_reordering(H, release, sess):
     _check_waits(res)
 
 
+def test_fallback_upload_when_the_device_counts_are_missing(H, release, ZB, sess):
+    """A corrected step whose previous step left no device counts (did not go through the padded drafter's copy)
+    uploads the host counts instead -- one wait, inside input preparation after the inputs are queued, as the
+    corrected step's own wait -- and stays exact."""
+    drops = []
+
+    def drop_device_counts(runner):
+        copy = runner._copy_valid_sampled_token_count  # the patched method
+
+        def every_third_lost(next_token_ids, valid_sampled_tokens_count):
+            copy(next_token_ids, valid_sampled_tokens_count)
+            if len(drops) % 3 == 2:
+                ZB.active(runner).valid_gpu = None
+            drops.append(1)
+
+        runner._copy_valid_sampled_token_count = every_third_lost
+
+    res = H.parity(sess, _shape(3), 300, seed=4, release=release, runner_hook=drop_device_counts)
+    assert res["divergences"] == 0, res["examples"]
+    p = res["patched"]
+    zb = p["zb"]
+    assert 1 < zb["fallback_uploads"] < zb["corrected_steps"] and zb["host_waits"] == zb["corrected_steps"]
+    assert p["max_before_prep_per_step"] == 0 and p["max_waits_per_step"] <= 1
+    assert set(p["waits"]) <= {"prepare_inputs:after"} and p["waits"]["prepare_inputs:after"] == zb["host_waits"]
+
+
 def test_backup_token_buffers_alternate(H, release, ZB, sess):
     res = H.parity(sess, _shape(2), 60, seed=3, release=release)
     assert res["divergences"] == 0, res["examples"]
