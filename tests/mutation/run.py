@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sample", action="store_true", help="run the CI sample; exit 1 if a mutant survives")
     parser.add_argument("--report", action="store_true", help="only read the statuses of the last run (or --combine)")
-    parser.add_argument("--prepare", action="store_true", help="only write the work directory (to run mutmut elsewhere)")
+    parser.add_argument("--prepare", action="store_true", help="only write the work directory")
     parser.add_argument("--keep", action="store_true", help="run in the work directory as it is (no fresh copy)")
     parser.add_argument("--combine", nargs="+", metavar="ENV", help="report the statuses of these envs' runs together")
     args = parser.parse_args(argv)
@@ -170,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         print("+", " ".join(cmd), f"(in {work})", flush=True)
         rc = subprocess.call(cmd, cwd=work, env=env)
         print(f"mutmut exited {rc} after {time.time() - started:.0f} s", flush=True)
-    if args.combine:
-        result = combine([statuses(ROOT / ".mutation" / env) for env in args.combine])
-    else:
-        result = statuses(work)
+    envs = args.combine or [args.env]
+    result = combine([statuses(ROOT / ".mutation" / env) for env in envs])
     result = classify(result)
     if mutants:
         import fnmatch
