@@ -220,7 +220,8 @@ def test_fallback_upload_when_the_device_counts_are_missing(H, release, ZB, sess
     assert res["divergences"] == 0, res["examples"]
     p = res["patched"]
     zb = p["zb"]
-    assert 1 < zb["fallback_uploads"] < zb["corrected_steps"] and zb["host_waits"] == zb["corrected_steps"]
+    lost = (len(drops) + 2) // 3  # every third step's device counts: at most one upload each
+    assert 1 < zb["fallback_uploads"] <= lost and zb["host_waits"] == zb["corrected_steps"]
     assert p["max_before_prep_per_step"] == 0 and p["max_waits_per_step"] <= 1
     assert set(p["waits"]) <= {"prepare_inputs:after"} and p["waits"]["prepare_inputs:after"] == zb["host_waits"]
 
