@@ -474,3 +474,20 @@ def test_launchers_are_cached_per_flags_and_shape(fresh_launchers, monkeypatch):
     assert (cuda._constexprs["REQ_TILE"], cuda._constexprs["TOK_TILE"]) == tc._CUDA_TILES
     assert cuda.direct_supported == _launch._direct_launch_supported("cuda")
     assert cache.get("cuda", True, True, True, None, direct=False).direct_supported is False
+
+
+@requires_kernels
+def test_prepared_launcher_checks_its_correction_buffers(dev):
+    """The bound previous-row buffers are checked when the launcher is built: a prev_positions shorter than the
+    batch bounds num_reqs, a prev_num_draft_tokens of another dtype is rejected."""
+    from zb_patch.kernels.token_counts import TokenCountsLauncher
+
+    i32 = dict(dtype=torch.int32, device=dev)
+    bufs = dict(num_computed_tokens=torch.zeros(4, **i32), seq_lens=torch.zeros(4, **i32))
+    bufs.update(num_scheduled_tokens=torch.ones(4, **i32), prev_num_draft_tokens=torch.zeros(4, **i32))
+    short = TokenCountsLauncher(**bufs, prev_positions=torch.zeros(1, dtype=torch.int64, device=dev))
+    with pytest.raises(ValueError, match="num_reqs"):
+        short(3, torch.zeros(3, **i32), torch.ones(3, **i32))
+    bufs["prev_num_draft_tokens"] = torch.zeros(4, dtype=torch.float32, device=dev)
+    with pytest.raises(ValueError, match="prev_num_draft_tokens"):
+        TokenCountsLauncher(**bufs, prev_positions=torch.zeros(4, dtype=torch.int64, device=dev))
