@@ -491,3 +491,32 @@ def test_prepared_launcher_checks_its_correction_buffers(dev):
     bufs["prev_num_draft_tokens"] = torch.zeros(4, dtype=torch.float32, device=dev)
     with pytest.raises(ValueError, match="prev_num_draft_tokens"):
         TokenCountsLauncher(**bufs, prev_positions=torch.zeros(4, dtype=torch.int64, device=dev))
+
+
+@requires_kernels
+@pytest.mark.parametrize("short", ["drafts", "computed"])
+def test_gather_is_bounded_by_every_previous_row_buffer(dev, short):
+    """Counts for 6 previous rows, but the drafts / device counts buffer holds fewer: a previous row past it never
+    participates (the short buffers are views of longer ones, so a read past their end would find drafts / counts)."""
+    i32 = dict(dtype=torch.int32)
+    nc_full, drafts_full = torch.tensor([10, 20, 30, 40, 50, 60], **i32), torch.tensor([1, 1, 5, 5, 5, 5], **i32)
+    nc_len, drafts_len = (6, 2) if short == "drafts" else (3, 6)
+    prev, valid = torch.tensor([4, 1, -1]), torch.full((6,), 2, **i32)
+    cpu, nst = torch.tensor([7, 8, 9], **i32), torch.ones(3, **i32)
+    got = []
+    for fn, device in ((token_counts_reference, "cpu"), (kernels.update_token_counts, dev)):
+        nc_all, drafts_all = nc_full.clone().to(device), drafts_full.clone().to(device)
+        nc, seq = nc_all[:nc_len], torch.zeros(3, **i32).to(device)
+        fn(
+            nc,
+            None,
+            prev.to(device),
+            valid.to(device),
+            drafts_all[:drafts_len],
+            cpu.to(device),
+            nst.to(device),
+            seq,
+            num_reqs=3,
+        )
+        got.append(nc[:3].cpu().tolist())
+    assert got[0] == got[1] == [7, 22, 9]
