@@ -89,6 +89,7 @@ def test_one_shot_slot_mapping_keeps_one_mapper_per_buffer_layout(monkeypatch):
     qsl, pos = torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 1])
     kernels.compute_slot_mapping(qsl, pos, bt, out_a, block_size=4, max_num_tokens=6)
     (first,) = kernels._MAPPERS.values()
+    assert callable(first)
     kernels.compute_slot_mapping(qsl, pos, bt, out_a, block_size=4, max_num_tokens=6)
     assert len(kernels._MAPPERS) == 1 and next(iter(kernels._MAPPERS.values())) is first
     kernels.compute_slot_mapping(qsl, pos, bt, out_b, block_size=4, max_num_tokens=6)
@@ -187,7 +188,7 @@ def test_multiprocessor_count(monkeypatch):
             return self.props
 
     cases = [({"num_vectorcore": 48, "num_aicore": 24}, 48), ({"num_vectorcore": 0, "num_aicore": 24}, 24)]
-    cases += [({"multiprocessor_count": 7}, 7), ({}, 40)]
+    cases += [({"num_vectorcore": 1}, 1), ({"multiprocessor_count": 7}, 7), ({}, 40)]
     for props, want in cases:
         _set_active(monkeypatch, driver, Active(props))
         assert _launch.multiprocessor_count("npu", 2) == want
