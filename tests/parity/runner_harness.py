@@ -312,6 +312,7 @@ class InputPrepEvent:
         self.event, self.driver = event, driver
 
     def record(self, stream: Any = None) -> None:
+        self.driver.input_prep_records += 1
         self.event.record() if stream is None else self.event.record(stream)
 
     def synchronize(self) -> None:
@@ -442,6 +443,7 @@ class Driver:
         # FULL-graph pad branch read, up to the padded count <= max_num_reqs)
         self.padded_seq_lens: dict[int, tuple] = {}
         self.input_prep_waits = 0
+        self.input_prep_records = 0
         self.state: StepState | None = None
         # scheduler / batch edge cases the run went through (EDGE_CASES; the same in both modes)
         self.edges: dict[str, int] = defaultdict(int)
@@ -835,6 +837,8 @@ class RunResult:
     unfilled_drafts: int
     negative_input_ids: int
     input_prep_waits: int  # host waits on prepare_inputs_event (the release's own plus any a patch adds)
+    input_prep_records: int  # records of prepare_inputs_event (the release's own plus any a patch adds)
+    prepared_steps: int  # steps whose inputs were prepared (something was scheduled)
     seconds: float
     padded_seq_lens: dict
     edges: dict
@@ -865,6 +869,8 @@ class RunResult:
             "unfilled_drafts",
             "negative_input_ids",
             "input_prep_waits",
+            "input_prep_records",
+            "prepared_steps",
             "seconds",
             "edges",
             "zb",
@@ -930,6 +936,7 @@ def run_mode(
             "corrected_steps": zb_state.corrected_steps,
             "host_waits": zb_state.host_waits,
             "fallback_uploads": zb_state.fallback_uploads,
+            "in_prepare": zb_state.in_prepare,
         }
     )
     all_before = [driver.step_waits[s].get("update_states", 0) for s in range(1, run.step + 1)]
@@ -953,6 +960,8 @@ def run_mode(
         unfilled_drafts=driver.unfilled_drafts,
         negative_input_ids=driver.negative_input_ids,
         input_prep_waits=driver.input_prep_waits,
+        input_prep_records=driver.input_prep_records,
+        prepared_steps=len(driver.records),
         padded_seq_lens=driver.padded_seq_lens,
         edges=dict(driver.edges),
         seconds=round(time.time() - t0, 2),

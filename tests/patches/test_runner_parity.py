@@ -112,8 +112,12 @@ def _check_waits(res):
     assert zb["active"] and zb["fallback_uploads"] == 0, zb
     assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
     assert zb["host_waits"] == zb["corrected_steps"]  # one wait per corrected step, counted
-    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13)
+    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13), and
+    # records it once per input preparation, after the last host-to-device copy of the step's inputs
     assert p["input_prep_waits"] - u["input_prep_waits"] == added_input_prep_waits(res), (u, p)
+    added_records = p["prepared_steps"] if res["waits_for_input_prep"] else 0
+    assert p["input_prep_records"] - u["input_prep_records"] == added_records, (u, p)
+    assert zb["in_prepare"] is False  # the _prepare_inputs window is closed between steps (0.13)
 
 
 def added_input_prep_waits(res):

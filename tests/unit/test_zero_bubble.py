@@ -439,3 +439,74 @@ def test_slot_mapper_is_built_once_per_block_table():
     assert m1 is not m2 and npu_runner.slot_mapper(b, t1) is m1 and npu_runner.slot_mapper(b, t2) is m2
     m1(2, torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 1]))
     assert t1.slot_mapping.gpu.tolist() == [0, 5, 33, -1, -1, -1, 0, 0] and not t2.slot_mapping.gpu.any()
+
+
+class _Host:  # the host side of a CpuGpuBuffer
+    def __init__(self, n):
+        self.np = np.full(n, 7, dtype=np.int32)
+
+
+class _Req:
+    def __init__(self, drafts):
+        self.prev_num_draft_len = drafts
+
+
+class _Event:
+    def __init__(self):
+        self.waits = 0
+
+    def synchronize(self):
+        self.waits += 1
+
+
+def _update_states_runner(zb, prev_sampled, prev_rows, requests, **attrs):
+    from zb_patch.versions import npu_runner
+
+    runner = type("Runner", (), {})()
+    runner.input_batch = type("Batch", (), {})()
+    runner.input_batch.prev_sampled_token_ids = prev_sampled
+    runner.input_batch.prev_req_id_to_index = prev_rows
+    runner.requests = requests
+    runner.valid_sampled_token_count_event = object()
+    for name, value in attrs.items():
+        setattr(runner, name, value)
+    buffers = npu_runner.Buffers(*[None] * 7)
+    buffers.prev_drafts = _Host(8)
+    runner.__dict__[zb.state_attr] = npu_runner.State(active=True, buffers=buffers)
+    return runner, runner.__dict__[zb.state_attr]
+
+
+def test_update_states_wrapper_queues_the_rows_the_release_reads():
+    """Optimistic counts (drafts + 1) at the previous rows of requests still known, 1 at the others, only rows of the
+    previous batch; the rows the release reads with drafts become this step's corrections; the answer is withdrawn
+    afterwards. Without a previous step the release runs as it is. The input-preparation wait where a release
+    asks for it, and only when the runner has the event."""
+    from zb_patch.versions import npu_runner
+
+    zb = npu_runner.ZeroBubble("9.9", other_runners="-")
+    rows = {"a": 0, "b": 1, "gone": 2, "stale": 3}  # "stale": a row past the previous batch (3 rows)
+    runner, st = _update_states_runner(zb, torch.zeros(3, 1), rows, {"a": _Req(2), "b": _Req(0), "stale": _Req(1)})
+    seen = []
+
+    def release(r, scheduler_output):
+        counts = r._get_valid_sampled_token_count()
+        seen.append(list(counts))
+        return counts[0], counts[1], scheduler_output  # the release reads rows 0 and 1
+
+    assert zb.make_update_states(release)(runner, "so") == (3, 1, "so")
+    assert seen == [[3, 1, 1]]
+    assert st.queue == [("a", 2, 0)] and st.num_prev == 3 and st.steps == 1 and st.valid_host is None
+    assert st.buffers.prev_drafts.np.tolist() == [2, 0, 0, 0, 0, 0, 0, 0]
+    assert "_get_valid_sampled_token_count" not in runner.__dict__
+
+    first, st = _update_states_runner(zb, None, None, {})
+    assert zb.make_update_states(lambda r, so: "ran")(first, "so") == "ran"
+    assert st.queue == [] and st.num_prev == 0 and not st.buffers.prev_drafts.np.any()
+
+    zb.waits_for_input_prep = True
+    event = _Event()
+    waiting, _ = _update_states_runner(zb, None, None, {}, prepare_inputs_event=event)
+    zb.make_update_states(lambda r, so: None)(waiting, "so")
+    assert event.waits == 1
+    no_event, _ = _update_states_runner(zb, None, None, {})
+    zb.make_update_states(lambda r, so: None)(no_event, "so")
