@@ -447,6 +447,29 @@ def test_unsupported_combination_falls_through_with_one_warning(H, release, ZB, 
     assert len(lines) == 1 and "hybrid" in lines[0].getMessage()
 
 
+def test_pd_decode_with_the_recompute_scheduler_is_refused_on_0_13(H, ZB, sess):
+    """vllm-ascend 0.13 replaces GPUModelRunner._update_states on a PD decode node with the recompute scheduler; the
+    adapter refuses exactly that combination (either setting alone is fine) and still needs a wanted runner first."""
+    if FAMILY != "0.13":
+        pytest.skip("a vllm-ascend 0.13 activation check")
+    from types import SimpleNamespace
+
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    runner.ascend_config.recompute_scheduler_enable = True
+    assert ZB.unsupported_reason(runner) == (True, "")
+    runner.vllm_config = SimpleNamespace(kv_transfer_config=object())
+    wanted, reason = ZB.unsupported_reason(runner)
+    assert wanted and "PD decode" in reason
+    runner.ascend_config.recompute_scheduler_enable = False
+    assert ZB.unsupported_reason(runner) == (True, "")
+    del runner.ascend_config  # no Ascend config at all: nothing to refuse
+    assert ZB.unsupported_reason(runner) == (True, "")
+    runner.use_async_scheduling = False
+    assert ZB.unsupported_reason(runner)[0] is False
+
+
 def test_release_instance_names(ZB):
     """A release's ZeroBubble: per-release names for the runner / drafter state and a logger under vllm.zb_patch (the
     logger tests and operators filter on), fresh bookkeeping."""
