@@ -510,3 +510,30 @@ def test_update_states_wrapper_queues_the_rows_the_release_reads():
     assert event.waits == 1
     no_event, _ = _update_states_runner(zb, None, None, {})
     zb.make_update_states(lambda r, so: None)(no_event, "so")
+
+
+def test_deferred_correction_waits_only_when_input_preparation_did_not():
+    """apply_deferred subtracts each queued request's rejected drafts from req_state.num_computed_tokens with the
+    counts the host already waited for, or waits itself (an early return skipped input preparation); requests gone
+    and rows past the counts are left alone; the step's queue and counts are cleared."""
+    from zb_patch.versions import npu_runner
+
+    zb = npu_runner.ZeroBubble("9.9", other_runners="-")
+
+    class Counted:
+        def __init__(self, n):
+            self.num_computed_tokens = n
+
+    for waited in (True, False):
+        runner = type("Runner", (), {})()
+        runner.requests = {"a": Counted(50), "b": Counted(60), "c": Counted(70)}
+        reads = []
+        runner._get_valid_sampled_token_count = lambda: reads.append(1) or [1, 3, 2]
+        st = npu_runner.State(active=True)
+        st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 3)]  # row 3: past the 3 counts
+        st.valid_host = [1, 3, 2] if waited else None
+        runner.__dict__[zb.state_attr] = st
+        zb.apply_deferred(runner)
+        assert [runner.requests[r].num_computed_tokens for r in "abc"] == [48, 59, 70]
+        assert (len(reads), st.host_waits) == ((0, 0) if waited else (1, 1))
+        assert st.queue == [] and st.valid_host is None
