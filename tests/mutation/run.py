@@ -37,8 +37,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_TESTS = [
     "tests/unit/test_zero_bubble.py",
     "tests/patches/test_runner_parity.py::test_parity_scheduler_edge_cases",
+    "tests/patches/test_runner_parity.py::test_fallback_upload_when_the_device_counts_are_missing",
 ]
-SAMPLE: list[str] = []
+SAMPLE = [
+    # killed by the parity harness (the release's runner diverges or waits where it must not)
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁdevice_correction__mutmut_30",  # corrections skipped on corrected steps
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁdevice_correction__mutmut_36",  # previous rows not remapped
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁexact_host_counts__mutmut_2",  # exact CPU counts without the wait
+    # killed only by tests written for survivors (docs/mutation.md)
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁdevice_correction__mutmut_16",  # fallback upload lost
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁmake_update_states__mutmut_50",  # a row past the previous batch
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁapply_deferred__mutmut_17",  # a row past the counts
+    "zb_patch.versions.npu_runner.x_slot_mapper__mutmut_3",  # one slot mapper per block table
+    "zb_patch.zero_bubble.batch.x_remap_accepted_counts__mutmut_17",  # stale rows past num_prev
+    "zb_patch.zero_bubble.device.x__subtract_rejected__mutmut_21",  # the same, base="cpu"
+    "zb_patch.zero_bubble.counts.x_backup_next_token_ids__mutmut_19",  # the last column of a full row
+]
 
 
 def _toml_value(value: object) -> str:
