@@ -491,6 +491,13 @@ def test_prepared_launcher_checks_its_correction_buffers(dev):
     bufs["prev_num_draft_tokens"] = torch.zeros(4, dtype=torch.float32, device=dev)
     with pytest.raises(ValueError, match="prev_num_draft_tokens"):
         TokenCountsLauncher(**bufs, prev_positions=torch.zeros(4, dtype=torch.int64, device=dev))
+    # without both previous-row buffers the launcher cannot correct: given counts, it copies the CPU counts
+    del bufs["prev_num_draft_tokens"]
+    prev = torch.tensor([1, 0, 0, 0], dtype=torch.int64, device=dev)
+    for launcher in (TokenCountsLauncher(**bufs), TokenCountsLauncher(**bufs, prev_positions=prev)):
+        bufs["num_computed_tokens"].fill_(9)
+        launcher(2, torch.tensor([3, 4], **i32), torch.tensor([2, 2], **i32))
+        assert bufs["num_computed_tokens"].cpu().tolist() == [3, 4, 9, 9] and not launcher.can_correct
 
 
 @requires_kernels

@@ -231,11 +231,27 @@ def test_fallback_upload_when_the_device_counts_are_missing(H, release, ZB, sess
 
 
 def test_backup_token_buffers_alternate(H, release, ZB, sess):
-    res = H.parity(sess, _shape(2), 60, seed=3, release=release)
+    """The drafter's backup-token staging buffer alternates between the release's own and one more, step by step."""
+    used = []
+
+    def track(runner):
+        own = runner.drafter.backup_next_token_ids
+        copy = runner._copy_valid_sampled_token_count  # called right after prepare_next_token_ids_padded
+
+        def tracked(*args):
+            used.append(runner.drafter.backup_next_token_ids)
+            copy(*args)
+
+        runner._copy_valid_sampled_token_count = tracked
+        used.append(own)
+
+    res = H.parity(sess, _shape(2), 60, seed=3, release=release, runner_hook=track)
     assert res["divergences"] == 0, res["examples"]
     unpatched, patched = res["runners"]
     pair = patched.drafter.__dict__[ZB.backup_pair_attr]
-    assert pair[0] is not pair[1] and patched.drafter.backup_next_token_ids in pair
+    own, steps = used[0], used[1:]
+    assert pair[0] is own and pair[1] is not own and patched.drafter.backup_next_token_ids in pair
+    assert len(steps) > 10 and all(b is pair[i % 2] for i, b in enumerate(steps))
     assert ZB.backup_pair_attr not in unpatched.drafter.__dict__
 
 

@@ -99,6 +99,13 @@ def test_correct_seq_lens_cpu_subtracts_only_participating_rows():
     assert seq.tolist() == [18, 30, 40, 50]
 
 
+def test_correct_seq_lens_cpu_ignores_rows_past_the_previous_batch():
+    seq = np.array([20, 30], dtype=np.int32)
+    drafts, valid = np.array([2, 2, 2, 0], dtype=np.int32), np.array([1, 1, 1, 1], dtype=np.int64)
+    zb.correct_seq_lens_cpu(seq, np.array([0, 2]), drafts, valid, 2, num_prev=2)  # row 2 of the counts is stale
+    assert seq.tolist() == [18, 30]
+
+
 def test_discard_mask():
     out = np.zeros(4, dtype=bool)
     assert zb.discard_request_mask(np.array([5, 9, 3]), np.array([9, 9, 3]), 3, out).tolist() == [True, False, False]
@@ -529,11 +536,11 @@ def test_deferred_correction_waits_only_when_input_preparation_did_not():
         runner.requests = {"a": Counted(50), "b": Counted(60), "c": Counted(70)}
         reads = []
         runner._get_valid_sampled_token_count = lambda: reads.append(1) or [1, 3, 2]
-        st = npu_runner.State(active=True)
+        st = npu_runner.State(active=True, host_waits=5)
         st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 3)]  # row 3: past the 3 counts
         st.valid_host = [1, 3, 2] if waited else None
         runner.__dict__[zb.state_attr] = st
         zb.apply_deferred(runner)
         assert [runner.requests[r].num_computed_tokens for r in "abc"] == [48, 59, 70]
-        assert (len(reads), st.host_waits) == ((0, 0) if waited else (1, 1))
+        assert (len(reads), st.host_waits) == ((0, 5) if waited else (1, 6))
         assert st.queue == [] and st.valid_host is None
