@@ -535,7 +535,7 @@ def test_deferred_correction_waits_only_when_input_preparation_did_not():
         runner = type("Runner", (), {})()
         runner.requests = {"a": Counted(50), "b": Counted(60), "c": Counted(70)}
         reads = []
-        runner._get_valid_sampled_token_count = lambda: reads.append(1) or [1, 3, 2]
+        runner._get_valid_sampled_token_count = lambda reads=reads: reads.append(1) or [1, 3, 2]
         st = npu_runner.State(active=True, host_waits=5)
         st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 3)]  # row 3: past the 3 counts
         st.valid_host = [1, 3, 2] if waited else None
