@@ -486,6 +486,23 @@ def test_pd_decode_with_the_recompute_scheduler_is_refused_on_0_13(H, ZB, sess):
     assert ZB.unsupported_reason(runner)[0] is False
 
 
+@pytest.mark.parametrize(
+    "attr,value,wanted,needle",
+    [
+        ("disable_padded_drafter_batch", True, True, "disable_padded_drafter_batch"),
+        ("method", "ngram", True, "speculative method 'ngram'"),
+        ("num_speculative_tokens", 0, False, "off"),
+    ],
+)
+def test_speculative_settings_zero_bubble_leaves_alone(H, ZB, sess, monkeypatch, attr, value, wanted, needle):
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    monkeypatch.setattr(runner.speculative_config, attr, value)  # the session's config: restored afterwards
+    got_wanted, reason = ZB.unsupported_reason(runner)
+    assert got_wanted is wanted and needle in reason
+
+
 def test_release_instance_names(ZB):
     """A release's ZeroBubble: per-release names for the runner / drafter state and a logger under vllm.zb_patch (the
     logger tests and operators filter on), fresh bookkeeping."""
