@@ -487,18 +487,20 @@ def test_pd_decode_with_the_recompute_scheduler_is_refused_on_0_13(H, ZB, sess):
 
 
 @pytest.mark.parametrize(
-    "attr,value,wanted,needle",
+    "owner,attr,value,wanted,needle",
     [
-        ("disable_padded_drafter_batch", True, True, "disable_padded_drafter_batch"),
-        ("method", "ngram", True, "speculative method 'ngram'"),
-        ("num_speculative_tokens", 0, False, "off"),
+        ("speculative_config", "disable_padded_drafter_batch", True, True, "disable_padded_drafter_batch"),
+        ("speculative_config", "method", "ngram", True, "speculative method 'ngram'"),
+        ("speculative_config", "num_speculative_tokens", 0, False, "off"),
+        ("parallel_config", "pipeline_parallel_size", 2, True, "pipeline parallelism"),
+        ("", "dcp_size", 2, True, "context parallelism"),
     ],
 )
-def test_speculative_settings_zero_bubble_leaves_alone(H, ZB, sess, monkeypatch, attr, value, wanted, needle):
+def test_settings_zero_bubble_leaves_alone(H, ZB, sess, monkeypatch, owner, attr, value, wanted, needle):
     shape = _shape(2)
     vc = H.build_config(sess, shape)
     runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
-    monkeypatch.setattr(runner.speculative_config, attr, value)  # the session's config: restored afterwards
+    monkeypatch.setattr(getattr(runner, owner) if owner else runner, attr, value)  # a session config: restored after
     got_wanted, reason = ZB.unsupported_reason(runner)
     assert got_wanted is wanted and needle in reason
 
