@@ -61,6 +61,21 @@ from zb_patch.check.selftest.workload import RequestSpec, make_workload
 ARCH = "ZbRunnerParityForCausalLM"
 EAGLE_ARCH = "EagleZbRunnerParityForCausalLM"
 
+# The scheduler / batch edge cases a run counts (RunResult.edges; the zero-bubble bookkeeping is wrong in a different
+# way in each): a request given fewer drafts than it held, by the token budget or near max_model_len; a request that
+# held drafts and was left out of a step (not preempted), then scheduled again; preempted, then resumed; a request
+# whose last step had drafts at another row (condense or reorder); rows swapped by the decode-first reorder.
+EDGE_CASES = (
+    "drafts_cut_token_budget",
+    "drafts_cut_max_model_len",
+    "skipped_holding_drafts",
+    "rescheduled_after_skip",
+    "preempted",
+    "resumed_after_preemption",
+    "rows_moved_with_drafts",
+    "rows_swapped",
+)
+
 
 # ------------------------------------------------------------------------------------------------
 # Process set-up (test platform; tiny model configs). The CPU distributed state comes from
@@ -297,6 +312,7 @@ class InputPrepEvent:
         self.event, self.driver = event, driver
 
     def record(self, stream: Any = None) -> None:
+        self.driver.input_prep_records += 1
         self.event.record() if stream is None else self.event.record(stream)
 
     def synchronize(self) -> None:
@@ -427,7 +443,18 @@ class Driver:
         # FULL-graph pad branch read, up to the padded count <= max_num_reqs)
         self.padded_seq_lens: dict[int, tuple] = {}
         self.input_prep_waits = 0
+        self.input_prep_records = 0
         self.state: StepState | None = None
+        # scheduler / batch edge cases the run went through (EDGE_CASES; the same in both modes)
+        self.edges: dict[str, int] = defaultdict(int)
+        batch = runner.input_batch
+        swap = batch.swap_states
+
+        def swap_states(i1: int, i2: int) -> None:  # the decode-first reorder swaps rows through this method
+            self.edges["rows_swapped"] += 1
+            swap(i1, i2)
+
+        batch.swap_states = swap_states
         runner.valid_sampled_token_count_event = LazyCountEvent(runner.valid_sampled_token_count_cpu, self)
         if getattr(runner, "prepare_inputs_event", None) is not None:
             runner.prepare_inputs_event = InputPrepEvent(runner.prepare_inputs_event, self)
@@ -506,6 +533,14 @@ class Driver:
         req_ids = list(runner.input_batch.req_ids)
         spec = so.scheduled_spec_decode_tokens
         num_drafts = [len(spec.get(r, ())) for r in req_ids]
+        # a request whose last step had drafts sits at another row now (condense, decode-first reorder): its
+        # previous-step values must be read at its previous row
+        prev_rows = runner.input_batch.prev_req_id_to_index or {}
+        prev_records = self.records.get(self.step - 1, {})
+        for r, rid in enumerate(req_ids):
+            was = prev_records.get(rid)
+            if was is not None and was.drafted and prev_rows.get(rid, r) != r:
+                self.edges["rows_moved_with_drafts"] += 1
         discarded = set(int(i) for i in runner.discard_request_indices.np[: runner.num_discarded_requests])
         max_seq_len = max(seq_lens_cpu) if seq_lens_cpu else 0
         rows = {}
@@ -625,6 +660,8 @@ class Run:
     accepted: int = 0
     preemptions: int = 0
     requests: int = 0
+    preempted_ids: set = field(default_factory=set)  # preempted, not yet scheduled again
+    skipped: set = field(default_factory=set)  # left out of a step while holding drafts, not yet scheduled again
 
     def add(self, specs: list[RequestSpec]) -> None:
         for s in specs:
@@ -644,9 +681,14 @@ class Run:
     def iteration(self, abort_after: dict[str, int]) -> None:
         sched = self.scheduler
         if sched.has_requests():
+            # running requests that hold drafts (async: k draft placeholders) and their computed counts
+            holding = {
+                r.request_id: (len(r.spec_token_ids), r.num_computed_tokens) for r in sched.running if r.spec_token_ids
+            }
             so = sched.schedule()
             self.step += 1
             self.preemptions += len(getattr(so, "preempted_req_ids", None) or ())
+            self._count_edges(so, holding)
             executed = self.driver.execute_model(so, self.step)
             out = self.driver.sample_tokens(so) if executed else None
             self.queue.appendleft((out, so))
@@ -655,6 +697,32 @@ class Run:
         elif not self.queue:
             return
         self._finish_one(abort_after)
+
+    def _count_edges(self, so: Any, holding: dict[str, tuple[int, int]]) -> None:
+        """The scheduler's edge cases of this step (:data:`EDGE_CASES`), into ``driver.edges``."""
+        edges = self.driver.edges
+        scheduled = so.num_scheduled_tokens
+        spec = so.scheduled_spec_decode_tokens
+        preempted = set(getattr(so, "preempted_req_ids", None) or ())
+        for rid, (held, computed) in holding.items():
+            if rid not in scheduled:
+                if rid not in preempted:
+                    edges["skipped_holding_drafts"] += 1
+                    self.skipped.add(rid)
+                continue
+            if len(spec.get(rid, ())) < held:
+                # scheduler: min(budget left, max_model_len - 1 - num_computed_tokens) tokens, drafts cut to fit
+                cause = "max_model_len" if computed + scheduled[rid] >= self.shape.max_model_len - 1 else "token_budget"
+                edges[f"drafts_cut_{cause}"] += 1
+        for rid in scheduled:
+            if rid in self.preempted_ids:
+                edges["resumed_after_preemption"] += 1
+                self.preempted_ids.discard(rid)
+            if rid in self.skipped:
+                edges["rescheduled_after_skip"] += 1
+                self.skipped.discard(rid)
+        edges["preempted"] += len(preempted)
+        self.preempted_ids |= preempted
 
     def _finish_one(self, abort_after: dict[str, int]) -> None:
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
@@ -769,8 +837,11 @@ class RunResult:
     unfilled_drafts: int
     negative_input_ids: int
     input_prep_waits: int  # host waits on prepare_inputs_event (the release's own plus any a patch adds)
+    input_prep_records: int  # records of prepare_inputs_event (the release's own plus any a patch adds)
+    prepared_steps: int  # steps whose inputs were prepared (something was scheduled)
     seconds: float
     padded_seq_lens: dict
+    edges: dict
     streams: dict
     finish: dict
     records: dict
@@ -798,7 +869,10 @@ class RunResult:
             "unfilled_drafts",
             "negative_input_ids",
             "input_prep_waits",
+            "input_prep_records",
+            "prepared_steps",
             "seconds",
+            "edges",
             "zb",
         )
         return {k: getattr(self, k) for k in keys}
@@ -862,6 +936,7 @@ def run_mode(
             "corrected_steps": zb_state.corrected_steps,
             "host_waits": zb_state.host_waits,
             "fallback_uploads": zb_state.fallback_uploads,
+            "in_prepare": zb_state.in_prepare,
         }
     )
     all_before = [driver.step_waits[s].get("update_states", 0) for s in range(1, run.step + 1)]
@@ -885,7 +960,10 @@ def run_mode(
         unfilled_drafts=driver.unfilled_drafts,
         negative_input_ids=driver.negative_input_ids,
         input_prep_waits=driver.input_prep_waits,
+        input_prep_records=driver.input_prep_records,
+        prepared_steps=len(driver.records),
         padded_seq_lens=driver.padded_seq_lens,
+        edges=dict(driver.edges),
         seconds=round(time.time() - t0, 2),
         streams=run.streams,
         finish=run.finish,
