@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, npu_runner, spec_fixes
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -332,6 +332,55 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
+# ----------------------------------------------------------------------------------------------------------------
+# Fixes of the release's own async + speculative-decoding defects (with or without zero-bubble): not in the
+# zero-bubble group, applied whenever their defect can bite, each with its own ZB_PATCH_DISABLE id.
+# ----------------------------------------------------------------------------------------------------------------
+
+STALE_DRAFT_PLACEHOLDERS = Patch(
+    id="stale-draft-placeholders",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+    make=spec_fixes.make_prepare_input_ids,
+    fingerprints={"vllm 0.13.0": "5932e601684fdc7a"},
+    why="(vLLM #37159; on vLLM 0.13 also #31944's preemption case) Async scheduling gives every scheduled decode "
+    "request `[-1] * k` draft placeholders, which _prepare_input_ids replaces on the device with the previous "
+    "step's drafts, but only for rows of the previous step's batch. A request that was not in that batch comes "
+    "back with drafts nothing replaces: one the scheduler skipped for a step (it keeps the placeholders), and on "
+    "vLLM 0.13 one that was preempted and resumed (_preempt_request keeps spec_token_ids until vLLM 0.14, #31944: "
+    "the stale placeholders are scheduled with the last chunk of the recomputed prompt). vLLM 0.13 does not even "
+    "write a re-added row's scheduled drafts into token_ids_cpu, so its draft input ids are whatever the row held "
+    "before: a token of another request or a `-1`, which crashes the embedding (classic async, EAGLE k = 3, 4 on "
+    "the big workload: docs/e2e.md). zero-bubble's clamp at 0 (zb013-corrections-before-metadata) only turns "
+    "them into junk token 0 drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body (which sets _draft_token_ids to None on "
+    "vLLM 0.13): the drafts proposed in the previous step for each request that was sampled there and is not in "
+    "this step's batch are kept (a device clone of its row of _draft_token_ids). After the body: a row that has "
+    "scheduled drafts and was not in the previous batch gets its kept drafts written over its draft input ids "
+    "(device copy; the rejection sampler reads the drafts from the same input ids): the drafts it would have "
+    "been verified with without the skip or the preemption. No host wait. Applies with async scheduling + spec "
+    "decode whether or not zero-bubble is active; a runner that prepares input ids elsewhere (PCP) is not "
+    "covered.",
+    upstream=("vllm#37159", "vllm#31944", "vllm#36906", "vllm#43434"),
+    remove_when=_REMOVE_WHEN,
+)
+
+STALE_DRAFT_ROWS = Patch(
+    id="stale-draft-placeholders-rows",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+    make=spec_fixes.make_remove_request,
+    fingerprints={"vllm 0.13.0": "cf5a63628bde6da9"},
+    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
+    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
+    "_prepare_input_ids wrapper needs to keep the request's drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before the "
+    "release's body drops it; the _prepare_input_ids wrapper reads the record once (every input preparation) and "
+    "keeps the drafts of the requests that are still alive.",
+    upstream=("vllm#37159",),
+    remove_when=_REMOVE_WHEN,
+)
+
 PATCHES: tuple = (
     UPDATE_STATES,
     PREPARE_INPUTS,
@@ -340,6 +389,8 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
+    STALE_DRAFT_PLACEHOLDERS,
+    STALE_DRAFT_ROWS,
 )
 
 ADAPTER = Adapter(

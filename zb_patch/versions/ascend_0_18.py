@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, npu_runner
+from . import Adapter, npu_runner, spec_fixes
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -268,7 +268,66 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-PATCHES: tuple = (UPDATE_STATES, PREPARE_INPUTS, EXECUTE_MODEL, COPY_VALID_COUNT, BACKUP_STAGING, COMPILE_KERNELS)
+# ----------------------------------------------------------------------------------------------------------------
+# Fixes of the release's own async + speculative-decoding defects (with or without zero-bubble): not in the
+# zero-bubble group, applied whenever async scheduling + spec decode is on, each with its own ZB_PATCH_DISABLE id.
+# ----------------------------------------------------------------------------------------------------------------
+
+STALE_DRAFT_PLACEHOLDERS = Patch(
+    id="stale-draft-placeholders",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+    make=spec_fixes.make_prepare_input_ids,
+    fingerprints={"vllm 0.18.0, 0.18.1": "9485308c065f0754"},
+    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
+    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
+    "step's batch. A request that skipped a step comes back with the same placeholders "
+    "(AsyncScheduler._update_after_schedule set them, the scheduler keeps them while the request is not scheduled, "
+    "InputBatch.update_req_spec_token_ids writes them into token_ids_cpu) and the `-1` reaches the model: "
+    "IndexError in the embedding on CPU, an out-of-bounds gather on a device. Seen with vLLM 0.18's max_model_len "
+    "clamp, which leaves a request at the limit 0 tokens for a step (its count is optimistic), at k >= 2, in "
+    "classic async and with zero-bubble alike (docs/e2e.md, Findings). Every upstream fix proposed (#37629, #40768, "
+    "#43434, #46899) was closed unmerged.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body: the drafts proposed in the previous "
+    "step for each request that was sampled there and is not in this step's batch are kept (a device clone of its "
+    "row of _draft_token_ids). After the body: a row that has scheduled drafts and was not in the previous batch "
+    "gets its kept drafts written over its draft input ids (device copy; the rejection sampler reads the drafts "
+    "from the same input ids). Those are the drafts the request would have been verified with without the skip, "
+    "the ones synchronous scheduling verifies: tokens and acceptance are sync's, not only crash-free. No host "
+    "wait. Applies with async scheduling + spec decode whether or not zero-bubble is active (its preconditions do "
+    "not matter here); a runner whose class overrides _prepare_input_ids (310P) or that prepares input ids "
+    "elsewhere (PCP) is not covered.",
+    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0: gpu_model_runner `if prev_index < 0: "
+    "continue`, no clearing of a skipped request's placeholders); this adapter covers vLLM 0.18.x only",
+)
+
+STALE_DRAFT_ROWS = Patch(
+    id="stale-draft-placeholders-rows",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+    make=spec_fixes.make_remove_request,
+    fingerprints={"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"},
+    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
+    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
+    "_prepare_input_ids wrapper needs to keep the request's drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before the "
+    "release's body drops it; the _prepare_input_ids wrapper reads the record once (every input preparation) and "
+    "keeps the drafts of the requests that are still alive.",
+    upstream=("vllm#37159",),
+    remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
+)
+
+PATCHES: tuple = (
+    UPDATE_STATES,
+    PREPARE_INPUTS,
+    EXECUTE_MODEL,
+    COPY_VALID_COUNT,
+    BACKUP_STAGING,
+    COMPILE_KERNELS,
+    STALE_DRAFT_PLACEHOLDERS,
+    STALE_DRAFT_ROWS,
+)
 
 ADAPTER = Adapter(
     id="ascend-0.18",
