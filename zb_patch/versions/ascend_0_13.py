@@ -119,6 +119,12 @@ GUARDS = (
         "of the (optimistic) CPU positions used for the host gather; called before the hook",
     ),
     Guard(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
+        {"vllm 0.13.0": "71f7c9676bb77930"},
+        "readded-request-drafts: calls _may_reorder_batch right after re-adding the requests that were not in the "
+        "persistent batch, whose scheduled drafts it does not write (it does for rows that stayed)",
+    ),
+    Guard(
         "vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids",
         {"vllm 0.13.0": "2593129b2e22f2e9"},
         "not called on the NPU path (NPUModelRunner._sample does not), so the optimistic -1 placeholder "
@@ -381,6 +387,31 @@ STALE_DRAFT_ROWS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
+READDED_REQUEST_DRAFTS = Patch(
+    id="readded-request-drafts",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
+    make=spec_fixes.make_may_reorder_batch,
+    fingerprints={"vllm 0.13.0": "5043e96df8f91dc5"},
+    why="(vLLM #31944, in vLLM 0.14.0) vLLM 0.13's scheduler keeps a preempted request's spec_token_ids, and any "
+    "request's over a step it was not scheduled in, and schedules them again with the request: a resumed request "
+    "gets them with the last chunk of its recomputed prompt. Its runner writes a request's scheduled drafts into "
+    "the persistent batch (token_ids_cpu, spec_token_ids, num_tokens) only for rows that stayed in the batch; a "
+    "row re-added for a skipped or preempted request keeps what its slot held before, so the model and the "
+    "rejection sampler get another request's tokens (or a -1) as its drafts. Synchronous scheduling verifies junk "
+    "there (no crash, lost acceptance); under async scheduling it is where stale-draft-placeholders writes the "
+    "request's real drafts. #31944 writes them (InputBatch.update_req_spec_token_ids on the re-added rows) and also "
+    "clears spec_token_ids at preemption in the scheduler; zb-patch patches worker processes only (the scheduler "
+    "runs in the EngineCore process), so the kept drafts are verified with the recomputed prompt, as vLLM 0.13's "
+    "sync scheduling meant to: they are the request's drafts for the position it resumes at.",
+    how="Wrapper (zb_patch.versions.spec_fixes). _update_states calls _may_reorder_batch right after re-adding the "
+    "requests that were not in the batch (guarded); first, each row whose spec_token_ids is empty while drafts are "
+    "scheduled for it (the re-added ones: the other path always fills the list) gets them written into "
+    "token_ids_cpu after its tokens, num_tokens and spec_token_ids, as vLLM 0.14's update_req_spec_token_ids does. "
+    "Host work only, no device op. Synchronous and async scheduling alike, zero-bubble active or not.",
+    upstream=("vllm#31944", "vllm#30916"),
+    remove_when=_REMOVE_WHEN,
+)
+
 PATCHES: tuple = (
     UPDATE_STATES,
     PREPARE_INPUTS,
@@ -391,6 +422,7 @@ PATCHES: tuple = (
     COMPILE_KERNELS,
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
+    READDED_REQUEST_DRAFTS,
 )
 
 ADAPTER = Adapter(

@@ -163,3 +163,54 @@ def fill_returning_drafts(runner: Any, st: SavedDrafts, scheduler_output: Any, c
     if kept:
         for req_id in [r for r in kept if r not in runner.requests]:
             del kept[req_id]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM 0.13 (fixed by vLLM #31944 in 0.14): a request re-added to the persistent batch (skipped for a step, or
+# preempted and resumed) is scheduled with drafts its row never receives
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_may_reorder_batch(original: Callable) -> Callable:
+    """Wrap ``GPUModelRunner._may_reorder_batch(scheduler_output)`` (vLLM 0.13), which ``_update_states`` calls right
+    after it re-added the requests that were not in the persistent batch: first give each re-added row its scheduled
+    drafts, as vLLM 0.14+ does there with ``InputBatch.update_req_spec_token_ids`` (#31944).
+
+    vLLM 0.13's ``_update_states`` writes a request's scheduled draft ids into ``token_ids_cpu`` (and
+    ``spec_token_ids``, ``num_tokens``) only on the path of rows that stayed in the batch; a re-added row keeps
+    whatever its slot held before (``add_request`` empties its ``spec_token_ids``), so the model and the rejection
+    sampler get another request's tokens or a ``-1`` as its drafts. Re-added rows with drafts are exactly the rows
+    whose ``spec_token_ids`` is empty while the scheduler scheduled drafts for them (the other path always fills it).
+    Synchronous scheduling: those are the request's real drafts (the scheduler keeps them over a preemption until
+    vLLM 0.14, #31944, and over a skipped step). Async scheduling: the scheduler's ``-1`` placeholders, which the
+    ``stale-draft-placeholders`` fix replaces with the request's drafts on the device. Host work only.
+    """
+
+    @functools.wraps(original)
+    def _may_reorder_batch(runner, scheduler_output, *args, **kwargs):
+        write_readded_drafts(runner, scheduler_output)
+        return original(runner, scheduler_output, *args, **kwargs)
+
+    return _may_reorder_batch
+
+
+READDED_ATTR = "_zb_patch_readded_drafts"  # per-runner count of re-added rows given their drafts (diagnostics)
+
+
+def write_readded_drafts(runner: Any, scheduler_output: Any) -> None:
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    if not spec:
+        return
+    batch = runner.input_batch
+    written = 0
+    for req_id, drafts in spec.items():
+        index = batch.req_id_to_index.get(req_id)
+        if index is None or not drafts or batch.spec_token_ids[index]:
+            continue  # not in the batch, no drafts, or a row that stayed (its drafts were written)
+        start = batch.num_tokens_no_spec[index]
+        batch.token_ids_cpu[index, start : start + len(drafts)] = drafts
+        batch.num_tokens[index] = start + len(drafts)  # vLLM 0.13: num_tokens may include spec tokens
+        batch.spec_token_ids[index].extend(drafts)
+        written += 1
+    if written:
+        runner.__dict__[READDED_ATTR] = runner.__dict__.get(READDED_ATTR, 0) + written
