@@ -23,7 +23,9 @@ npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be o
 HARNESS = {"0.13": "runner013", "0.18": "runner018"}
 FAMILY = npu_standin.detect_family()
 if FAMILY not in HARNESS:
-    pytest.skip(f"the runner harness covers vllm-ascend {' / '.join(HARNESS)}; this env has {FAMILY}", allow_module_level=True)
+    pytest.skip(
+        f"the runner harness covers vllm-ascend {' / '.join(HARNESS)}; this env has {FAMILY}", allow_module_level=True
+    )
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
 
@@ -107,9 +109,7 @@ def _run(H, release, sess, monkeypatch, *, patched, disabled=()):
     shape = EngineShape(num_spec_tokens=K)
     specs = make_workload(SEED, shape, ITERATIONS)
     with H.reference_kernels():
-        res = H.run_mode(
-            sess, shape, specs, ITERATIONS, release=release, seed=SEED, patched=patched, disabled=disabled
-        )
+        res = H.run_mode(sess, shape, specs, ITERATIONS, release=release, seed=SEED, patched=patched, disabled=disabled)
     monkeypatch.undo()
     return res, rec
 
@@ -123,8 +123,10 @@ def test_stale_placeholders_reach_the_model_without_the_fix(H, release, sess, mo
     res, rec = _run(H, release, sess, monkeypatch, patched=False)
     wrong = [r for r in rec.returns if r["ids"] != r["expected"]]
     with capsys.disabled():
-        print(f"\n{release.ADAPTER.id} bare release, k={K}: {len(rec.returns)} rows back with drafts, e.g. "
-              f"{rec.returns[:3]}; {res.negative_input_ids} negative ids handed to the model")
+        print(
+            f"\n{release.ADAPTER.id} bare release, k={K}: {len(rec.returns)} rows back with drafts, e.g. "
+            f"{rec.returns[:3]}; {res.negative_input_ids} negative ids handed to the model"
+        )
     assert rec.returns and len(wrong) == len(rec.returns)
     assert all(r["scheduled"] == [-1] * len(r["scheduled"]) for r in rec.returns)  # the scheduler's placeholders
     assert res.negative_input_ids > 0  # a -1 reaches the embedding (an IndexError with a real model)
@@ -155,3 +157,20 @@ def test_disabling_the_fix_brings_the_defect_back(H, release, sess, monkeypatch)
     assert rec.returns and all(r["ids"] != r["expected"] for r in rec.returns)
     assert res.zb.get("active")
     assert "_zb_patch_saved_drafts" not in res.runner.__dict__
+
+
+def test_readded_rows_get_their_scheduled_drafts_on_013(H, release, sess, monkeypatch):
+    """vLLM 0.13 (patch ``readded-request-drafts``, vLLM #31944's runner half): a row re-added with scheduled drafts
+    (a request skipped for a step, or preempted and resumed with the stale spec tokens vLLM 0.13's scheduler keeps)
+    never gets them written: its draft input ids are what the row's slot held before (another request's tokens, or
+    a ``-1``). With only that fix (zero-bubble and stale-draft-placeholders left out) they are the scheduled ids:
+    under async scheduling the ``-1`` placeholders (which stale-draft-placeholders replaces), under synchronous
+    scheduling the request's real drafts."""
+    if FAMILY != "0.13":
+        pytest.skip("vLLM 0.18 writes a re-added row's drafts itself (InputBatch.update_req_spec_token_ids, #31944)")
+    bare, rec = _run(H, release, sess, monkeypatch, patched=False)
+    assert any(r["ids"] != r["scheduled"] for r in rec.returns), rec.returns  # junk from the slot's previous owner
+    disabled = (_zb_ids(H, release)[0], FIX, "mtp-draft-slots")
+    res, rec = _run(H, release, sess, monkeypatch, patched=True, disabled=disabled)
+    assert rec.returns and all(r["ids"] == r["scheduled"] for r in rec.returns), rec.returns
+    assert res.runner.__dict__.get("_zb_patch_readded_drafts", 0) >= len(rec.returns)

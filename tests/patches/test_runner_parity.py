@@ -5,9 +5,9 @@ release's runner013.py / runner018.py).
 The release's real vLLM AsyncScheduler drives its real runner methods (the harness says exactly which are real and
 which are mirrored; on 0.13 the monolithic _prepare_inputs runs end to end, attention-metadata loop included)
 in their classic async form and then with zero-bubble (the adapter applied; both runs carry the adapter's fixes of
-the release's own defects, which tests/patches/test_release_defects.py reproduces), on the same seeded workload (arrivals, chunked prefill, prefix-cache
-hits, preemption + resumption, stop tokens, max_model_len, aborts; acceptance none / all / partial per request and
-position). Asserted:
+the release's own defects, which tests/patches/test_release_defects.py reproduces), on the same seeded workload
+(arrivals, chunked prefill, prefix-cache hits, preemption + resumption, stop tokens, max_model_len, aborts;
+acceptance none / all / partial per request and position). Asserted:
 
 * identical per-step, per-request positions, slot mapping, input ids, CPU and device seq_lens, CPU
   num_computed_tokens (at the forward and when the drafter runs), max_seq_len, discard flags, sampled tokens,

@@ -318,6 +318,30 @@ STALE_DRAFT_ROWS = Patch(
     remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
 )
 
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
+    id="draft-seq-lens-max-model-len",
+    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
+    make=spec_fixes.make_attn_update_stack_num_spec_norm,
+    fingerprints={"vllm-ascend 0.18.0": "066043ae9710cf9f"},
+    why="(vllm-ascend #9221 / #9235 'MTP tokens out-of-range', fixed on releases/v0.18.0 by #10112, unreleased) For "
+    "draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length and sets it to 1 for requests past "
+    "max_model_len: on the device by the step's position (>= max_model_len), on the host by the new length "
+    "(>= max_model_len). They disagree: a draft at position max_model_len - 1 gets max_model_len on the device and 1 "
+    "on the host; a row masked once gets 1 on the device and 2, 3, ... on the host in the next steps. Ascend "
+    "attention reads the host lengths (FIA actual_seq_lengths_kv), other kernels the device ones: the out-of-range "
+    "errors #9221 fixed near max_model_len with MTP. #9235's input_fits_in_drafter (skip the drafter) was reverted "
+    "on the branch by #10112 because it diverged across DP ranks and hung MoE models (vLLM #44185).",
+    how="Wrapper (zb_patch.versions.spec_fixes). The release's body runs with a stand-in for its attn_group whose "
+    "metadata builder, before build_for_drafting, rewrites the draft rows' lengths of the step's common metadata to "
+    "the previous step's + 1, set to 1 where that exceeds max_model_len, on the device (seq_lens) and the host "
+    "(seq_lens_cpu): #10112's masks. The previous lengths are the metadata the step was derived from, which the "
+    "release clones before adding. Device ops on the device tensor, host ops on the host one: no wait. EAGLE and MTP, "
+    "with or without async scheduling and zero-bubble. Drafts of positions past max_model_len are never verified: "
+    "tokens and acceptance do not change.",
+    upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
+    remove_when=_REMOVE_WHEN,
+)
+
 PATCHES: tuple = (
     UPDATE_STATES,
     PREPARE_INPUTS,
@@ -327,6 +351,7 @@ PATCHES: tuple = (
     COMPILE_KERNELS,
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
+    DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
 )
 
 ADAPTER = Adapter(

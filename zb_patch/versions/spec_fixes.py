@@ -214,3 +214,87 @@ def write_readded_drafts(runner: Any, scheduler_output: Any) -> None:
         written += 1
     if written:
         runner.__dict__[READDED_ATTR] = runner.__dict__.get(READDED_ATTR, 0) + written
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vllm-ascend 0.18.0 / 0.19.1rc1 / 0.20.2rc1 (fixed by #10112 on releases/v0.18.0, #10147 in 0.21.0rc1): the drafter's
+# sequence lengths of a request at max_model_len, masked differently on the device and on the host
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_attn_update_stack_num_spec_norm(original: Callable) -> Callable:
+    """Wrap ``SpecDecodeBaseProposer.attn_update_stack_num_spec_norm`` (draft steps 1 .. k-1 of the EAGLE / MTP
+    proposer): the attention metadata of a draft step is built from sequence lengths masked as vllm-ascend #10112 /
+    #10147 mask them.
+
+    The release adds 1 to the draft rows' sequence lengths, then sets those of requests past ``max_model_len`` to 1:
+    on the device by the *position* (``>= max_model_len``, the step's input position), on the host by the sequence
+    length (``>= max_model_len``). The two disagree: a draft at position ``max_model_len - 1`` gets ``max_model_len``
+    on the device and 1 on the host, and a request masked in one step gets 1 again on the device but 2, 3, ... on the
+    host in the next ones (the masked length is the next step's base). Ascend attention takes its lengths from the
+    host copy and other kernels from the device one. #10112 masks both by ``seq_lens > max_model_len``.
+
+    The release's own body runs; the metadata builder it is handed (``attn_group``) is a stand-in whose
+    ``build_for_drafting`` first rewrites the draft rows' lengths of the step's common metadata to ``previous + 1``,
+    set to 1 where that exceeds ``max_model_len`` (device ``seq_lens``, host ``seq_lens_cpu`` and, where the class has
+    it, ``_seq_lens_cpu``), then builds. The previous lengths are those of the metadata the step was derived from,
+    which the release clones before it adds (so they are unchanged) and which, from the second draft step on, is the
+    previous step's corrected metadata. No host wait: the device rewrite is device ops, the host one host ops.
+    """
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def attn_update_stack_num_spec_norm(proposer, *args, **kwargs):
+        bound = signature.bind(proposer, *args, **kwargs)
+        group = bound.arguments.get("attn_group")
+        if group is None:
+            return original(proposer, *args, **kwargs)
+        bound.arguments["attn_group"] = _MaskedLengthsGroup(
+            group, bound.arguments["old_common_metadata"], bound.arguments["batch_size"], proposer.max_model_len
+        )
+        return original(*bound.args, **bound.kwargs)
+
+    return attn_update_stack_num_spec_norm
+
+
+class _MaskedLengthsGroup:
+    """The attention group handed to one ``attn_update_stack_num_spec_norm`` call: its metadata builder masks the
+    draft rows' lengths before building (see :func:`make_attn_update_stack_num_spec_norm`); everything else is the
+    group's."""
+
+    def __init__(self, group: Any, previous: Any, rows: int, max_model_len: int) -> None:
+        self._zb_group, self._zb_previous, self._zb_rows, self._zb_max = group, previous, rows, max_model_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zb_group, name)
+
+    def get_metadata_builder(self, *args: Any, **kwargs: Any) -> Any:
+        return _MaskedLengthsBuilder(self._zb_group.get_metadata_builder(*args, **kwargs), self)
+
+
+class _MaskedLengthsBuilder:
+    def __init__(self, builder: Any, group: _MaskedLengthsGroup) -> None:
+        self._zb_builder, self._zb_group = builder, group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zb_builder, name)
+
+    def build_for_drafting(self, *args: Any, **kwargs: Any) -> Any:
+        common = kwargs["common_attn_metadata"] if "common_attn_metadata" in kwargs else args[0]
+        mask_draft_lengths(common, self._zb_group._zb_previous, self._zb_group._zb_rows, self._zb_group._zb_max)
+        return self._zb_builder.build_for_drafting(*args, **kwargs)
+
+
+def mask_draft_lengths(common: Any, previous: Any, rows: int, max_model_len: int) -> None:
+    """``common``'s lengths ``[:rows]`` = ``previous``'s + 1, set to 1 past ``max_model_len`` (vllm-ascend #10112)."""
+    import torch
+
+    lengths = previous.seq_lens[:rows] + 1
+    common.seq_lens[:rows] = torch.where(lengths > max_model_len, torch.ones_like(lengths), lengths)
+    for name in ("seq_lens_cpu", "_seq_lens_cpu"):
+        before = getattr(previous, name, None)
+        after = getattr(common, name, None)
+        if before is None or after is None:
+            continue
+        host = before[:rows] + 1
+        after[:rows] = torch.where(host > max_model_len, torch.ones_like(host), host)
