@@ -101,14 +101,15 @@ def keep_leaving_drafts(runner: Any, st: SavedDrafts) -> None:
     drafts = runner._draft_token_ids
     if not left or not isinstance(drafts, torch.Tensor):
         return
-    k = runner.num_spec_tokens
+    # drafts per row of that proposal (vLLM 0.24+ keeps it as prev_num_spec_tokens = _draft_token_ids.shape[1])
+    width = drafts.shape[1] if drafts.dim() == 2 else runner.num_spec_tokens
     flat = drafts.reshape(-1)
     for req_id, row in left.items():
         # still alive: skipped, preempted, or already back in this step's batch (the step it was skipped in had no
         # tokens at all, so this is the first input preparation since it left)
         if req_id not in runner.requests:
             continue
-        st.drafts[req_id] = flat[row * k : (row + 1) * k].clone()  # device copy: the tensor may be reused
+        st.drafts[req_id] = flat[row * width : (row + 1) * width].clone()  # device copy: the tensor may be reused
         st.saved += 1
 
 
@@ -280,9 +281,19 @@ class _MaskedLengthsBuilder:
         return getattr(self._zb_builder, name)
 
     def build_for_drafting(self, *args: Any, **kwargs: Any) -> Any:
-        common = kwargs["common_attn_metadata"] if "common_attn_metadata" in kwargs else args[0]
-        mask_draft_lengths(common, self._zb_group._zb_previous, self._zb_group._zb_rows, self._zb_group._zb_max)
+        self._zb_mask(args, kwargs)
         return self._zb_builder.build_for_drafting(*args, **kwargs)
+
+    def build(self, *args: Any, **kwargs: Any) -> Any:  # vllm-ascend 0.20.2rc1 builds draft steps with build()
+        self._zb_mask(args, kwargs)
+        return self._zb_builder.build(*args, **kwargs)
+
+    def _zb_mask(self, args: tuple, kwargs: dict) -> None:
+        common = kwargs.get("common_attn_metadata")
+        if common is None:  # positional: (common, ...) or (draft_step / prefix length, common, ...)
+            common = next(a for a in args if hasattr(a, "seq_lens_cpu"))
+        group = self._zb_group
+        mask_draft_lengths(common, group._zb_previous, group._zb_rows, group._zb_max)
 
 
 def mask_draft_lengths(common: Any, previous: Any, rows: int, max_model_len: int) -> None:
