@@ -20,7 +20,6 @@ result's ``defects`` entry (live objects, filled while generating):
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 
@@ -33,13 +32,9 @@ import run_engine  # noqa: E402  (the device report and the conventions of the t
 RECORDERS = ("kv-owners", "draft-lengths", "saved-drafts", "returning-rows")
 
 
-def _runner():
-    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
-
-    runners = [o for o in gc.get_objects() if isinstance(o, NPUModelRunner)]
-    if len(runners) != 1:
-        raise RuntimeError(f"expected one NPUModelRunner in the engine process, found {len(runners)}")
-    return runners[0]
+def _runner(llm):
+    """The engine's one model runner (uni executor, EngineCore in this process: the child checks both)."""
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
 
 def record_kv_owners(runner, out: dict) -> None:
@@ -199,7 +194,8 @@ def main(argv: list[str]) -> int:
     from zb_patch.check.engine import child
 
     def after_build() -> dict:
-        runner = _runner()
+        # child.main calls this right after it built ``llm`` (its local): the one handle on the engine's runner
+        runner = _runner(sys._getframe(1).f_locals["llm"])
         defects: dict = {}
         for name in wanted:
             defects[name] = {}
