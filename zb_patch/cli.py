@@ -189,7 +189,10 @@ def _print_doctor(d: dict, out) -> None:
                     f"{adv['fingerprint']}: {adv['message']}\n"
                 )
             else:
-                w(f"  advisory {adv['id']}: not affected ({adv['target']} {adv['fingerprint'] or 'absent'})\n")
+                w(
+                    f"  advisory {adv['id']}: not a recorded affected form ({adv['target']} "
+                    f"{adv['fingerprint'] or 'absent'}; {', '.join(adv['upstream'])})\n"
+                )
     else:
         w(f"Verdict: ZB_PATCH=1 would be REFUSED: {d['reason']}\n")
 
