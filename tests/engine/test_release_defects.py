@@ -40,12 +40,18 @@ from zb_patch.check.engine.run import run_all  # noqa: E402
 from zb_patch.check.engine.workload import Workload, divergences, summarize, table  # noqa: E402
 
 RELEASE = version("vllm-ascend")
-if RELEASE not in ("0.13.0", "0.18.0"):
+if RELEASE not in ("0.13.0", "0.18.0", "0.23.0"):
     pytest.skip(
-        f"release defects are reproduced on vllm-ascend 0.13.0 / 0.18.0; this env has {RELEASE}",
+        f"release defects are reproduced on vllm-ascend 0.13.0 / 0.18.0 / 0.23.0; this env has {RELEASE}",
         allow_module_level=True,
     )
-ZERO_BUBBLE = {"0.13.0": "zb013-optimistic-update-states", "0.18.0": "zb018-optimistic-update-states"}[RELEASE]
+# the patch ZB_PATCH_DISABLE names to leave the release's classic async path with only the fixes: zero-bubble's group
+# on 0.13 / 0.18; on 0.23 (zero-bubble is the release's own) the slot-mapping kernel, the one other patch there
+NOT_A_FIX = {
+    "0.13.0": "zb013-optimistic-update-states",
+    "0.18.0": "zb018-optimistic-update-states",
+    "0.23.0": "slot-mapping-kernel",
+}[RELEASE]
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "run_defect_engine.py")
 EMBEDDING_ERROR = "IndexError: index out of range in self"
@@ -146,7 +152,7 @@ def stale_runs(models, tmp_path_factory):
     configs = [
         ("sync", False, {}),
         ("async", True, {}),
-        ("async+fixes", True, {**on, "ZB_PATCH_DISABLE": ZERO_BUBBLE}),
+        ("async+fixes", True, {**on, "ZB_PATCH_DISABLE": NOT_A_FIX}),
         ("async+zb", True, on),
         ("async+zb-without-fix", True, {**on, "ZB_PATCH_DISABLE": "stale-draft-placeholders"}),
     ]
@@ -159,12 +165,13 @@ def stale_runs(models, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["async", "async+zb-without-fix"])
 def test_without_the_fix_returning_rows_get_wrong_drafts(stale_runs, name):
-    """The release's classic async, and zero-bubble without the fix. vllm-ascend 0.18 (vLLM 0.18 writes the -1
-    placeholders into the re-added row): a -1 draft indexes the target's embedding out of range and the run stops.
+    """The release's classic async (on 0.23: its own zero-bubble), and zb-patch without the fix. vllm-ascend 0.18 /
+    0.23 (vLLM writes the -1 placeholders into the re-added row): a -1 draft indexes the target's embedding out of
+    range and the run stops.
     vllm-ascend 0.13 (vLLM 0.13 writes nothing there): the row's draft input ids are what its slot held before --
     not the request's drafts (the run finishes with fewer drafts accepted; zero-bubble's clamp turns any -1 into 0)."""
     run = stale_runs[name]
-    if RELEASE == "0.18.0":
+    if RELEASE != "0.13.0":
         assert run.returncode != 0 and EMBEDDING_ERROR in run.stderr, run.stderr[-3000:]
         assert "embed_input_ids" in run.stderr  # the target model's embedding (vllm/model_executor/models/llama.py)
         return
@@ -198,8 +205,8 @@ def test_with_the_fix_tokens_are_sync_s(stale_runs):
 def test_zero_bubble_equals_classic_async_with_the_fix(stale_runs):
     fixes, zb = stale_runs["async+fixes"].result, stale_runs["async+zb"].result
     assert divergences(fixes, zb) == []
-    assert "stale-draft-placeholders" in _applied(fixes) and ZERO_BUBBLE not in _applied(fixes)
-    assert {"stale-draft-placeholders", ZERO_BUBBLE} <= _applied(zb)
+    assert "stale-draft-placeholders" in _applied(fixes) and NOT_A_FIX not in _applied(fixes)
+    assert {"stale-draft-placeholders", NOT_A_FIX} <= _applied(zb)
 
 
 def test_acceptance_with_the_fix_is_sync_s_up_to_the_max_model_len_clamp(stale_runs):
