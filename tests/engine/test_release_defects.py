@@ -9,9 +9,9 @@ zero-bubble's business also with zero-bubble left out: ``ZB_PATCH_DISABLE=<a zer
 * vLLM #37159, ``stale-draft-placeholders`` (vllm-ascend 0.13 / 0.18 / 0.23): requests that run into max_model_len
   skip a step with their ``-1`` draft placeholders (vLLM's max_model_len clamp on an optimistic count) and come back
   with draft input ids that are not their drafts: on 0.18 the ``-1`` reaches the target's embedding (``IndexError``);
-  on 0.23 the same ``-1`` (its embedding masks it: a rejected draft), on 0.13 the row's stale ids are verified. With the fix: every such row gets the drafts
-  proposed for its request, the tokens are synchronous scheduling's, zero-bubble equals classic async with the fix
-  in every field.
+  on 0.23 the same ``-1`` (its embedding masks it: a rejected draft), on 0.13 the row's stale ids are verified. With
+  the fix: every such row gets the drafts proposed for its request, the tokens are synchronous scheduling's, zb-patch
+  equals the release's async with only the fix in every field.
 * vllm-ascend 0.13's MtpProposer ``slot_mapping += 1``, ``mtp-draft-slots`` (0.13, MTP, k >= 2): a later draft step's
   KV write at the first position of a new block lands in another running request's block (recorded: writer, slot,
   owner). With the fix: every later draft write lands in the writer's own blocks.
