@@ -17,7 +17,8 @@ zero-bubble's business also with zero-bubble left out: ``ZB_PATCH_DISABLE=<a zer
   owner). With the fix: every later draft write lands in the writer's own blocks.
 * vllm-ascend 0.18 draft lengths at max_model_len, ``draft-seq-lens-max-model-len`` (0.18, MTP, k >= 2): the draft
   steps' device and host sequence lengths of a request at the limit differ (host 1 vs device max_model_len, then
-  host 2, 3, ... vs device 1). With the fix: equal; tokens unchanged (those drafts are never verified).
+  host 2, 3, ... vs device 1; the lengths count the step's rejected drafts, so rows still below the limit are hit and
+  their drafts attend to one KV entry). With the fix: equal; tokens unchanged.
 
 docs/e2e.md ("Release defects") has the measured numbers. Cost: 8 engine processes per release, two at a time.
 """

@@ -326,8 +326,9 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     why="(vllm-ascend #9221 / #9235 'MTP tokens out-of-range', fixed on releases/v0.18.0 by #10112, unreleased) For "
     "draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length and sets it to 1 for requests past "
     "max_model_len: on the device by the step's position (>= max_model_len), on the host by the new length "
-    "(>= max_model_len). They disagree: a draft at position max_model_len - 1 gets max_model_len on the device and 1 "
-    "on the host; a row masked once gets 1 on the device and 2, 3, ... on the host in the next steps. Ascend "
+    "(>= max_model_len). They disagree: a length reaching max_model_len gets it on the device and 1 on the host, also "
+    "for a row whose position is still below the limit (the lengths count the step's rejected drafts), so its draft "
+    "attends to one KV entry; a row masked once gets 1 on the device and 2, 3, ... on the host next. Ascend "
     "attention reads the host lengths (FIA actual_seq_lengths_kv), other kernels the device ones: the out-of-range "
     "errors #9221 fixed near max_model_len with MTP. #9235's input_fits_in_drafter (skip the drafter) was reverted "
     "on the branch by #10112 because it diverged across DP ranks and hung MoE models (vLLM #44185).",
@@ -336,8 +337,9 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     "the previous step's + 1, set to 1 where that exceeds max_model_len, on the device (seq_lens) and the host "
     "(seq_lens_cpu): #10112's masks. The previous lengths are the metadata the step was derived from, which the "
     "release clones before adding. Device ops on the device tensor, host ops on the host one: no wait. EAGLE and MTP, "
-    "with or without async scheduling and zero-bubble. Drafts of positions past max_model_len are never verified: "
-    "tokens and acceptance do not change.",
+    "with or without async scheduling and zero-bubble. Tokens do not change (drafts are verified); drafts do: the "
+    "draft rows' lengths count the step's rejected drafts, so the host mask also hit rows whose position is below "
+    "the limit, and their draft attended to one KV entry (docs/e2e.md: one more draft accepted with the fix).",
     upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
     remove_when=_REMOVE_WHEN,
 )

@@ -369,8 +369,8 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     why="(vllm-ascend #9221 / #10147) For draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length "
     "and sets it to 1 past max_model_len: on the device by the step's position (>= max_model_len), on the host by "
     "the new length (>= max_model_len, also for _seq_lens_cpu). They disagree near the limit (device max_model_len "
-    "vs host 1; then device 1 vs host 2, 3, ...): Ascend attention reads the host lengths, other kernels the device "
-    "ones, the MTP out-of-range errors #9221 fixed.",
+    "vs host 1, also for rows below the limit whose lengths count rejected drafts; then device 1 vs host 2, 3, ...): "
+    "Ascend attention reads the host lengths, other kernels the device ones, the MTP out-of-range errors #9221 fixed.",
     how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.18: the release's body runs with a stand-in attn_group "
     "whose builder first sets the draft rows' lengths to the previous step's + 1, 1 where that exceeds "
     "max_model_len, on the device and the host (seq_lens_cpu, _seq_lens_cpu): #10147's masks. No host wait.",

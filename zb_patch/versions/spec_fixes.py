@@ -230,10 +230,12 @@ def make_attn_update_stack_num_spec_norm(original: Callable) -> Callable:
 
     The release adds 1 to the draft rows' sequence lengths, then sets those of requests past ``max_model_len`` to 1:
     on the device by the *position* (``>= max_model_len``, the step's input position), on the host by the sequence
-    length (``>= max_model_len``). The two disagree: a draft at position ``max_model_len - 1`` gets ``max_model_len``
-    on the device and 1 on the host, and a request masked in one step gets 1 again on the device but 2, 3, ... on the
-    host in the next ones (the masked length is the next step's base). Ascend attention takes its lengths from the
-    host copy and other kernels from the device one. #10112 masks both by ``seq_lens > max_model_len``.
+    length (``>= max_model_len``). The two disagree: a length that reaches ``max_model_len`` keeps it on the device and
+    gets 1 on the host -- also for a row whose position is still below the limit, because the padded drafter's
+    lengths count the step's rejected drafts, so that row's draft attends to one KV entry -- and a request masked in
+    one step gets 1 again on the device but 2, 3, ... on the host in the next ones (the masked length is the next
+    step's base). Ascend attention takes its lengths from the host copy and other kernels from the device one.
+    #10112 masks both by ``seq_lens > max_model_len``.
 
     The release's own body runs; the metadata builder it is handed (``attn_group``) is a stand-in whose
     ``build_for_drafting`` first rewrites the draft rows' lengths of the step's common metadata to ``previous + 1``,
