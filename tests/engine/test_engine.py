@@ -77,6 +77,11 @@ EXPECTED = {
                 "zb013-compile-kernels-at-start",
                 "exact-counts-after-early-output",
                 "exact-counts-report-accepted",
+                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                "stale-draft-placeholders",
+                "stale-draft-placeholders-rows",
+                "readded-request-drafts",
+                "mtp-draft-slots",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -95,6 +100,10 @@ EXPECTED = {
                 "zb018-compile-kernels-at-start",
                 "exact-counts-after-early-output",
                 "exact-counts-report-accepted",
+                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                "stale-draft-placeholders",
+                "stale-draft-placeholders-rows",
+                "draft-seq-lens-max-model-len",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -103,7 +112,8 @@ EXPECTED = {
     # in that kernel is zb-patch's to plant (the 0.18 plants wrap zb-patch's zero-bubble code, absent here)
     "0.23.0": Expected(
         adapter="ascend-0.19-0.25",
-        patches=frozenset({"slot-mapping-kernel"}),
+        # + vLLM #37159's fix (tests/engine/test_release_defects.py)
+        patches=frozenset({"slot-mapping-kernel", "stale-draft-placeholders", "stale-draft-placeholders-rows"}),
         plants={"slot-mapping-kernel-off-by-one": ("diverges", "0", "tokens")},
         drafters=("eagle",),
     ),

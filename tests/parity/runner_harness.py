@@ -425,6 +425,7 @@ class Driver:
     inputs_queued: tuple[str, str, str]
 
     unfilled_drafts = 0  # draft input ids the release cannot fill (not compared; see runner013.Driver)
+    applied: set = frozenset()  # ids of the adapter's patches applied in this run (run_mode sets it)
     negative_input_ids = 0  # token ids < 0 handed to the model (a -1 would index the embedding out of range)
 
     def __init__(self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None) -> None:
@@ -890,8 +891,11 @@ def run_mode(
     reorder: bool = True,
     method: str = "eagle",
     runner_hook: Any = None,
+    disabled: tuple[str, ...] = (),
 ) -> RunResult:
-    """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``)."""
+    """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``). ``patched``:
+    the adapter is applied, less the patch ids in ``disabled`` (as ``ZB_PATCH_DISABLE`` does: a disabled member
+    of a group disables its group)."""
     from zb_patch import registry as R
 
     adapter = release.ADAPTER
@@ -901,18 +905,26 @@ def run_mode(
     t0 = time.time()
     with phase_spy(release.Driver, driver_ref):
         execute_patch = None
+        applied: set[str] = set()
         if patched:
-            report = adapter.patch_set.apply()
+            report = adapter.patch_set.apply(disabled=disabled)
             if report.verdict != R.APPLIED:
                 raise RuntimeError(f"adapter did not apply: {report.reason}")
+            applied = set(report.by_verdict(R.APPLIED))
             execute_patch = next(
-                p for p in adapter.patch_set.patches if p.target.endswith("NPUModelRunner.execute_model")
+                (
+                    p
+                    for p in adapter.patch_set.patches
+                    if p.target.endswith("NPUModelRunner.execute_model") and p.id in applied
+                ),
+                None,
             )
         try:
             runner = make_runner(vc, kvc, reorder=reorder)
             if runner_hook is not None:
                 runner_hook(runner)
             driver = release.Driver(runner, shape, seed=seed, execute_patch=execute_patch)
+            driver.applied = applied
             driver_ref.append(driver)
             run = Run(make_scheduler(vc, kvc, shape), driver, shape)
             drive(run, specs, iterations)
@@ -1013,6 +1025,14 @@ def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[
     return diffs, examples, first
 
 
+def zero_bubble_and_fix_ids(adapter: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The adapter's zero-bubble patch ids (its ``zero-bubble-*`` group) and the ids of its other patches (fixes of
+    the release's own defects)."""
+    patches = adapter.patch_set.patches
+    zb = tuple(p.id for p in patches if p.group.startswith("zero-bubble"))
+    return zb, tuple(p.id for p in patches if p.id not in zb)
+
+
 def parity(
     sess: Session,
     shape: EngineShape,
@@ -1024,14 +1044,28 @@ def parity(
     triton: bool = False,
     method: str = "eagle",
     runner_hook: Any = None,
+    fixes: bool = True,
 ) -> dict:
-    """The same seeded workload unpatched, then patched with ``release.ADAPTER``; ``runner_hook`` runs on the patched
-    run's runner only."""
+    """The same seeded workload in the release's classic async form ("unpatched"), then with zero-bubble
+    ("patched"); ``runner_hook`` runs on the patched run's runner only. ``fixes``: both runs carry the adapter's
+    fixes of the release's own defects (the unpatched run applies only those: ``ZB_PATCH_DISABLE=<the zero-bubble
+    group>``), so zero-bubble is held to classic async with the same fixes; False: the unpatched run is the bare
+    release and the patched run leaves the fixes out."""
     specs = make_workload(seed, shape, iterations)
+    zb_ids, fix_ids = zero_bubble_and_fix_ids(release.ADAPTER)
     ctx = contextlib.nullcontext() if triton else reference_kernels()
     with ctx:
         ref = run_mode(
-            sess, shape, specs, iterations, release=release, seed=seed, patched=False, reorder=reorder, method=method
+            sess,
+            shape,
+            specs,
+            iterations,
+            release=release,
+            seed=seed,
+            patched=bool(fixes and fix_ids),
+            disabled=zb_ids[:1],
+            reorder=reorder,
+            method=method,
         )
         got = run_mode(
             sess,
@@ -1041,6 +1075,7 @@ def parity(
             release=release,
             seed=seed,
             patched=True,
+            disabled=() if fixes else fix_ids,
             reorder=reorder,
             method=method,
             runner_hook=runner_hook,

@@ -4,9 +4,10 @@ release's runner013.py / runner018.py).
 
 The release's real vLLM AsyncScheduler drives its real runner methods (the harness says exactly which are real and
 which are mirrored; on 0.13 the monolithic _prepare_inputs runs end to end, attention-metadata loop included)
-UNPATCHED and then PATCHED with the adapter, on the same seeded workload (arrivals, chunked prefill, prefix-cache
-hits, preemption + resumption, stop tokens, max_model_len, aborts; acceptance none / all / partial per request and
-position). Asserted:
+in their classic async form and then with zero-bubble (the adapter applied; both runs carry the adapter's fixes of
+the release's own defects, which tests/patches/test_release_defects.py reproduces), on the same seeded workload
+(arrivals, chunked prefill, prefix-cache hits, preemption + resumption, stop tokens, max_model_len, aborts;
+acceptance none / all / partial per request and position). Asserted:
 
 * identical per-step, per-request positions, slot mapping, input ids, CPU and device seq_lens, CPU
   num_computed_tokens (at the forward and when the drafter runs), max_seq_len, discard flags, sampled tokens,
@@ -25,7 +26,8 @@ position). Asserted:
   with one WARNING.
 
 0.13 only: input ids at draft placeholders the release cannot fill (rows re-added with drafts) are junk in both
-modes and are not compared (runner013.Driver says why); their count is printed.
+modes and are not compared when the stale-draft-placeholders fix is off (runner013.Driver says why); their count is
+printed (0 with the fix, which writes the request's own drafts there).
 
 Cost on the 2-core CI box: ~1 minute after the vLLM import.
 """
@@ -274,7 +276,8 @@ class EmbeddingSpy:
 
 def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
     """0.13 embeds prompt-embeds / multimodal inputs inside _prepare_inputs, right after _init_model_kwargs: the
-    adapter's clamp must come before that (a -1 id would index the embedding out of range)."""
+    adapter's clamp must come before that (a -1 id would index the embedding out of range). Zero-bubble against the
+    bare release (no fixes on either side: the stale-draft-placeholders fix leaves no -1 id to clamp)."""
     if not CLAMPS_INPUT_IDS:
         pytest.skip("the adapter of this release does not clamp input ids (its release hands the model the ids)")
     spies = []
@@ -284,7 +287,7 @@ def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
         runner.model = EmbeddingSpy(runner.model_config.get_vocab_size(), runner.inputs_embeds.gpu.shape[1])
         spies.append(runner.model)
 
-    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds)
+    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds, fixes=False)
     assert res["divergences"] == 0, res["examples"]
     assert res["unpatched"]["negative_input_ids"] > 0  # the release's own path had -1 ids to clamp
     assert spies[0].ids > 0 and res["patched"]["negative_input_ids"] == 0
