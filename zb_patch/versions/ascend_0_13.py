@@ -526,6 +526,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 13, 0), (0, 14)),
     vllm=((0, 13, 0), (0, 14)),
+    zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.13"),
     patch_set=PatchSet("ascend-0.13", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.13.0",),

@@ -366,6 +366,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 18, 0), (0, 19)),
     vllm=((0, 18, 0), (0, 19)),
+    zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.18"),
     patch_set=PatchSet("ascend-0.18", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.18.0",),
