@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, engine_overlap, graph_replay, npu_runner
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -178,6 +178,13 @@ GUARDS = (
         "the proposer's unpadded metadata keeps seq_lens_cpu (exact after the hook)",
     ),
     Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._generate_process_reqs_hidden_states",
+        {"vllm-ascend 0.13.0": "be6741c407147770"},
+        "launches the graph replay first, then updates task-group parameters for FULL replays only: a PIECEWISE "
+        "piece holds no task group, so its replay needs no host drain (piecewise-replay-without-host-drain); the "
+        "FULL order is the one the kept FULL drain protects (docs/graph-modes.md)",
+    ),
+    Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
         {"vllm-ascend 0.13.0": "4597cd563ca28457"},
         "the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, "
@@ -333,6 +340,7 @@ COMPILE_KERNELS = Patch(
 )
 
 KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.13.0": "7df3442f2a7cfb7e"})
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -343,6 +351,7 @@ PATCHES: tuple = (
     BACKUP_STAGING,
     COMPILE_KERNELS,
     KEEP_OVERLAPPED,
+    PIECEWISE_NO_DRAIN,
 )
 
 ADAPTER = Adapter(

@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, engine_overlap, graph_replay, npu_runner
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -142,6 +142,18 @@ GUARDS = (
         "per-draft-step +1 on the (exact) CPU seq_lens of the metadata",
     ),
     Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward",
+        {"vllm-ascend 0.18.0": "6b004d8c5e422857"},
+        "launches the graph replay first, then updates the FULL graph's task-group parameters (ENPU off): the order "
+        "the kept FULL drain protects (docs/graph-modes.md)",
+    ),
+    Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed",
+        {"vllm-ascend 0.18.0": "8b9170ff5b0e8829"},
+        "task-group parameters are updated for FULL replays only: a PIECEWISE piece holds no task group, so its "
+        "replay needs no host drain (piecewise-replay-without-host-drain)",
+    ),
+    Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
         {"vllm-ascend 0.18.0": "ccce40b9beff96c6"},
         "the device slot mapping reads block_table, slot_mapping, block_size, physical_block_size, "
@@ -269,6 +281,7 @@ COMPILE_KERNELS = Patch(
 )
 
 KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.18.0, 0.18.1": "2469b882239a0df4"})
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -278,6 +291,7 @@ PATCHES: tuple = (
     BACKUP_STAGING,
     COMPILE_KERNELS,
     KEEP_OVERLAPPED,
+    PIECEWISE_NO_DRAIN,
 )
 
 ADAPTER = Adapter(
