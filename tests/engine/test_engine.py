@@ -76,6 +76,7 @@ EXPECTED = {
                 "zb013-backup-token-staging",
                 "zb013-compile-kernels-at-start",
                 "keep-async-steps-overlapped",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -93,6 +94,7 @@ EXPECTED = {
                 "zb018-backup-token-staging",
                 "zb018-compile-kernels-at-start",
                 "keep-async-steps-overlapped",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,

@@ -292,9 +292,10 @@ def test_full_steps_read_their_own_host_lists(env, graph_state, patched):
             assert torch.equal(out, _eager(vc, model, kv_lens)), kv_lens
 
 
-@pytest.mark.parametrize(
-    "schedule", ["issue-order", "side-streams-first", "default-stream-first", "random:1", "random:2"]
-)
+SCHEDULES = ["issue-order", "side-streams-first", "default-stream-first", "random:1", "random:2"]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_full_drain_keeps_a_host_that_runs_ahead_exact(env, graph_state, schedule):
     """The host queues every step without waiting (the device is behind); the release's drain before each replay is
     the only host block: every replay still reads its own step's lists."""
@@ -347,3 +348,48 @@ def test_without_the_full_drain_an_orderly_device_hides_the_race(env, graph_stat
     with G.activate() as dev, _without_the_drain(graph_state):
         _run_full_steps(env, graph_state, dev)
         _assert_each_replay_read_its_own_step(dev)
+
+
+@contextlib.contextmanager
+def _event_ordered_updates(acl_graph):
+    """A device-side replacement of the FULL drain, as a model only (not shipped: docs/graph-modes.md): the replay
+    records an event on its stream where the drain was, and the runner's update waits for it on the update stream
+    before re-issuing any task group; the host never blocks."""
+    from vllm_ascend.worker import model_runner_v1
+
+    name = "update_full_graph_params" if FAMILY == "0.18" else "update_attn_params"
+    update, call = getattr(model_runner_v1, name), acl_graph.ACLGraphWrapper.__call__
+    boundary = []
+
+    def wrapper_call(self, *args, **kwargs):
+        event = torch.npu.Event()
+        event.record(torch.npu.current_stream())
+        boundary[:] = [event]
+        return call(self, *args, **kwargs)
+
+    def ordered_update(*args, **kwargs):
+        stream = args[1] if FAMILY == "0.18" else args[0]
+        if boundary:
+            stream.wait_event(boundary.pop())
+        return update(*args, **kwargs)
+
+    with _without_the_drain(acl_graph):
+        acl_graph.ACLGraphWrapper.__call__ = wrapper_call
+        setattr(model_runner_v1, name, ordered_update)
+        try:
+            yield
+        finally:
+            acl_graph.ACLGraphWrapper.__call__ = call
+            setattr(model_runner_v1, name, update)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_event_ordered_updates_cover_the_race_in_the_model(env, graph_state, schedule):
+    """In the double's model, ordering each update behind an event recorded before its replay closes both failure
+    modes of the race above without any host drain (what a device-side replacement would have to show on an NPU)."""
+    with G.activate(run_ahead=True, schedule=schedule) as dev, _event_ordered_updates(graph_state):
+        vc, model, _ = _run_full_steps(env, graph_state, dev)
+        assert _host_drains(dev) == []
+        torch.npu.synchronize()
+        _assert_each_replay_read_its_own_step(dev)
+        assert torch.equal(model.outputs[-1].clone(), _eager(vc, model, STEPS[-1]))

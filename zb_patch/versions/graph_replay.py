@@ -124,8 +124,9 @@ def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
         "host and device as eager mode does (attention runs eagerly between the pieces); the host's reuse of staging "
         "buffers is ordered by the per-step event waits of async + spec decode (docs/graph-modes.md). vllm-ascend "
         "#9025 makes the same change (drain only in FULL mode) from 0.20.2rc1 on; earlier attempts on the 0.13 / 0.18 "
-        "lines (#5761, #8354) were reverted (#5965, #8469) on unexplained accuracy reports, which is why this fix is "
-        "limited to the configuration whose host-buffer ordering zb-patch verifies.",
+        "lines (#5761 / #5809, #8354) were reverted (#5965 / #5966, #8469) on accuracy reports upstream never "
+        "explained, which is why this fix is limited to the configuration whose host-buffer ordering zb-patch "
+        "verifies.",
         upstream=(
             "vllm-ascend#9025",
             "vllm-ascend#4233",
@@ -133,7 +134,10 @@ def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
             "vllm-ascend#8877",
             "vllm-ascend#8854",
             "vllm-ascend#5761",
+            "vllm-ascend#5809",
             "vllm-ascend#5965",
+            "vllm-ascend#5966",
+            "vllm-ascend#8354",
             "vllm-ascend#8469",
         ),
         remove_when="vllm-ascend >= 0.20.2rc1 drains only before FULL replays (#9025; served by adapter "
