@@ -46,7 +46,8 @@ tests/patches/test_npu_graph_double.py)
   instead (:attr:`Device.group_runs`).
 * **ExternalEvent** (torch_npu ``ExternalEvent``; CANN external events): a flag. ``record(stream)`` queues a task
   that sets it, ``wait(stream)`` a task that blocks the stream until it is set, ``reset(stream)`` a task that clears
-  it (the torch_npu 7.3 contract: ``wait`` does not reset; vllm-ascend calls ``reset`` right after ``wait``). Called
+  it; ``wait`` does not clear it (torch_npu 7.x docs: wait, reset, record; the 26.0 docs have ``wait`` clear it, the
+  same order for vllm-ascend, which calls ``reset`` right after each ``wait``). Called
   on the capturing stream, wait / reset are captured into the graph: **the captured wait holds the graph's next task
   until the update's record**.
 * **Event** (``torch.npu.Event``): ``record(stream)`` marks the tasks issued on the stream so far; ``wait(stream)``
