@@ -83,6 +83,7 @@ EXPECTED = {
                 "stale-draft-placeholders-rows",
                 "readded-request-drafts",
                 "mtp-draft-slots",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -105,6 +106,7 @@ EXPECTED = {
                 "stale-draft-placeholders",
                 "stale-draft-placeholders-rows",
                 "draft-seq-lens-max-model-len",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
