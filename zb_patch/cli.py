@@ -513,6 +513,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="eagle",
         help="eagle: Llama target + EAGLE head (default); mtp: MiMo target drafting with its own MTP layer",
     )
+    eng.add_argument(
+        "--no-classic",
+        action="store_true",
+        help="leave out the classic async run without zb-patch (reported beside the verdict, never judged)",
+    )
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")
