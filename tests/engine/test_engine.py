@@ -347,7 +347,8 @@ def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
         assert compiles is not None and len(compiles) == 1 and compiles[0] > 0, compiles
     else:
         assert compiles is None
-    assert not {"sync", "async", "async+fixes"} & {n for n, r in res.items() if "zb_compile_seconds" in r}
+    # nothing compiled where zb-patch's zero-bubble was left out (sync, async+fixes) or zb-patch was off (async)
+    assert not any(r.get("zb_compile_seconds") for n, r in res.items() if n != "async+zb")
 
 
 # -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload
