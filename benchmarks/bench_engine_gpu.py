@@ -1,8 +1,8 @@
 """The engine e2e with real asynchrony: vLLM 0.18's offline ``LLM`` on the vllm-ascend 0.18 platform (the release's
 runner, model, attention backend, sampler, rejection sampler, EAGLE proposer; tests/support's NPU stand-in and
 emulated ops), with a CUDA device standing in for the NPU (``NPU_STANDIN_DEVICE=cuda``): streams, events, pinned
-host memory and host/device overlap are real. For the GPU box, which has torch + Triton and no vLLM: the packages come
-from the carried ``.gpu-stack/`` (benchmarks/gpu_stack.py; docs/environments.md, "GPU box").
+host memory and host/device overlap are real. For the GPU host, which has torch + Triton and no vLLM: the packages come
+from the carried ``.gpu-stack/`` (benchmarks/gpu_stack.py; docs/environments.md, "GPU machine").
 
     OUT=/some/dir python3 benchmarks/bench_engine_gpu.py [--workload JSON] [--k 2] [--sync-debug warn|error]
 
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--models",
         metavar="ARCHIVE",
-        help="the tiny models (target + EAGLE head, MiMo + MTP) as a .tar.xz written by --write-models (the box "
+        help="the tiny models (target + EAGLE head, MiMo + MTP) as a .tar.xz written by --write-models (the GPU host "
         "has no scipy, which writing the constructed model needs); by default they are written here",
     )
     ap.add_argument(
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
         "--write-models",
         metavar="ARCHIVE",
         help="write the tiny models (zb_patch.check.engine.model.write_models, write_mtp_model) into ARCHIVE (.tar.xz) "
-        "and stop: run where scipy is installed (a va0XX tox env), carry the archive to the box",
+        "and stop: run where scipy is installed (a va0XX tox env), carry the archive to the GPU machine",
     )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
     ap.add_argument(
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
         return _finish(
             args.out,
             report,
-            [f"the box lacks {missing} (BOX_HAS: not carried): add them to gpu_stack.PACKAGES and rebuild"],
+            [f"the GPU machine lacks {missing} (BOX_HAS: not carried): add them to gpu_stack.PACKAGES and rebuild"],
         )
     _child_environment(tree, manifest, args.dry_run)
     report["stand_ins"] = os.environ.get("ZB_BENCH_STAND_INS", "")
@@ -245,11 +245,11 @@ def main(argv: list[str]) -> int:
 
 
 def _selftest(run, wl, args, seconds: float) -> int:
-    """``zb-patch selftest --engine`` on the box, one report per (drafter, k); ``--jobs`` of them at a time."""
+    """``zb-patch selftest --engine`` on the GPU machine, one report per (drafter, k); ``--jobs`` of them at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not args.models:
-        print("--selftest needs --models (the box cannot write the constructed model)", file=sys.stderr)
+        print("--selftest needs --models (the GPU machine cannot write the constructed model)", file=sys.stderr)
         return 2
     os.environ[run.CHILD_ENV] = os.path.join(REPO, "tests", "engine", "run_engine.py")
     # the models come from the archive: unpacked where run_engine_selftest writes them (its keep folder)
@@ -435,7 +435,7 @@ def render(report: dict) -> str:
         lines.append(f"box lacks: {', '.join(box['missing'])}")
     if box.get("unmet"):
         lines.append(
-            "declared requirements of carried packages the box does not meet (informational; the CPU "
+            "declared requirements of carried packages the GPU machine does not meet (informational; the CPU "
             "simulation runs with the same kind):"
         )
         lines += [f"- {u}" for u in box["unmet"]]
@@ -561,7 +561,7 @@ def _add_input_prep_wait() -> dict:
     the release's runner: ``_update_states`` first waits for an event recorded after the previous step's
     ``_prepare_inputs`` queued its non-blocking host-to-device copies, so the reused pinned host buffers are not
     rewritten under a copy still queued (what zb-patch's ascend-0.13 adapter does with ``prepare_inputs_event``).
-    Tells whether a classic async crash on the GPU box (docs/benchmarks.md) is that race."""
+    Tells whether a classic async crash on the GPU machine (docs/benchmarks.md) is that race."""
     import torch
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 

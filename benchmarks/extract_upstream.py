@@ -1,6 +1,6 @@
 """Extract the upstream pieces the benchmarks compare against, from a vLLM wheel, into .bench/.
 
-Run on a machine with network (the GPU box has none), before a benchmark run::
+Run on a machine with network (the GPU machine has none), before a benchmark run::
 
     python benchmarks/extract_upstream.py                 # pip-downloads vllm==0.23.0 (no deps)
     python benchmarks/extract_upstream.py --wheel PATH    # or use a wheel you already have

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #12 in one device call, for one carried stack (benchmarks/gpu_stack.py): the engine on the GPU box with
+# The engine measurements in one run, for one carried stack (benchmarks/gpu_stack.py): the engine on the GPU machine with
 # CUDA standing in for the NPU (benchmarks/bench_engine_gpu.py), three parts:
 #   stall-*  the first corrected step with a cold Triton cache for zb-patch's kernels (the release's own kernels
 #            compiled beforehand by a classic-async run), without and with zb-patch's start-up compilation
@@ -10,7 +10,7 @@
 #            synchronize_input_prep wait added alone (bench_engine_gpu's ZB_BENCH_INPUT_PREP_WAIT=1), and with
 #            CUDA_LAUNCH_BLOCKING=1 (no host/device overlap): is a classic async crash a race? (docs/benchmarks.md)
 # Writes $OUT/summary.md (every report) and $OUT/suite.tgz (every run's result, log, probe and trace).
-# Usage (repo root, on the box): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS] [KS] [PARTS]
+# Usage (repo root, on the GPU machine): OUT=/dir bash benchmarks/gpu_engine_suite.sh STACK_DIR [DEVICE_MS] [KS] [PARTS]
 #   KS: the k of the device-bound runs, "3 1" by default (each k: ~3 min on an H100)
 #   PARTS: "stall bubble" by default (stall: 0.13 / 0.18 only); "race" adds the race-* runs (~1 min each)
 #   device tool: carry=["<STACK_DIR>", ".gpu-models.tar.xz"], command="OUT=$OUT bash benchmarks/gpu_engine_suite.sh <STACK_DIR> 40"
@@ -20,7 +20,7 @@ DEVICE_MS="${2:-40}"
 KS="${3:-3 1}"
 PARTS=" ${4:-stall bubble} "
 OUT="${OUT:-/tmp/zb-gpu-suite}"
-# the constructed model needs scipy to be written, which the box lacks: written here beforehand and carried
+# the constructed model needs scipy to be written, which the GPU machine lacks: written here beforehand and carried
 MODELS=.gpu-models.tar.xz
 [ -f "$MODELS" ] || { echo "no $MODELS: write it first, where scipy is installed:" \
     ".tox/va018/bin/python benchmarks/bench_engine_gpu.py --write-models $MODELS; carry it" >&2; exit 2; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# What the GPU box offers, before building the carried stack for it (docs/environments.md, "GPU box"): the Python
+# What the GPU machine offers, before building the carried stack for it (docs/environments.md, "GPU machine"): the Python
 # version (benchmarks/gpu_stack.py --python must match it), the installed packages, the GPU, torch / triton, glibc,
 # and which of the modules the engine path imports are there already. Writes $OUT/probe.txt and $OUT/box-freeze.txt.
-# Usage (repo root, on the box; device tool: command="bash benchmarks/gpu_probe.sh"): OUT=/some/dir bash ...
+# Usage (repo root, on the GPU machine; device tool: command="bash benchmarks/gpu_probe.sh"): OUT=/some/dir bash ...
 set -u
 OUT="${OUT:-/tmp/zb-probe}"
 mkdir -p "$OUT"

@@ -1,31 +1,31 @@
 """Build ``.gpu-stack/``: the Python packages the engine e2e (the vllm-ascend platform over CUDA, benchmarks/
-bench_engine_gpu.py) needs on the GPU box, which has torch (CUDA) + Triton + numpy and nothing of vLLM's, and no
+bench_engine_gpu.py) needs on the GPU machine, which has torch (CUDA) + Triton + numpy and nothing of vLLM's, and no
 network. The device tool carries the folder beside the repo (``carry=[".gpu-stack"]``, 64 MiB with the working tree).
 
     python benchmarks/gpu_stack.py --python 3.12 [--release 0.18.0] [--site <site-packages of a va018 env>]
 
 The folder holds ``STACK.json`` (release, target Python, every distribution with its version and origin, sizes, the
-archive's sha256) and ``stack-<release>-cp<XY>.tar.xz``; on the box :func:`unpack` extracts it once per digest
+archive's sha256) and ``stack-<release>-cp<XY>.tar.xz``; on the GPU machine :func:`unpack` extracts it once per digest
 (bench_engine_gpu.py: into ``.gpu-stack-unpacked/``, refusing another Python than the one it was built for) and
-``PYTHONPATH=<unpacked>:tests/support:.`` makes it importable. What goes in (docs/environments.md, "GPU box"):
+``PYTHONPATH=<unpacked>:tests/support:.`` makes it importable. What goes in (docs/environments.md, "GPU machine"):
 
 * vLLM and vllm-ascend of ``--release``: their pure-Python sources only (every compiled file dropped: vLLM's CUDA
-  kernels are built for another torch and never load beside the box's, vllm-ascend's need CANN), byte-identical
+  kernels are built for another torch and never load beside the GPU machine's, vllm-ascend's need CANN), byte-identical
   otherwise (zb-patch fingerprints upstream source), with their dist-info (versions, entry points: the ``ascend``
   platform plugin). Taken from ``--site`` (an installed env of that release) or else downloaded.
 * the packages the engine path imports unconditionally (``PACKAGES``, found by running the engine in a venv holding
-  only torch + triton + numpy, the box's set), at the versions of ``requirements/<env>.txt`` (the release's tested
-  lock), as the target Python's wheels (``pip download``: compiled ones must match the box's ``--python``).
+  only torch + triton + numpy, the GPU host's set), at the versions of ``requirements/<env>.txt`` (the release's tested
+  lock), as the target Python's wheels (``pip download``: compiled ones must match the GPU machine's ``--python``).
 * ``zb_patch-<version>.dist-info`` with zb-patch's entry point (the package itself is the repo's, on PYTHONPATH).
 
-Left out on purpose: what the box has (``BOX_HAS``: torch and its dependencies, triton, numpy), what the path imports
+Left out on purpose: what the host has (``BOX_HAS``: torch and its dependencies, triton, numpy), what the path imports
 only when present (``OPTIONAL``), numba and scipy (``STAND_INS``), tests, ``__pycache__``, compiled files and unread
 data of the source-only packages (``DROP_DIRS``), transformers models vLLM never imports here (outside
 ``KEEP_TRANSFORMERS_MODELS``). When ``python<X.Y>`` exists here, every compiled package of the stack is imported with
 it as a check.
 
 Wheels are cached in ``~/.cache/zb-patch/gpu-stack/`` (``--wheels``); building needs network to PyPI (this machine),
-the box does not.
+the GPU machine does not.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MIB = 1 << 20
 # release -> the tox env whose lock pins its packages
 LOCKS = {"0.13.0": "va013", "0.18.0": "va018", "0.23.0": "va023"}
 
-# vLLM and vllm-ascend: sources only (their compiled extensions cannot load on the box).
+# vLLM and vllm-ascend: sources only (their compiled extensions cannot load on the GPU machine).
 SOURCE_ONLY = ("vllm", "vllm-ascend")
 
 # Distributions the engine path imports unconditionally (besides SOURCE_ONLY), with the import that needs each.
@@ -115,7 +115,7 @@ PACKAGES: dict[str, str] = {
     "click": "uvicorn",
     "gguf": "vllm.transformers_utils.gguf_utils",
     "pillow": "vllm.multimodal.hasher",
-    "typing-extensions": "anyio, pydantic, ... (anyio 4.16 needs >= 4.16: carried so the box's older copy is not used)",
+    "typing-extensions": "anyio, pydantic, ... (anyio 4.16 needs >= 4.16: carried: the host's copy is older)",
     "llguidance": "vllm.v1.structured_output.backend_guidance (class-body annotations resolve the lazy module)",
     "xgrammar": "vllm.v1.structured_output.backend_xgrammar (dataclass field annotations)",
     "apache-tvm-ffi": "xgrammar",
@@ -144,8 +144,8 @@ PACKAGES: dict[str, str] = {
     "lm-format-enforcer": "vllm.v1.structured_output (0.13)",
 }
 
-# Provided by the box (torch's own dependencies, triton, numpy): never carried. The probe (benchmarks/gpu_probe.sh)
-# lists the box's packages; bench_engine_gpu.py checks these import before anything else.
+# Provided by the GPU host (torch's own dependencies, triton, numpy): never carried. The probe (benchmarks/gpu_probe.sh)
+# lists the GPU machine's packages; bench_engine_gpu.py checks these import before anything else.
 BOX_HAS = (
     "torch",
     "triton",
@@ -206,7 +206,7 @@ COMPILED = re.compile(r"\.(so(\.\d+)*|pyd|o|a|dll|dylib)$")
 DROP_FILES = re.compile(r"(\.(pyc|pyi|jpg|png|md|a)$|/py\.typed$|^vllm/vllm-rs$)")
 
 DEFAULT_WHEELS = os.path.join(os.path.expanduser("~"), ".cache", "zb-patch", "gpu-stack")
-# manylinux tags the box's glibc (Ubuntu 24.04: 2.39) runs; pip needs them spelled out for a foreign target
+# manylinux tags the GPU machine's glibc (Ubuntu 24.04: 2.39) runs; pip needs them spelled out for a foreign target
 PLATFORMS = (
     "manylinux_2_34_x86_64",
     "manylinux_2_31_x86_64",
@@ -317,7 +317,7 @@ def copy_installed(site: str, dist: str, version: str, out: str) -> list[str]:
 
 
 def zb_patch_dist_info(out: str) -> str:
-    """zb-patch's metadata and entry point, so vLLM loads the repo's zb_patch as a general plugin on the box."""
+    """zb-patch's metadata and entry point, so vLLM loads the repo's zb_patch as a general plugin on the GPU machine."""
     with open(os.path.join(REPO, "zb_patch", "__init__.py")) as fh:
         version = re.search(r'^__version__\s*=\s*"([^"]+)"', fh.read(), re.M).group(1)
     info = os.path.join(out, f"zb_patch-{version}.dist-info")
@@ -394,7 +394,7 @@ def sha256(path: str) -> str:
 
 
 # Loads every compiled file of the stack in the target interpreter: a Python extension by importing it (an ABI mismatch
-# fails here), or, when its package's __init__ needs what only the box has (torch, numpy), through its own loader
+# fails here), or, when its package's __init__ needs what only the GPU host has (torch, numpy), through its own loader
 # without the package; other shared libraries with ctypes (a missing dependency fails here).
 _LOAD_COMPILED = """
 import ctypes, importlib, importlib.util, json, os, sys
@@ -416,7 +416,7 @@ for rel in sys.argv[3:]:
             except ImportError as exc:
                 # a box package missing here, also when a package re-raises it as its own ImportError (pandas: "Unable
                 # to import required dependency numpy"): load the file alone, or, if its own initialisation imports
-                # the box package, load it as a shared library (its platform and linkage are what can be wrong)
+                # the GPU machine package, load it as a shared library (its platform and linkage are what can be wrong)
                 if not needs_box(exc, box_has):
                     raise
                 try:
@@ -466,7 +466,7 @@ def check_compiled(tree: str, python: str, dists: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", required=True, help="the box's Python major.minor (benchmarks/gpu_probe.sh prints it)")
+    ap.add_argument("--python", required=True, help="the GPU host's Python major.minor (gpu_probe.sh prints it)")
     ap.add_argument("--release", default="0.18.0", choices=sorted(LOCKS))
     ap.add_argument("--out", default=os.path.join(REPO, ".gpu-stack"), help="the carried folder")
     ap.add_argument("--site", help="site-packages of an installed env of the release (vLLM / vllm-ascend sources)")
@@ -539,7 +539,7 @@ def working_tree_bytes() -> int:
     return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
 
 
-# -- on the box: unpack, check what the box has ------------------------------------------------------------------
+# -- on the GPU host: unpack, check what it has ------------------------------------------------------------------------
 
 
 def read_manifest(stack_dir: str) -> dict:
@@ -572,8 +572,8 @@ def unpack(stack_dir: str, dest_root: str) -> tuple[str, dict]:
 
 
 def box_report(tree: str, manifest: dict) -> dict:
-    """What the box provides of BOX_HAS, and every carried distribution's declared requirement on those packages that
-    the box's version does not meet (informational: the CPU simulation runs with the same kind of mismatches, e.g.
+    """What the host provides of BOX_HAS, and every carried distribution's declared requirement on those packages that
+    the GPU host's version does not meet (informational: the CPU simulation runs with the same kind of mismatches, e.g.
     vllm-ascend's numpy<2 and torch pins)."""
     sys.path.insert(0, tree)
     from packaging.requirements import Requirement
@@ -599,7 +599,7 @@ def box_report(tree: str, manifest: dict) -> dict:
             if version is not None and not version[0].isdigit():
                 continue
             if version is None or not req.specifier.contains(version, prereleases=True):
-                unmet.append(f"{meta.metadata['Name']} requires {line.split(';')[0].strip()}; the box has {have[key]}")
+                unmet.append(f"{meta.metadata['Name']} requires {line.split(';')[0].strip()}; the host has {have[key]}")
     return {"box_versions": have, "missing": sorted(k for k, v in have.items() if v is None), "unmet": sorted(unmet)}
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call: compiled kernel tests on CUDA, then the benchmarks (incl. the sync-debug check).
+# One run: compiled kernel tests on CUDA, then the benchmarks (incl. the sync-debug check).
 # Needs .bench/upstream_vllm.py (python benchmarks/extract_upstream.py, where pip works) carried along.
-# Usage (repo root, on the GPU box): OUT=/some/dir bash benchmarks/run_device.sh [pytest-examples|skip] [bench-runs]
+# Usage (repo root, on the GPU machine): OUT=/some/dir bash benchmarks/run_device.sh [pytest-examples|skip] [bench-runs]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET

@@ -1,4 +1,4 @@
-"""Planted mistakes in zb-patch's paths (test-only switches, issue item 6): ``run_engine.py --plant NAME``
+"""Planted mistakes in zb-patch's paths (test-only switches): ``run_engine.py --plant NAME``
 installs one in the engine process after ``LLM(...)`` is built (zb-patch's wrappers are applied by then) and before
 any request is generated. Each plant wraps a zb-patch method or a release function at the point where the mistake
 would live; zb-patch's own code is not edited. Which plants apply depends on the release's adapter: the zero-bubble

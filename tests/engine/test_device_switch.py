@@ -1,5 +1,5 @@
-"""NPU_STANDIN_DEVICE: where the NPU stand-in puts the NPU (CPU by default, a CUDA device on the GPU box). The switch
-is checked here on CPU; what it does on a CUDA device is checked by benchmarks/bench_engine_gpu.py on the box."""
+"""NPU_STANDIN_DEVICE: where the NPU stand-in puts the NPU (CPU by default, a CUDA device on the GPU host). The switch
+is checked here on CPU; what it does on a CUDA device is checked by benchmarks/bench_engine_gpu.py on the GPU host."""
 
 from __future__ import annotations
 

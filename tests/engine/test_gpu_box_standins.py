@@ -1,4 +1,4 @@
-"""The absent-package stand-ins of the GPU box (tests/support/gpu_box/absent: numba, scipy; docs/environments.md "GPU
+"""The absent-package stand-ins of the GPU host (tests/support/gpu_box/absent: numba, scipy; docs/environments.md "GPU
 box"): the names vllm-ascend / vLLM import exist, nothing they stand for runs. Loaded under other names: this env has
 the real packages."""
 

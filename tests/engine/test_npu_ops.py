@@ -214,7 +214,7 @@ def test_fia_paged_chunked_and_decode_match_loop():
 
 
 def test_ops_stay_on_the_inputs_device_without_reading_values():
-    """On the GPU box the ops run on CUDA tensors (NPU_STANDIN_DEVICE=cuda). On the meta device a tensor the op
+    """On the GPU machine the ops run on CUDA tensors (NPU_STANDIN_DEVICE=cuda). On the meta device a tensor the op
     creates on another device, or a value it reads back to the host (boolean indexing, .item(), .tolist(): a host wait
     on CUDA), raises; every output must come back on the inputs' device."""
     meta = torch.device("meta")
@@ -367,7 +367,7 @@ def test_get_element_of_a_boolean_block():
 
 
 def test_get_element_compiles_for_cuda():
-    """Compiled Triton (the GPU box) types a boolean block's element as a boolean: `not rejected and <element>` then
+    """Compiled Triton (the GPU machine) types a boolean block's element as a boolean: `not rejected and <element>` then
     compiles. Needs no GPU: the NVIDIA backend compiles for a named target. In a fresh process without
     TRITON_INTERPRET, so that get_element is a compilable JITFunction."""
     probe = (

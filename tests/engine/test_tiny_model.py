@@ -1,4 +1,4 @@
-"""Properties of the tiny target model, its EAGLE head and the MiMo checkpoint's MTP layer (issue item 3), shown with
+"""Properties of the tiny target model, its EAGLE head and the MiMo checkpoint's MTP layer, shown with
 transformers' own Llama / Qwen2 on the written weights (no vLLM, no NPU emulation), on the engine workloads:
 
 (a) the next token is read through the KV cache: one decode step with a slot off by one, a sequence length one

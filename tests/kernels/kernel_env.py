@@ -3,7 +3,7 @@
 Where the Triton kernels run:
 * ``TRITON_INTERPRET=1`` (CI, tox envs ``kernels`` / ``kernels-ascend``): Triton's interpreter on CPU
   tensors;
-* otherwise, with a CUDA device (the GPU box): compiled, on CUDA tensors;
+* otherwise, with a CUDA device (the GPU machine): compiled, on CUDA tensors;
 * otherwise the kernel tests are skipped (the reference-only tests still run).
 
 ``ZB_PATCH_TEST_KERNEL_EXAMPLES`` overrides the number of hypothesis examples per property test

@@ -4,7 +4,7 @@ ops (npu_ops) bound where vllm-ascend looks them up, and the worker double (npu_
 ``install()`` must run before anything imports vllm / vllm_ascend. Engine processes set
 ``worker_cls=WORKER_CLS`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (one process; see docs/e2e.md).
 
-The NPU stands on the CPU (default) or, with ``NPU_STANDIN_DEVICE=cuda``, on a CUDA device (the GPU box,
+The NPU stands on the CPU (default) or, with ``NPU_STANDIN_DEVICE=cuda``, on a CUDA device (the GPU machine,
 docs/environments.md): tensors live there, the stand-in's streams / events are torch.cuda's and host memory is pinned,
 so the release's asynchrony is real.
 """

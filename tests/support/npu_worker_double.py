@@ -44,7 +44,7 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
 
     def _init_device(self):
         if runtime.device() == "cuda":
-            # the GPU box (NPU_STANDIN_DEVICE=cuda): one CUDA device stands in for the NPU
+            # the GPU machine (NPU_STANDIN_DEVICE=cuda): one CUDA device stands in for the NPU
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)
         else:

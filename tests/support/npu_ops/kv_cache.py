@@ -10,14 +10,14 @@ caches are float16 or bfloat16, one dtype (ATB's documented types besides int8, 
 float32 is refused, as ATB refuses it.
 
 Written without boolean indexing, which would make the host wait for the device on every call (on CUDA, where the
-GPU box runs it): every token scatters into slot ``max(slot, 0)`` by accumulation, padding tokens with zeros, and a
+GPU machine runs it): every token scatters into slot ``max(slot, 0)`` by accumulation, padding tokens with zeros, and a
 slot takes its scattered value when a non-padding token targets it (the non-padding tokens of one call target
 distinct slots: one token per slot).
 
 A slot at or past the cache's end is outside the op's semantics (ATB would write past the cache): the scatter raises
 (``IndexError`` on CPU, a device-side assert on CUDA, reported asynchronously). ``NPU_OPS_CHECK_SLOTS=1`` checks
 first and raises ``IndexError`` naming the slots and the caller's stack, at the cost of one host wait per call (a
-debugging switch for the GPU box, where the assert names no values).
+debugging switch for the GPU machine, where the assert names no values).
 """
 
 from __future__ import annotations

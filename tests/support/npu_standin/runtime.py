@@ -10,7 +10,7 @@ synchronisation cannot rely on them (that needs the real device, see benchmarks/
 Anything that would need device memory or a device clock (``mem_get_info``, ``elapsed_time`` ...)
 is declared in surface.py as ``unavailable`` and raises ``RuntimeError`` when called.
 
-CUDA standing in for the NPU (``NPU_STANDIN_DEVICE=cuda``, the GPU box: docs/environments.md): the names of
+CUDA standing in for the NPU (``NPU_STANDIN_DEVICE=cuda``, the GPU machine: docs/environments.md): the names of
 ``CUDA_EQUIVALENTS`` resolve to torch.cuda's own streams, events and synchronisation instead, so the code runs
 with real asynchrony. ``is_available()`` stays False either way (transformers would take NPU paths).
 """

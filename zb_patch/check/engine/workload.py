@@ -52,7 +52,7 @@ class Workload:
 
 
 # The CI workload (k = 2 runs, planted mistakes; 10 requests: the second one that runs into max_model_len is
-# preempted) and the larger one of issue item 4 (E2E_BIG=1)
+# preempted) and the larger one (E2E_BIG=1)
 CI = Workload(num_requests=10)
 BIG = Workload(
     num_requests=48,

@@ -1,5 +1,5 @@
-"""Stand-in for numba on the GPU box, where numba + llvmlite (~150 MB unpacked) are not carried (docs/environments.md,
-"GPU box"). On the path only when the real numba cannot be imported (benchmarks/bench_engine_gpu.py decides).
+"""Stand-in for numba on the GPU host, where numba + llvmlite (~150 MB unpacked) are not carried (docs/environments.md,
+"GPU machine"). On the path only when the real numba cannot be imported (benchmarks/bench_engine_gpu.py decides).
 
 vllm-ascend 0.18 imports ``from numba import njit`` at module level in ``eplb/core/policy/policy_flashlb.py``
 (model_runner_v1 -> eplb_worker -> policy_factory) and decorates its FlashLB functions with ``@njit`` /

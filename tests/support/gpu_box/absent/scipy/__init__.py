@@ -1,4 +1,4 @@
-"""Stand-in for scipy on the GPU box, where scipy (~95 MB unpacked) is not carried (docs/environments.md, "GPU box").
+"""Stand-in for scipy on the GPU host, where scipy (~95 MB unpacked) is not carried (docs/environments.md, "GPU host").
 On the path only when the real scipy cannot be imported (benchmarks/bench_engine_gpu.py decides).
 
 vllm-ascend 0.18 imports ``from scipy import stats`` and ``from scipy.optimize import linear_sum_assignment`` at module
