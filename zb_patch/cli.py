@@ -78,6 +78,8 @@ def doctor_data(import_targets: bool = True) -> dict:
     verdict, reason, chosen = None, selection.reason, None
     if selection.verdict == V.NATIVE:
         verdict = "native"
+        # known upstream bugs of the native release zb-patch does not fix there (read from the installed sources)
+        data["native_advisories"] = [c.as_dict() for c in V.native.check_advisories(V.native.installed_vllm_root())]
     elif selection.verdict == V.REFUSED:
         verdict = "refused"
     else:
@@ -180,6 +182,17 @@ def _print_doctor(d: dict, out) -> None:
         w(f"Verdict: ZB_PATCH=1 applies adapter {d['adapter']} ({d['reason']})\n")
     elif verdict == "native":
         w(f"Verdict: native: {d['reason']}\n")
+        for adv in d.get("native_advisories", []):
+            if adv["matched"]:
+                w(
+                    f"  advisory {adv['id']} ({adv['matched']}; {', '.join(adv['upstream'])}): {adv['target']} "
+                    f"{adv['fingerprint']}: {adv['message']}\n"
+                )
+            else:
+                w(
+                    f"  advisory {adv['id']}: not a recorded affected form ({adv['target']} "
+                    f"{adv['fingerprint'] or 'absent'}; {', '.join(adv['upstream'])})\n"
+                )
     else:
         w(f"Verdict: ZB_PATCH=1 would be REFUSED: {d['reason']}\n")
 

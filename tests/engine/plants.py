@@ -141,6 +141,19 @@ def stale_padded_seq_lens() -> None:
     zb.device_correction = device_correction
 
 
+def zero_bubble_corrects_exact_counts() -> None:
+    """Zero-bubble corrects every row the release reads, including rows whose count from the scheduler is already
+    exact (the engine core processed the previous step's output before scheduling this one): its own test of
+    ``early_output.already_exact`` finds nothing."""
+    from zb_patch.versions import npu_runner
+
+    def already_exact(runner, scheduler_output, prev_scheduled):
+        HITS["zero-bubble-corrects-exact-counts"] += 1
+        return {}
+
+    npu_runner.already_exact = already_exact
+
+
 OFF_REASON = "planted: switched off at run time"
 
 
@@ -165,6 +178,7 @@ def zero_bubble_off_at_run_time() -> None:
 
 
 PLANTS: dict[str, Callable[[], None]] = {
+    "zero-bubble-corrects-exact-counts": zero_bubble_corrects_exact_counts,
     "zero-bubble-off-at-run-time": zero_bubble_off_at_run_time,
     "slot-mapping-off-by-one": slot_mapping_off_by_one,
     "slot-mapping-kernel-off-by-one": slot_mapping_kernel_off_by_one,

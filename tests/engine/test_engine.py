@@ -75,7 +75,13 @@ EXPECTED = {
                 "zb013-device-valid-count",
                 "zb013-backup-token-staging",
                 "zb013-compile-kernels-at-start",
-                "keep-async-steps-overlapped",
+                "exact-counts-after-early-output",
+                "exact-counts-report-accepted",
+                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                "stale-draft-placeholders",
+                "stale-draft-placeholders-rows",
+                "readded-request-drafts",
+                "mtp-draft-slots",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -92,7 +98,12 @@ EXPECTED = {
                 "zb018-device-valid-count",
                 "zb018-backup-token-staging",
                 "zb018-compile-kernels-at-start",
-                "keep-async-steps-overlapped",
+                "exact-counts-after-early-output",
+                "exact-counts-report-accepted",
+                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                "stale-draft-placeholders",
+                "stale-draft-placeholders-rows",
+                "draft-seq-lens-max-model-len",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -101,7 +112,8 @@ EXPECTED = {
     # in that kernel is zb-patch's to plant (the 0.18 plants wrap zb-patch's zero-bubble code, absent here)
     "0.23.0": Expected(
         adapter="ascend-0.19-0.25",
-        patches=frozenset({"slot-mapping-kernel"}),
+        # + vLLM #37159's fix (tests/engine/test_release_defects.py)
+        patches=frozenset({"slot-mapping-kernel", "stale-draft-placeholders", "stale-draft-placeholders-rows"}),
         plants={"slot-mapping-kernel-off-by-one": ("diverges", "0", "tokens")},
         drafters=("eagle",),
     ),
@@ -429,76 +441,71 @@ def planted(runs, models, tmp_path_factory):
 
 
 # vLLM 0.13 / 0.18's engine core processes a step's output before scheduling the next when the output is already
-# there when it asks (a race with the executor's async-output thread): the runner then subtracts the previous step's
-# rejected drafts from counts the scheduler has already corrected. Forced with run_engine.py --output-ready-early on
-# a 2-request MTP k = 1 workload, request 1 goes wrong from output index 2 in classic async and in zero-bubble alike
-# (docs/e2e.md, "Findings"); zb-patch's keep-async-steps-overlapped keeps every step scheduled before its
-# predecessor's output is processed.
+# there when it asks (a race with the executor's async-output thread): the scheduler's counts are then exact, and the
+# runner subtracts the previous step's rejected drafts again. Forced with run_engine.py --output-ready-early on a
+# 2-request MTP k = 1 workload, request 1 goes wrong from output index 2 in classic async, and in zero-bubble without
+# its own test of exact counts (docs/e2e.md, "Findings" 7). The fix exact-counts-after-early-output carries the test
+# for the classic path.
 EARLY = Workload(num_requests=2, max_prompt=10, min_tokens=6, max_tokens=6, num_speculative_tokens=1)
-OVERLAP_FIX = "keep-async-steps-overlapped"
+EXACT_FIX = "exact-counts-after-early-output"
+EXACT_PLANT = "zero-bubble-corrects-exact-counts"
 
 
 @pytest.fixture(scope="module")
 def output_ready_early(tmp_path_factory):
     """name -> result of the EARLY workload (MTP, k = 1), every step's output ready when first asked: sync; classic
-    async (no zb-patch); async + ZB_PATCH=1 without the fix; async + ZB_PATCH=1; async + ZB_PATCH=1 with zero-bubble
-    left out (the fix alone)."""
+    async (no zb-patch); async + ZB_PATCH=1 with zero-bubble left out (the fix alone); async + ZB_PATCH=1; async +
+    ZB_PATCH=1 with the fix left out and zero-bubble's own test planted out."""
     out = str(tmp_path_factory.mktemp("output_ready_early"))
-    models = tiny_model.write_mtp_model(os.path.join(out, "models"))
-    models = os.path.dirname(models)
+    models = os.path.join(out, "models")
+    tiny_model.write_mtp_model(models)
     zero_bubble = f"{EXPECT.adapter.replace('ascend-0.', 'zb0')}-optimistic-update-states"  # its whole group
     runs = {
-        "sync": ("sync", {}),
-        "async": ("async", {}),
-        "async+zb, fix left out": ("async+zb", {"ZB_PATCH_DISABLE": OVERLAP_FIX}),
-        "async+zb": ("async+zb", {}),
-        "async, fix only": ("async+zb", {"ZB_PATCH_DISABLE": zero_bubble}),
+        "sync": ("sync", {}, ()),
+        "async": ("async", {}, ()),
+        "async, fix only": ("async+zb", {"ZB_PATCH_DISABLE": zero_bubble}, ()),
+        "async+zb": ("async+zb", {}, ()),
+        "async+zb, no test of exact counts": ("async+zb", {"ZB_PATCH_DISABLE": EXACT_FIX}, ("--plant", EXACT_PLANT)),
     }
-    args = ("--drafter", "mtp", "--output-ready-early")
-    jobs = [
-        lambda c=c, e=e, n=n: run_config(
-            c, models, os.path.join(out, n.replace(" ", "_")), EARLY, args, env_overrides=e
-        )
-        for n, (c, e) in runs.items()
-    ]
-    for n in runs:
-        os.makedirs(os.path.join(out, n.replace(" ", "_")))
+    jobs = []
+    for name, (config, env, extra) in runs.items():
+        folder = os.path.join(out, name.replace(" ", "_").replace(",", ""))
+        os.makedirs(folder)
+        args = ("--drafter", "mtp", "--output-ready-early", *extra)
+        jobs.append(lambda c=config, f=folder, a=args, e=env: run_config(c, models, f, EARLY, a, env_overrides=e))
     done = run_all(jobs, parallel=2)
-    for n, r in zip(runs, done):
-        assert r.result is not None, (n, r.log[-3000:])
-    return {n: r.result for n, r in zip(runs, done)}
+    for name, r in zip(runs, done):
+        assert r.result is not None, (name, r.log[-3000:])
+    return {name: r.result for name, r in zip(runs, done)}
 
 
 @pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
-def test_output_ready_early_double_corrects_without_the_fix(output_ready_early):
+def test_output_ready_early_double_corrects_without_a_test_of_exact_counts(output_ready_early):
     """Every step processed before the next is scheduled (0 steps overlapped), and request 1 goes wrong at output
-    index 2 -- in vLLM's classic async path and in zero-bubble alike."""
+    index 2 -- in vLLM's classic async path, and in zero-bubble when its own test is planted out and the fix left
+    out."""
     res = output_ready_early
-    sync = res["sync"]
-    for name in ("async", "async+zb, fix left out"):
+    for name in ("async", "async+zb, no test of exact counts"):
         assert res[name]["scheduling"]["overlapped"] == 0, (name, res[name]["scheduling"])
-        assert divergences(sync, res[name], fields=("tokens",))[0].startswith(
-            "1 tokens: first difference at output index 2"
-        ), (name, divergences(sync, res[name], fields=("tokens",)))
-    assert res["async+zb, fix left out"]["zero_bubble"]["active"] is True
+        first = divergences(res["sync"], res[name], fields=("tokens",))
+        assert first and first[0].startswith("1 tokens: first difference at output index 2"), (name, first)
+    planted = res["async+zb, no test of exact counts"]
+    assert planted["plant_hits"].get(EXACT_PLANT, 0) > 0 and planted["zero_bubble"]["active"] is True
 
 
 @pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
-def test_keep_async_steps_overlapped_fixes_it_with_and_without_zero_bubble(output_ready_early):
-    """With the fix, every step but the last is scheduled while its predecessor runs, and the tokens and counts are
-    sync's; with zero-bubble on (async+zb) and left out (the fix alone)."""
+def test_exact_counts_are_left_alone_with_and_without_zero_bubble(output_ready_early):
+    """With the fix alone (zero-bubble left out) and with zero-bubble (its own test, the fix beside it), every step
+    still runs after its predecessor's output was processed, and tokens and counts are sync's."""
     res = output_ready_early
-    for name in ("async+zb", "async, fix only"):
+    for name in ("async, fix only", "async+zb"):
         got = res[name]
         applied = {i["id"] for i in got["zb_patch_status"]["report"]["items"] if i["verdict"] == "applied"}
-        assert OVERLAP_FIX in applied, (name, applied)
-        assert got["scheduling"]["overlapped"] > 0, (name, got["scheduling"])
+        assert EXACT_FIX in applied, (name, applied)
+        assert got["scheduling"]["overlapped"] == 0, (name, got["scheduling"])
         assert divergences(res["sync"], got) == [], name
     assert res["async+zb"]["zero_bubble"]["active"] is True
-    assert (
-        res["async, fix only"]["zero_bubble"]["kind"] != "zb-patch"
-        or not res["async, fix only"]["zero_bubble"]["active"]
-    )
+    assert res["async, fix only"]["zero_bubble"]["kind"] == "none"
 
 
 OFF_PLANT = "zero-bubble-off-at-run-time"

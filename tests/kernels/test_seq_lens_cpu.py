@@ -124,3 +124,18 @@ def test_wrong_direction_is_detected():
     dev = device_seq_lens(exact_prev, drafts, valid, prev, cpu, sched)
     wrong = cpu + sched
     assert wrong.tolist() != dev.tolist()
+
+
+def test_arguments_named_in_rejections_and_no_draft_rows():
+    """Rejections name the argument (a device tensor, a negative num_prev, a non-integer count array; an empty one of
+    any dtype is fine); a previous row without drafts is never corrected, even with a count of 0 (discarded)."""
+    seq = np.array([20, 30], dtype=np.int32)
+    with pytest.raises(ValueError, match="^optimistic_seq_lens="):
+        correct_optimistic_seq_lens_cpu(torch.zeros(2, dtype=torch.int32, device="meta"), [0, 1], [1, 1], [1, 1], 2)
+    with pytest.raises(ValueError, match="^num_prev="):
+        correct_optimistic_seq_lens_cpu(seq, [0, 1], [1, 1], [1, 1], 2, num_prev=-1)
+    with pytest.raises(ValueError, match="^valid_sampled_token_count="):
+        correct_optimistic_seq_lens_cpu(seq, [0], [1], [2.0], 1)
+    correct_optimistic_seq_lens_cpu(seq, [0, 1], [0, 1], [], 2)  # no counts: nothing to do
+    correct_optimistic_seq_lens_cpu(seq, [0, 1], [0, 1], [0, 2], 2)
+    assert seq.tolist() == [20, 30]

@@ -426,3 +426,12 @@ def test_hypothesis_kernel_equals_reference(case):
         cp_kv_cache_interleave_size=case["interleave"],
     )
     assert_same(out_k, out_r)
+
+
+def test_vllm_generic_formula_defaults_to_no_context_parallelism():
+    bt = torch.arange(32, dtype=torch.int32).reshape(4, 8)
+    qsl, pos = torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 1])
+    generic, ours = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    vllm_generic_slot_mapping(qsl, pos, bt, generic, block_size=4, max_num_tokens=6, num_reqs=2)
+    slot_mapping_reference(qsl, pos, bt, ours, block_size=4, max_num_tokens=6, num_reqs=2)
+    assert generic.tolist() == ours.tolist() == [0, 5, 33, -1, -1, -1, 0, 0]

@@ -411,3 +411,119 @@ def test_prepared_launcher_needs_all_position_buffers():
     b["query_pos"] = None
     with pytest.raises(ValueError, match="go together"):
         kernels.token_counts_launcher(**b)
+
+
+@pytest.fixture
+def fresh_launchers(monkeypatch):
+    """A fresh launcher cache (the module's is filled by earlier tests), and a way to let the launchers take their
+    direct-launch bookkeeping on this device (CUDA only in production: pointers keyed by dtype and alignment)."""
+    from zb_patch.kernels import _launch
+    from zb_patch.kernels import token_counts as tc
+
+    monkeypatch.setattr(tc, "_LAUNCHERS", tc._TokenCountsLaunchers())
+
+    def direct(supported: bool) -> None:
+        monkeypatch.setattr(_launch, "_direct_launch_supported", lambda device_type: supported)
+
+    return tc, direct
+
+
+@requires_kernels
+@pytest.mark.parametrize("with_positions", [True, False])
+@pytest.mark.parametrize("correct", [True, False], ids=["async", "copy-cpu"])
+def test_launch_passes_a_tensor_for_every_buffer(dev, fresh_launchers, correct, with_positions):
+    """Absent optional buffers are replaced by a real tensor (the direct launch takes every pointer's data_ptr) and
+    the launcher is keyed by each pointer's dtype and alignment; results equal the reference."""
+    tc, direct = fresh_launchers
+    direct(True)
+    step = make_step([2, 0, -1, 1, 5], [3, 1, 2, 4], [2, 0, 3, 3], seed=3)
+    assert_same(*run_pair(step, dev, correct=correct, with_accepted=False, with_positions=with_positions))
+    (launcher,) = tc._LAUNCHERS._cache.values()
+    assert launcher.slow_launches == 1 and len(launcher._direct) == 1
+    (key,) = launcher._direct
+    assert len(key) == 22 and all(isinstance(d, torch.dtype) for d in key[0::2]) and set(key[1::2]) <= {True, False}
+
+
+@requires_kernels
+def test_partial_correction_inputs_copy_the_cpu_counts(dev):
+    """Correction needs previous positions, counts and drafts together; with any of them missing the CPU counts are
+    copied (the non-async branch)."""
+    i32 = dict(dtype=torch.int32, device=dev)
+    cpu, nst = torch.tensor([3, 4], **i32), torch.ones(2, **i32)
+    prev, valid = torch.tensor([1, 0], dtype=torch.int64, device=dev), torch.tensor([2, 2], **i32)
+    for args in ((prev, None, torch.ones(2, **i32)), (None, valid, torch.ones(2, **i32)), (prev, valid, None)):
+        nc, seq = torch.tensor([7, 9], **i32), torch.zeros(2, **i32)
+        kernels.update_token_counts(nc, None, *args, cpu, nst, seq, num_reqs=2)
+        assert nc.cpu().tolist() == [3, 4] and seq.cpu().tolist() == [4, 5]
+
+
+@requires_kernels
+def test_launchers_are_cached_per_flags_and_shape(fresh_launchers, monkeypatch):
+    tc, _ = fresh_launchers
+    cache = tc._LAUNCHERS
+    a = cache.get("cpu", True, True, True, None)
+    assert cache.get("cpu", True, True, True, None) is a
+    assert cache.get("cpu", False, False, True, None) is not a
+    assert (a._constexprs["REQ_TILE"], a._constexprs["TOK_TILE"]) == tc._default_tiles("cpu")
+    b = cache.get("cpu", True, False, True, (16, 32))
+    assert (b._constexprs["REQ_TILE"], b._constexprs["TOK_TILE"], b._constexprs["HAS_ACCEPTED"]) == (16, 32, False)
+    from zb_patch.kernels import _launch
+
+    monkeypatch.setattr(_launch, "_interpret", False)  # how a CUDA process builds them (nothing is launched here)
+    cuda = cache.get("cuda", True, True, True, None)
+    assert (cuda._constexprs["REQ_TILE"], cuda._constexprs["TOK_TILE"]) == tc._CUDA_TILES
+    assert cuda.direct_supported == _launch._direct_launch_supported("cuda")
+    assert cache.get("cuda", True, True, True, None, direct=False).direct_supported is False
+
+
+@requires_kernels
+def test_prepared_launcher_checks_its_correction_buffers(dev):
+    """The bound previous-row buffers are checked when the launcher is built: a prev_positions shorter than the
+    batch bounds num_reqs, a prev_num_draft_tokens of another dtype is rejected."""
+    from zb_patch.kernels.token_counts import TokenCountsLauncher
+
+    i32 = dict(dtype=torch.int32, device=dev)
+    bufs = dict(num_computed_tokens=torch.zeros(4, **i32), seq_lens=torch.zeros(4, **i32))
+    bufs.update(num_scheduled_tokens=torch.ones(4, **i32), prev_num_draft_tokens=torch.zeros(4, **i32))
+    short = TokenCountsLauncher(**bufs, prev_positions=torch.zeros(1, dtype=torch.int64, device=dev))
+    with pytest.raises(ValueError, match="num_reqs"):
+        short(3, torch.zeros(3, **i32), torch.ones(3, **i32))
+    bufs["prev_num_draft_tokens"] = torch.zeros(4, dtype=torch.float32, device=dev)
+    with pytest.raises(ValueError, match="prev_num_draft_tokens"):
+        TokenCountsLauncher(**bufs, prev_positions=torch.zeros(4, dtype=torch.int64, device=dev))
+    # without both previous-row buffers the launcher cannot correct: given counts, it copies the CPU counts
+    del bufs["prev_num_draft_tokens"]
+    prev = torch.tensor([1, 0, 0, 0], dtype=torch.int64, device=dev)
+    for launcher in (TokenCountsLauncher(**bufs), TokenCountsLauncher(**bufs, prev_positions=prev)):
+        bufs["num_computed_tokens"].fill_(9)
+        launcher(2, torch.tensor([3, 4], **i32), torch.tensor([2, 2], **i32))
+        assert bufs["num_computed_tokens"].cpu().tolist() == [3, 4, 9, 9] and not launcher.can_correct
+
+
+@requires_kernels
+@pytest.mark.parametrize("short", ["drafts", "computed"])
+def test_gather_is_bounded_by_every_previous_row_buffer(dev, short):
+    """Counts for 6 previous rows, but the drafts / device counts buffer holds fewer: a previous row past it never
+    participates (the short buffers are views of longer ones, so a read past their end would find drafts / counts)."""
+    i32 = dict(dtype=torch.int32)
+    nc_full, drafts_full = torch.tensor([10, 20, 30, 40, 50, 60], **i32), torch.tensor([1, 1, 5, 5, 5, 5], **i32)
+    nc_len, drafts_len = (6, 2) if short == "drafts" else (3, 6)
+    prev, valid = torch.tensor([4, 1, -1]), torch.full((6,), 2, **i32)
+    cpu, nst = torch.tensor([7, 8, 9], **i32), torch.ones(3, **i32)
+    got = []
+    for fn, device in ((token_counts_reference, "cpu"), (kernels.update_token_counts, dev)):
+        nc_all, drafts_all = nc_full.clone().to(device), drafts_full.clone().to(device)
+        nc, seq = nc_all[:nc_len], torch.zeros(3, **i32).to(device)
+        fn(
+            nc,
+            None,
+            prev.to(device),
+            valid.to(device),
+            drafts_all[:drafts_len],
+            cpu.to(device),
+            nst.to(device),
+            seq,
+            num_reqs=3,
+        )
+        got.append(nc[:3].cpu().tolist())
+    assert got[0] == got[1] == [7, 22, 9]

@@ -74,7 +74,9 @@ class Driver(H.Driver):
     differs: the optimistic placeholders make vLLM 0.13's ``_update_states`` take its output-trimming branch, which
     moves ``num_tokens_no_spec`` (where the async bookkeeping writes its ``-1`` placeholders) to the true length,
     while the classic path leaves it behind. Those input ids are recorded as ``UNFILLED`` (their count is
-    reported); every other input id, and everything the junk feeds into (acceptance, tokens), is compared."""
+    reported); every other input id, and everything the junk feeds into (acceptance, tokens), is compared. With the
+    adapter's ``stale-draft-placeholders`` fix applied (both runs of :func:`runner_harness.parity` by default) those
+    ids are the request's own drafts and are compared too."""
 
     inputs_queued = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_init_model_kwargs")
 
@@ -241,7 +243,10 @@ class Driver(H.Driver):
         return kept[0]
 
     def draft_ids_unfilled(self, rid: str, num_drafts: int) -> bool:
-        # re-added this step with draft placeholders: the device scatter covers rows of the previous batch only
+        # re-added this step with draft placeholders: the device scatter covers rows of the previous batch only; the
+        # adapter's stale-draft-placeholders fix writes the request's own drafts there (compared like any id)
+        if "stale-draft-placeholders" in self.applied:
+            return False
         return rid not in (self.runner.input_batch.prev_req_id_to_index or {})
 
 

@@ -63,6 +63,21 @@ ARCH = "ZbRunnerParityForCausalLM"
 EAGLE_ARCH = "EagleZbRunnerParityForCausalLM"
 MTP_ARCH = "DeepSeekMTPModel"  # what vLLM makes of a deepseek_v3 target's MTP layer
 
+# The scheduler / batch edge cases a run counts (RunResult.edges; the zero-bubble bookkeeping is wrong in a different
+# way in each): a request given fewer drafts than it held, by the token budget or near max_model_len; a request that
+# held drafts and was left out of a step (not preempted), then scheduled again; preempted, then resumed; a request
+# whose last step had drafts at another row (condense or reorder); rows swapped by the decode-first reorder.
+EDGE_CASES = (
+    "drafts_cut_token_budget",
+    "drafts_cut_max_model_len",
+    "skipped_holding_drafts",
+    "rescheduled_after_skip",
+    "preempted",
+    "resumed_after_preemption",
+    "rows_moved_with_drafts",
+    "rows_swapped",
+)
+
 
 # ------------------------------------------------------------------------------------------------
 # Process set-up (test platform; tiny model configs). The CPU distributed state comes from
@@ -322,6 +337,7 @@ class InputPrepEvent:
         self.event, self.driver = event, driver
 
     def record(self, stream: Any = None) -> None:
+        self.driver.input_prep_records += 1
         self.event.record() if stream is None else self.event.record(stream)
 
     def synchronize(self) -> None:
@@ -434,6 +450,7 @@ class Driver:
     inputs_queued: tuple[str, str, str]
 
     unfilled_drafts = 0  # draft input ids the release cannot fill (not compared; see runner013.Driver)
+    applied: set = frozenset()  # ids of the adapter's patches applied in this run (run_mode sets it)
     negative_input_ids = 0  # token ids < 0 handed to the model (a -1 would index the embedding out of range)
 
     def __init__(self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None) -> None:
@@ -454,7 +471,18 @@ class Driver:
         # per step, with an MLA group: what the MLA builders built (mla_harness: "target", "draft", "graph_update")
         self.mla_records: dict[int, dict[str, Any]] = {}
         self.input_prep_waits = 0
+        self.input_prep_records = 0
         self.state: StepState | None = None
+        # scheduler / batch edge cases the run went through (EDGE_CASES; the same in both modes)
+        self.edges: dict[str, int] = defaultdict(int)
+        batch = runner.input_batch
+        swap = batch.swap_states
+
+        def swap_states(i1: int, i2: int) -> None:  # the decode-first reorder swaps rows through this method
+            self.edges["rows_swapped"] += 1
+            swap(i1, i2)
+
+        batch.swap_states = swap_states
         runner.valid_sampled_token_count_event = LazyCountEvent(runner.valid_sampled_token_count_cpu, self)
         if getattr(runner, "prepare_inputs_event", None) is not None:
             runner.prepare_inputs_event = InputPrepEvent(runner.prepare_inputs_event, self)
@@ -549,6 +577,14 @@ class Driver:
         req_ids = list(runner.input_batch.req_ids)
         spec = so.scheduled_spec_decode_tokens
         num_drafts = [len(spec.get(r, ())) for r in req_ids]
+        # a request whose last step had drafts sits at another row now (condense, decode-first reorder): its
+        # previous-step values must be read at its previous row
+        prev_rows = runner.input_batch.prev_req_id_to_index or {}
+        prev_records = self.records.get(self.step - 1, {})
+        for r, rid in enumerate(req_ids):
+            was = prev_records.get(rid)
+            if was is not None and was.drafted and prev_rows.get(rid, r) != r:
+                self.edges["rows_moved_with_drafts"] += 1
         discarded = set(int(i) for i in runner.discard_request_indices.np[: runner.num_discarded_requests])
         max_seq_len = max(seq_lens_cpu) if seq_lens_cpu else 0
         rows = {}
@@ -660,6 +696,8 @@ class Run:
     accepted: int = 0
     preemptions: int = 0
     requests: int = 0
+    preempted_ids: set = field(default_factory=set)  # preempted, not yet scheduled again
+    skipped: set = field(default_factory=set)  # left out of a step while holding drafts, not yet scheduled again
 
     def add(self, specs: list[RequestSpec]) -> None:
         for s in specs:
@@ -679,9 +717,14 @@ class Run:
     def iteration(self, abort_after: dict[str, int]) -> None:
         sched = self.scheduler
         if sched.has_requests():
+            # running requests that hold drafts (async: k draft placeholders) and their computed counts
+            holding = {
+                r.request_id: (len(r.spec_token_ids), r.num_computed_tokens) for r in sched.running if r.spec_token_ids
+            }
             so = sched.schedule()
             self.step += 1
             self.preemptions += len(getattr(so, "preempted_req_ids", None) or ())
+            self._count_edges(so, holding)
             executed = self.driver.execute_model(so, self.step)
             out = self.driver.sample_tokens(so) if executed else None
             self.queue.appendleft((out, so))
@@ -690,6 +733,32 @@ class Run:
         elif not self.queue:
             return
         self._finish_one(abort_after)
+
+    def _count_edges(self, so: Any, holding: dict[str, tuple[int, int]]) -> None:
+        """The scheduler's edge cases of this step (:data:`EDGE_CASES`), into ``driver.edges``."""
+        edges = self.driver.edges
+        scheduled = so.num_scheduled_tokens
+        spec = so.scheduled_spec_decode_tokens
+        preempted = set(getattr(so, "preempted_req_ids", None) or ())
+        for rid, (held, computed) in holding.items():
+            if rid not in scheduled:
+                if rid not in preempted:
+                    edges["skipped_holding_drafts"] += 1
+                    self.skipped.add(rid)
+                continue
+            if len(spec.get(rid, ())) < held:
+                # scheduler: min(budget left, max_model_len - 1 - num_computed_tokens) tokens, drafts cut to fit
+                cause = "max_model_len" if computed + scheduled[rid] >= self.shape.max_model_len - 1 else "token_budget"
+                edges[f"drafts_cut_{cause}"] += 1
+        for rid in scheduled:
+            if rid in self.preempted_ids:
+                edges["resumed_after_preemption"] += 1
+                self.preempted_ids.discard(rid)
+            if rid in self.skipped:
+                edges["rescheduled_after_skip"] += 1
+                self.skipped.discard(rid)
+        edges["preempted"] += len(preempted)
+        self.preempted_ids |= preempted
 
     def _finish_one(self, abort_after: dict[str, int]) -> None:
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
@@ -804,9 +873,12 @@ class RunResult:
     unfilled_drafts: int
     negative_input_ids: int
     input_prep_waits: int  # host waits on prepare_inputs_event (the release's own plus any a patch adds)
+    input_prep_records: int  # records of prepare_inputs_event (the release's own plus any a patch adds)
+    prepared_steps: int  # steps whose inputs were prepared (something was scheduled)
     seconds: float
     padded_seq_lens: dict
     mla_records: dict
+    edges: dict
     streams: dict
     finish: dict
     records: dict
@@ -834,7 +906,10 @@ class RunResult:
             "unfilled_drafts",
             "negative_input_ids",
             "input_prep_waits",
+            "input_prep_records",
+            "prepared_steps",
             "seconds",
+            "edges",
             "zb",
         )
         return {k: getattr(self, k) for k in keys}
@@ -852,10 +927,11 @@ def run_mode(
     reorder: bool = True,
     method: str = "eagle",
     runner_hook: Any = None,
+    disabled: tuple[str, ...] = (),
 ) -> RunResult:
-    """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``)."""
-    import vllm.v1.engine.core  # noqa: F401  (an engine process has it: keep-async-steps-overlapped's target)
-
+    """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``). ``patched``:
+    the adapter is applied, less the patch ids in ``disabled`` (as ``ZB_PATCH_DISABLE`` does: a disabled member
+    of a group disables its group)."""
     from zb_patch import registry as R
 
     adapter = release.ADAPTER
@@ -867,18 +943,26 @@ def run_mode(
     rope = mla_harness.mla_session(vc) if mla else contextlib.nullcontext()
     with phase_spy(release.Driver, driver_ref), rope:
         execute_patch = None
+        applied: set[str] = set()
         if patched:
-            report = adapter.patch_set.apply()
+            report = adapter.patch_set.apply(disabled=disabled)
             if report.verdict != R.APPLIED:
                 raise RuntimeError(f"adapter did not apply: {report.reason}")
+            applied = set(report.by_verdict(R.APPLIED))
             execute_patch = next(
-                p for p in adapter.patch_set.patches if p.target.endswith("NPUModelRunner.execute_model")
+                (
+                    p
+                    for p in adapter.patch_set.patches
+                    if p.target.endswith("NPUModelRunner.execute_model") and p.id in applied
+                ),
+                None,
             )
         try:
             runner = make_runner(vc, kvc, reorder=reorder)
             if runner_hook is not None:
                 runner_hook(runner)
             driver = release.Driver(runner, shape, seed=seed, execute_patch=execute_patch)
+            driver.applied = applied
             driver_ref.append(driver)
             run = Run(make_scheduler(vc, kvc, shape), driver, shape)
             drive(run, specs, iterations)
@@ -902,6 +986,7 @@ def run_mode(
             "corrected_steps": zb_state.corrected_steps,
             "host_waits": zb_state.host_waits,
             "fallback_uploads": zb_state.fallback_uploads,
+            "in_prepare": zb_state.in_prepare,
         }
     )
     all_before = [driver.step_waits[s].get("update_states", 0) for s in range(1, run.step + 1)]
@@ -925,8 +1010,11 @@ def run_mode(
         unfilled_drafts=driver.unfilled_drafts,
         negative_input_ids=driver.negative_input_ids,
         input_prep_waits=driver.input_prep_waits,
+        input_prep_records=driver.input_prep_records,
+        prepared_steps=len(driver.records),
         padded_seq_lens=driver.padded_seq_lens,
         mla_records=driver.mla_records,
+        edges=dict(driver.edges),
         seconds=round(time.time() - t0, 2),
         streams=run.streams,
         finish=run.finish,
@@ -1040,6 +1128,14 @@ def _short(v: Any, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def zero_bubble_and_fix_ids(adapter: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The adapter's zero-bubble patch ids (its ``zero-bubble-*`` group) and the ids of its other patches (fixes of
+    the release's own defects)."""
+    patches = adapter.patch_set.patches
+    zb = tuple(p.id for p in patches if p.group.startswith("zero-bubble"))
+    return zb, tuple(p.id for p in patches if p.id not in zb)
+
+
 def parity(
     sess: Session,
     shape: EngineShape,
@@ -1051,14 +1147,28 @@ def parity(
     triton: bool = False,
     method: str = "eagle",
     runner_hook: Any = None,
+    fixes: bool = True,
 ) -> dict:
-    """The same seeded workload unpatched, then patched with ``release.ADAPTER``; ``runner_hook`` runs on the patched
-    run's runner only."""
+    """The same seeded workload in the release's classic async form ("unpatched"), then with zero-bubble
+    ("patched"); ``runner_hook`` runs on the patched run's runner only. ``fixes``: both runs carry the adapter's
+    fixes of the release's own defects (the unpatched run applies only those: ``ZB_PATCH_DISABLE=<the zero-bubble
+    group>``), so zero-bubble is held to classic async with the same fixes; False: the unpatched run is the bare
+    release and the patched run leaves the fixes out."""
     specs = make_workload(seed, shape, iterations)
+    zb_ids, fix_ids = zero_bubble_and_fix_ids(release.ADAPTER)
     ctx = contextlib.nullcontext() if triton else reference_kernels()
     with ctx:
         ref = run_mode(
-            sess, shape, specs, iterations, release=release, seed=seed, patched=False, reorder=reorder, method=method
+            sess,
+            shape,
+            specs,
+            iterations,
+            release=release,
+            seed=seed,
+            patched=bool(fixes and fix_ids),
+            disabled=zb_ids[:1],
+            reorder=reorder,
+            method=method,
         )
         got = run_mode(
             sess,
@@ -1068,6 +1178,7 @@ def parity(
             release=release,
             seed=seed,
             patched=True,
+            disabled=() if fixes else fix_ids,
             reorder=reorder,
             method=method,
             runner_hook=runner_hook,

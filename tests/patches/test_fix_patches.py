@@ -39,11 +39,17 @@ RELEASE = importlib.metadata.version("vllm-ascend")
 
 # where each fix patch is applied (installed code lacks the fix); native on every other release of the adapter
 # (docs/releases/ascend-0.19-0.25.md section 2, from the code of each release)
+ALL_RELEASES = set(A.ADAPTER.releases)
 APPLIED_ON = {
     "valid-count-copy-order": {"0.19.1rc1"},
     "valid-count-int64": {"0.19.1rc1", "0.20.2rc1"},
     "seq-lens-cpu-unpadded": {"0.19.1rc1"},
     "seq-lens-cpu-prepare-inputs-padded": {"0.19.1rc1"},
+    # vLLM #37159: no vLLM in the adapter's range fixes it (vLLM-side targets)
+    "stale-draft-placeholders": ALL_RELEASES,
+    "stale-draft-placeholders-rows": ALL_RELEASES,
+    # native from 0.20.2rc1 (#9221's drafter gate) and 0.21.0rc1 (#10147's masks)
+    "draft-seq-lens-max-model-len": {"0.19.1rc1"},
 }
 ADVISORY_ON = {
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},

@@ -4,9 +4,10 @@ release's runner013.py / runner018.py).
 
 The release's real vLLM AsyncScheduler drives its real runner methods (the harness says exactly which are real and
 which are mirrored; on 0.13 the monolithic _prepare_inputs runs end to end, attention-metadata loop included)
-UNPATCHED and then PATCHED with the adapter, on the same seeded workload (arrivals, chunked prefill, prefix-cache
-hits, preemption + resumption, stop tokens, max_model_len, aborts; acceptance none / all / partial per request and
-position). Asserted:
+in their classic async form and then with zero-bubble (the adapter applied; both runs carry the adapter's fixes of
+the release's own defects, which tests/patches/test_release_defects.py reproduces), on the same seeded workload
+(arrivals, chunked prefill, prefix-cache hits, preemption + resumption, stop tokens, max_model_len, aborts;
+acceptance none / all / partial per request and position). Asserted:
 
 * identical per-step, per-request positions, slot mapping, input ids, CPU and device seq_lens, CPU
   num_computed_tokens (at the forward and when the drafter runs), max_seq_len, discard flags, sampled tokens,
@@ -32,7 +33,8 @@ position). Asserted:
   unpatched vs patched, and a planted host seq_lens mistake shows up in all three.
 
 0.13 only: input ids at draft placeholders the release cannot fill (rows re-added with drafts) are junk in both
-modes and are not compared (runner013.Driver says why); their count is printed.
+modes and are not compared when the stale-draft-placeholders fix is off (runner013.Driver says why); their count is
+printed (0 with the fix, which writes the request's own drafts there).
 
 Cost on the 2-core CI box: ~1 minute after the vLLM import.
 """
@@ -43,6 +45,7 @@ import importlib
 import logging
 import os
 import sys
+from collections import Counter
 
 import pytest
 
@@ -68,6 +71,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 PARITY_ITERATIONS = 2900  # engine iterations per k = 1..4: ~10,500 engine steps (schedule() calls) in total
 MIN_TOTAL_STEPS = 10_000
+# The default 64-token budget leaves room for every decode (8 requests x (1 + 4 drafts) <= 40 tokens): the scheduler
+# cuts drafts for budget reasons only with a tighter budget. One more run: k = 4 with a 16-token budget.
+TIGHT_BUDGET = (4, 16, 700, 7)  # (k, max_num_batched_tokens, iterations, seed)
+# The fast parity runs (~10 s; the killer of tests/mutation): every edge case of runner_harness.EDGE_CASES.
+EDGE_RUNS = ((1, None, 300, 1), (2, None, 600, 2), (3, None, 600, 23), (4, 16, 400, 7))
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +101,10 @@ def sess(H):
         yield s
 
 
-def _shape(k):
+def _shape(k, budget=None):
     from zb_patch.check.selftest.compat import EngineShape
 
-    return EngineShape(num_spec_tokens=k)
+    return EngineShape(num_spec_tokens=k, **({"max_num_batched_tokens": budget} if budget else {}))
 
 
 def _check_waits(res):
@@ -112,8 +120,13 @@ def _check_waits(res):
     zb = p["zb"]
     assert zb["active"] and zb["fallback_uploads"] == 0, zb
     assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
-    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13)
+    assert zb["host_waits"] == zb["corrected_steps"]  # one wait per corrected step, counted
+    # the input-preparation event: the patched path adds one wait per step where the release makes none (0.13), and
+    # records it once per input preparation, after the last host-to-device copy of the step's inputs
     assert p["input_prep_waits"] - u["input_prep_waits"] == added_input_prep_waits(res), (u, p)
+    added_records = p["prepared_steps"] if res["waits_for_input_prep"] else 0
+    assert p["input_prep_records"] - u["input_prep_records"] == added_records, (u, p)
+    assert zb["in_prepare"] is False  # the _prepare_inputs window is closed between steps (0.13)
 
 
 def added_input_prep_waits(res):
@@ -124,11 +137,17 @@ def added_input_prep_waits(res):
 def test_parity_10k_steps(H, release, sess, capsys):
     total = 0
     lines = []
-    for k in (1, 2, 3, 4):
-        res = H.parity(sess, _shape(k), PARITY_ITERATIONS, seed=k, release=release)
+    edges = Counter()
+    for k, budget, iterations, seed in [(k, None, PARITY_ITERATIONS, k) for k in (1, 2, 3, 4)] + [TIGHT_BUDGET]:
+        res = H.parity(sess, _shape(k, budget), iterations, seed=seed, release=release)
         assert res["divergences"] == 0, res["examples"]
         _check_waits(res)
         u, p = res["unpatched"], res["patched"]
+        edges.update(u["edges"])
+        if budget:
+            lines.append(f"k={k}, {budget}-token budget: {u['steps']} steps, edge cases {dict(u['edges'])}")
+            total += u["steps"]
+            continue
         assert 0 < u["accepted"] < u["drafted"]  # partial acceptance overall
         assert u["preemptions"] > 0 and u["aborted"] > 0  # batch changes of every kind happened
         assert p["negative_input_ids"] == (0 if CLAMPS_INPUT_IDS else u["negative_input_ids"]), (
@@ -148,6 +167,8 @@ def test_parity_10k_steps(H, release, sess, capsys):
             f"{u['negative_input_ids']} / {p['negative_input_ids']}; {u['seconds']}s / {p['seconds']}s"
         )
     assert total >= MIN_TOTAL_STEPS
+    assert all(edges[e] for e in H.EDGE_CASES), edges
+    lines.append(f"edge cases: {dict(edges)}")
     with capsys.disabled():
         print(f"\nrunner-level parity ({release.ADAPTER.id}), {total} steps, 0 divergences:\n  " + "\n  ".join(lines))
 
@@ -223,6 +244,21 @@ def test_mla_plant_reaches_every_recorded_part(H, release, ZB, sess, monkeypatch
     assert {"mla target", "mla graph_update", "mla draft", "mla draft_built"} <= set(kinds), kinds
 
 
+def test_parity_scheduler_edge_cases(H, release, sess):
+    """Short parity runs that still go through every scheduler / batch edge case of ``runner_harness.EDGE_CASES``:
+    drafts cut below k by the token budget (a 16-token budget) and near max_model_len, a request left out of a step
+    while holding drafts and scheduled again, preempted and resumed, rows moved and swapped. The fast killer of the
+    mutation run (docs/mutation.md)."""
+    edges = Counter()
+    for k, budget, iterations, seed in EDGE_RUNS:
+        res = H.parity(sess, _shape(k, budget), iterations, seed=seed, release=release)
+        assert res["divergences"] == 0, res["examples"]
+        _check_waits(res)
+        edges.update(res["unpatched"]["edges"])
+        assert res["patched"]["edges"] == res["unpatched"]["edges"]
+    assert all(edges[e] for e in H.EDGE_CASES), edges
+
+
 def test_parity_on_triton_kernels(H, release, ZB, sess):
     from zb_patch import kernels
     from zb_patch.kernels._launch import interpret_mode
@@ -247,12 +283,55 @@ def test_parity_without_batch_reordering(H, release, sess):
     _check_waits(res)
 
 
+def test_fallback_upload_when_the_device_counts_are_missing(H, release, ZB, sess):
+    """A corrected step whose previous step left no device counts (did not go through the padded drafter's copy)
+    uploads the host counts instead -- one wait, inside input preparation after the inputs are queued, as the
+    corrected step's own wait -- and stays exact."""
+    drops = []
+
+    def drop_device_counts(runner):
+        copy = runner._copy_valid_sampled_token_count  # the patched method
+
+        def every_third_lost(next_token_ids, valid_sampled_tokens_count):
+            copy(next_token_ids, valid_sampled_tokens_count)
+            if len(drops) % 3 == 2:
+                ZB.active(runner).valid_gpu = None
+            drops.append(1)
+
+        runner._copy_valid_sampled_token_count = every_third_lost
+
+    res = H.parity(sess, _shape(3), 300, seed=4, release=release, runner_hook=drop_device_counts)
+    assert res["divergences"] == 0, res["examples"]
+    p = res["patched"]
+    zb = p["zb"]
+    lost = (len(drops) + 2) // 3  # every third step's device counts: at most one upload each
+    assert 1 < zb["fallback_uploads"] <= lost and zb["host_waits"] == zb["corrected_steps"]
+    assert p["max_before_prep_per_step"] == 0 and p["max_waits_per_step"] <= 1
+    assert set(p["waits"]) <= {"prepare_inputs:after"} and p["waits"]["prepare_inputs:after"] == zb["host_waits"]
+
+
 def test_backup_token_buffers_alternate(H, release, ZB, sess):
-    res = H.parity(sess, _shape(2), 60, seed=3, release=release)
+    """The drafter's backup-token staging buffer alternates between the release's own and one more, step by step."""
+    used = []
+
+    def track(runner):
+        own = runner.drafter.backup_next_token_ids
+        copy = runner._copy_valid_sampled_token_count  # called right after prepare_next_token_ids_padded
+
+        def tracked(*args):
+            used.append(runner.drafter.backup_next_token_ids)
+            copy(*args)
+
+        runner._copy_valid_sampled_token_count = tracked
+        used.append(own)
+
+    res = H.parity(sess, _shape(2), 60, seed=3, release=release, runner_hook=track)
     assert res["divergences"] == 0, res["examples"]
     unpatched, patched = res["runners"]
     pair = patched.drafter.__dict__[ZB.backup_pair_attr]
-    assert pair[0] is not pair[1] and patched.drafter.backup_next_token_ids in pair
+    own, steps = used[0], used[1:]
+    assert pair[0] is own and pair[1] is not own and patched.drafter.backup_next_token_ids in pair
+    assert len(steps) > 10 and all(b is pair[i % 2] for i, b in enumerate(steps))
     assert ZB.backup_pair_attr not in unpatched.drafter.__dict__
 
 
@@ -275,7 +354,8 @@ class EmbeddingSpy:
 
 def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
     """0.13 embeds prompt-embeds / multimodal inputs inside _prepare_inputs, right after _init_model_kwargs: the
-    adapter's clamp must come before that (a -1 id would index the embedding out of range)."""
+    adapter's clamp must come before that (a -1 id would index the embedding out of range). Zero-bubble against the
+    bare release (no fixes on either side: the stale-draft-placeholders fix leaves no -1 id to clamp)."""
     if not CLAMPS_INPUT_IDS:
         pytest.skip("the adapter of this release does not clamp input ids (its release hands the model the ids)")
     spies = []
@@ -285,10 +365,52 @@ def test_prompt_embeds_model_never_embeds_a_negative_id(H, release, sess):
         runner.model = EmbeddingSpy(runner.model_config.get_vocab_size(), runner.inputs_embeds.gpu.shape[1])
         spies.append(runner.model)
 
-    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds)
+    res = H.parity(sess, _shape(3), 700, seed=3, release=release, runner_hook=prompt_embeds, fixes=False)
     assert res["divergences"] == 0, res["examples"]
     assert res["unpatched"]["negative_input_ids"] > 0  # the release's own path had -1 ids to clamp
     assert spies[0].ids > 0 and res["patched"]["negative_input_ids"] == 0
+
+
+def test_kernels_compiled_at_kv_cache_initialisation(H, ZB, sess):
+    """The initialize_kv_cache wrapper: the release's method runs first (arguments and result passed through), then
+    zero-bubble's activation is decided and, when active, its launches run once on no request (compile_kernels):
+    seq_lens.gpu becomes all padding (0), every slot mapping the release computes all PAD_SLOT_ID; positions.gpu and
+    the device counts stay as they were; the time is kept per runner. Not active: nothing runs."""
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    calls = []
+
+    def release(r, *args, **kwargs):
+        calls.append((r, args, kwargs))
+        return "release result"
+
+    wrapped = ZB.make_initialize_kv_cache(release)
+    st = ZB.state_of(runner)
+    b = st.buffers
+    for buf in (b.cpu_counts, b.num_scheduled):  # what a launch over one row would read
+        buf.gpu.fill_(3)
+    runner.seq_lens.gpu.fill_(5)
+    runner.positions.gpu.fill_(9)
+    tables = [t for t in runner.input_batch.block_table.block_tables if npu_runner.computes_slot_mapping(t)]
+    assert tables
+    for t in tables:
+        t.slot_mapping.gpu.fill_(7)
+    compiled = len(ZB.compile_seconds)
+    assert wrapped(runner, "kv config", flag=1) == "release result"
+    assert calls == [(runner, ("kv config",), {"flag": 1})]
+    assert len(ZB.compile_seconds) == compiled + 1 and 0 <= ZB.compile_seconds[-1] < 60
+    assert runner.seq_lens.gpu.eq(0).all() and runner.positions.gpu.eq(9).all() and b.num_computed.eq(0).all()
+    if type(b.token_counts).__name__ == "TokenCountsLauncher":  # Triton (interpreted here): the correcting variant
+        assert set(b.token_counts._launchers) == {True}
+    for t in tables:
+        assert t.slot_mapping.gpu[: t.max_num_batched_tokens].eq(-1).all()
+
+    off = H.build_config(sess, shape, async_scheduling=False)
+    idle = H.make_runner(off, H.kv_cache_config(off, shape))
+    idle.seq_lens.gpu.fill_(5)
+    assert ZB.make_initialize_kv_cache(release)(idle) == "release result"
+    assert len(ZB.compile_seconds) == compiled + 1 and idle.seq_lens.gpu.eq(5).all()
 
 
 # -- planted mistakes: each must be caught ------------------------------------------------------------------
@@ -420,6 +542,60 @@ def test_unsupported_combination_falls_through_with_one_warning(H, release, ZB, 
     assert set(p["waits"]) == {"update_states"} and p["min_before_prep_per_spec_step"] >= 1  # the classic path
     lines = [r for r in caplog.records if "zero-bubble NOT active" in r.getMessage()]
     assert len(lines) == 1 and "hybrid" in lines[0].getMessage()
+
+
+def test_pd_decode_with_the_recompute_scheduler_is_refused_on_0_13(H, ZB, sess):
+    """vllm-ascend 0.13 replaces GPUModelRunner._update_states on a PD decode node with the recompute scheduler; the
+    adapter refuses exactly that combination (either setting alone is fine) and still needs a wanted runner first."""
+    if FAMILY != "0.13":
+        pytest.skip("a vllm-ascend 0.13 activation check")
+    from types import SimpleNamespace
+
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    runner.ascend_config.recompute_scheduler_enable = True
+    assert ZB.unsupported_reason(runner) == (True, "")
+    runner.vllm_config = SimpleNamespace(kv_transfer_config=object())
+    wanted, reason = ZB.unsupported_reason(runner)
+    assert wanted and "PD decode" in reason
+    runner.ascend_config.recompute_scheduler_enable = False
+    assert ZB.unsupported_reason(runner) == (True, "")
+    del runner.ascend_config  # no Ascend config at all: nothing to refuse
+    assert ZB.unsupported_reason(runner) == (True, "")
+    runner.use_async_scheduling = False
+    assert ZB.unsupported_reason(runner)[0] is False
+
+
+@pytest.mark.parametrize(
+    "owner,attr,value,wanted,needle",
+    [
+        ("speculative_config", "disable_padded_drafter_batch", True, True, "disable_padded_drafter_batch"),
+        ("speculative_config", "method", "ngram", True, "speculative method 'ngram'"),
+        ("speculative_config", "num_speculative_tokens", 0, False, "off"),
+        ("parallel_config", "pipeline_parallel_size", 2, True, "pipeline parallelism"),
+        ("", "dcp_size", 2, True, "context parallelism"),
+    ],
+)
+def test_settings_zero_bubble_leaves_alone(H, ZB, sess, monkeypatch, owner, attr, value, wanted, needle):
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    monkeypatch.setattr(getattr(runner, owner) if owner else runner, attr, value)  # a session config: restored after
+    got_wanted, reason = ZB.unsupported_reason(runner)
+    assert got_wanted is wanted and needle in reason
+
+
+def test_release_instance_names(ZB):
+    """A release's ZeroBubble: per-release names for the runner / drafter state and a logger under vllm.zb_patch (the
+    logger tests and operators filter on), fresh bookkeeping."""
+    zb = type(ZB)(ZB.release, other_runners="other")
+    tag = ZB.release.replace(".", "")
+    assert (zb.release, zb.other_runners) == (ZB.release, "other")
+    assert zb.state_attr == ZB.state_attr == f"_zb_patch_{tag}"
+    assert zb.backup_pair_attr == ZB.backup_pair_attr == f"_zb_patch_{tag}_backup_pair"
+    assert zb.logger.name == ZB.logger.name == "vllm.zb_patch.ascend_" + ZB.release.replace(".", "_")
+    assert zb.warned == set() and zb.compile_seconds == []
 
 
 def test_async_scheduling_off_is_left_alone(H, ZB, sess, caplog):

@@ -99,6 +99,13 @@ def test_correct_seq_lens_cpu_subtracts_only_participating_rows():
     assert seq.tolist() == [18, 30, 40, 50]
 
 
+def test_correct_seq_lens_cpu_ignores_rows_past_the_previous_batch():
+    seq = np.array([20, 30], dtype=np.int32)
+    drafts, valid = np.array([2, 2, 2, 0], dtype=np.int32), np.array([1, 1, 1, 1], dtype=np.int64)
+    zb.correct_seq_lens_cpu(seq, np.array([0, 2]), drafts, valid, 2, num_prev=2)  # row 2 of the counts is stale
+    assert seq.tolist() == [18, 30]
+
+
 def test_discard_mask():
     out = np.zeros(4, dtype=bool)
     assert zb.discard_request_mask(np.array([5, 9, 3]), np.array([9, 9, 3]), 3, out).tolist() == [True, False, False]
@@ -155,6 +162,17 @@ def test_remap_accepted_counts_after_condense():
     taken = zb.snapshot_rows(snap, 2)
     snap[0] = 99
     assert taken.tolist() == [3, 1]
+
+
+def test_remap_accepted_counts_bounds():
+    """The bound on previous rows is exclusive and num_prev narrows it below the snapshot's length; an empty or
+    one-row snapshot is gathered without reading past it (mutation testing: docs/mutation.md)."""
+    snap = np.array([3, 1, 2, 4], dtype=np.int32)  # rows 2, 3: stale (the previous batch had 2 rows)
+    out = np.zeros(4, dtype=np.int32)
+    assert zb.remap_accepted_counts(np.array([1, 2, 3]), snap, 3, out, num_prev=2).tolist() == [1, 1, 1]
+    assert zb.remap_accepted_counts(np.array([0, 2]), snap, 2, out, num_prev=2, new_value=7).tolist() == [3, 7]
+    assert zb.remap_accepted_counts(np.array([0, -1]), np.zeros(0, dtype=np.int32), 2, out).tolist() == [1, 1]
+    assert zb.remap_accepted_counts(np.array([-1, 0]), np.array([5], dtype=np.int32), 2, out).tolist() == [1, 5]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,3 +313,234 @@ def test_cpu_base_is_right_when_the_previous_step_also_caught_up_tokens():
 def test_correction_base_is_checked():
     with pytest.raises(ValueError):
         _device_correct("nope", [0], [1], [1], [1], [0], 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# bounds, dtypes and paddings the runner relies on (each test below kills mutants of docs/mutation.md)
+# ------------------------------------------------------------------------------------------------
+# previous batch: 3 rows in 5-row buffers (rows 3, 4: stale, with drafts). Row 0 had 1 draft (rejected: valid 1), row 1
+# no draft (a discarded partial prefill: valid 0), row 2 two drafts (both accepted: valid 3).
+_PREV_NC = [10, 20, 30, 99, 99]
+_PREV_DRAFTS = [1, 0, 2, 2, 2]
+_VALID = [1, 0, 3, 1, 1]
+# current rows <- previous rows 2, 0, 1, 3 (== num_prev: stale), new; a prev_positions buffer longer than the batch
+_PREV_POS = [2, 0, 1, 3, -1, 4, 4]
+_CPU = [33, 12, 21, 50, 7]  # scheduler counts: optimistic (all drafts accepted) for the participating rows 0, 1
+_EXACT = [33, 11, 21, 50, 7]
+
+
+def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num_prev=3, num_positions=12):
+    n, tokens = len(_CPU), len(_CPU) * 2
+    nc = torch.tensor(_PREV_NC + [0, 0, 0], dtype=torch.int32)
+    acc = torch.full((8,), -5, dtype=torch.int32)
+    seq = torch.full((8,), -9, dtype=torch.int32)
+    pos = torch.full((16,), -9, dtype=torch.int64)
+    zb.correct_counts(
+        nc,
+        acc,
+        None if prev_pos is None else torch.tensor(prev_pos, dtype=torch.int64),
+        None if valid is None else torch.tensor(valid, dtype=torch.int64),
+        None if drafts is None else torch.tensor(drafts, dtype=torch.int32),
+        torch.tensor(_CPU + [77], dtype=torch.int32),
+        torch.full((8,), 2, dtype=torch.int32),
+        seq,
+        num_reqs=n,
+        req_indices=torch.arange(n, dtype=torch.int64).repeat_interleave(2),
+        query_pos=torch.tensor([0, 1] * n, dtype=torch.int64),
+        positions=pos,
+        num_tokens=tokens,
+        num_positions=num_positions,
+        num_prev_reqs=num_prev,
+        base=base,
+    )
+    return nc[:n].tolist(), acc.tolist(), seq.tolist(), pos.tolist()
+
+
+@pytest.mark.parametrize("base", ["previous", "cpu"])
+def test_correct_counts_participation_bounds_and_padding(base):
+    """Only rows whose previous row is inside the previous batch (< num_prev, not merely inside the buffers) and had
+    >= 1 draft are corrected -- one draft counts, a discarded no-draft row (valid 0) does not, a new row never reads
+    row 0; num_accepted_tokens is written for exactly those rows; positions past num_tokens up to num_positions and
+    seq_lens past num_reqs are zeroed. Both correction bases agree here (the previous step scheduled 1 + drafts)."""
+    nc, acc, seq, pos = _correct(base)
+    assert nc == _EXACT
+    assert acc == [3, 1, -5, -5, -5, -5, -5, -5]
+    assert seq == [c + 2 for c in _EXACT] + [0, 0, 0]
+    assert pos[:10] == [c + q for c in _EXACT for q in (0, 1)] and pos[10:12] == [0, 0] and pos[12:] == [-9] * 4
+
+
+@pytest.mark.parametrize("base", ["previous", "cpu"])
+def test_correct_counts_without_previous_counts(base):
+    """An empty count tensor (nothing to gather from) and no previous step at all: the CPU counts are copied."""
+    assert _correct(base, valid=[], drafts=[], num_prev=None)[0] == _CPU
+    assert _correct(base, valid=None, drafts=None, prev_pos=None, num_prev=None)[0] == _CPU
+    assert _correct(base, num_prev=None)[0][:3] == _EXACT[:3]  # num_prev defaults to the count tensor's length
+
+
+def test_deferred_corrections_single_previous_row_and_dtype():
+    corr = zb.deferred_cpu_corrections(np.array([0, -1]), np.array([3, 2]), np.array([2], dtype=np.int32))
+    assert corr.tolist() == [2, 0] and corr.dtype == np.int64
+
+
+def test_optimistic_advance_returns_int64_placeholders():
+    buf = np.zeros(4, dtype=np.int32)
+    got = zb.optimistic_advance(np.array([2], dtype=np.int32), np.array([3], dtype=np.int32), buf)
+    assert got.dtype == np.int64 and buf.tolist() == [0, 0, 3, 0]
+
+
+def test_backup_token_indices_and_ids_at_the_row_edges():
+    """Unsigned counts do not wrap; a one-token row reads column 0; a full row reads its last column; an index past
+    the table is clamped to the last column; rows past num_reqs are not read."""
+    assert zb.backup_token_indices(np.array([0, 1], dtype=np.uint32), 2).tolist() == [-1, 0]
+    table = np.arange(12, dtype=np.int32).reshape(3, 4)
+    out = np.full(3, 7, dtype=np.int64)
+    got = zb.backup_next_token_ids(table, np.array([1, 4, 9, 2]), 3, out)
+    assert got.tolist() == [0, 7, 11]
+
+
+def test_device_slot_mapping_entry_point():
+    """zero_bubble.slot_mapping forwards every argument (num_reqs and the context-parallel options included)."""
+    bt = torch.arange(32, dtype=torch.int32).reshape(4, 8)
+    qsl, pos = torch.tensor([0, 2, 3, 4], dtype=torch.int32), torch.tensor([0, 5, 1, 2])
+    out = torch.zeros(8, dtype=torch.int64)
+    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=2)
+    assert out.tolist() == [0, 5, 33, -1, -1, -1, 0, 0]  # the fourth token belongs to no request of the two
+    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=3, dcp_world_size=2, dcp_rank=1)
+    assert out.tolist() == [-1, 2, 32, -1, -1, -1, 0, 0]  # rank 1 of 2 owns the odd positions, at local p // 2
+
+
+# ------------------------------------------------------------------------------------------------
+# zb_patch.versions.npu_runner helpers (no vLLM: stand-in block tables with the attributes the guarded
+# vllm-ascend BlockTable has)
+# ------------------------------------------------------------------------------------------------
+class _Buf:
+    def __init__(self, tensor):
+        self.gpu = tensor
+
+
+class _Table:
+    def __init__(self, block_size=4, kernel_sizes=(4,), rows=4, cols=8):
+        self.block_size, self.physical_block_size, self.max_num_batched_tokens = block_size, block_size, 6
+        if kernel_sizes is not None:
+            self.kernel_sizes = list(kernel_sizes)
+        self.block_table = _Buf(torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols))
+        self.slot_mapping = _Buf(torch.zeros(8, dtype=torch.int64))
+
+
+def test_computes_slot_mapping_only_for_the_first_kernel_block_size():
+    from zb_patch.versions.npu_runner import computes_slot_mapping
+
+    assert computes_slot_mapping(_Table(4, (4,))) and computes_slot_mapping(_Table(4, (4, 8)))
+    assert not computes_slot_mapping(_Table(4, (8, 4)))
+    assert not computes_slot_mapping(_Table(4, ()))
+    assert not computes_slot_mapping(_Table(4, None))  # no kernel_sizes attribute at all
+
+
+def test_slot_mapper_is_built_once_per_block_table():
+    from zb_patch.versions import npu_runner
+
+    b = npu_runner.Buffers(*[None] * 7)
+    t1, t2 = _Table(), _Table()
+    m1 = npu_runner.slot_mapper(b, t1)
+    m2 = npu_runner.slot_mapper(b, t2)
+    assert m1 is not m2 and npu_runner.slot_mapper(b, t1) is m1 and npu_runner.slot_mapper(b, t2) is m2
+    m1(2, torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 1]))
+    assert t1.slot_mapping.gpu.tolist() == [0, 5, 33, -1, -1, -1, 0, 0] and not t2.slot_mapping.gpu.any()
+
+
+class _Host:  # the host side of a CpuGpuBuffer
+    def __init__(self, n):
+        self.np = np.full(n, 7, dtype=np.int32)
+
+
+class _Req:
+    def __init__(self, drafts):
+        self.prev_num_draft_len = drafts
+
+
+class _Event:
+    def __init__(self):
+        self.waits = 0
+
+    def synchronize(self):
+        self.waits += 1
+
+
+def _update_states_runner(zb, prev_sampled, prev_rows, requests, **attrs):
+    from zb_patch.versions import npu_runner
+
+    runner = type("Runner", (), {})()
+    runner.input_batch = type("Batch", (), {})()
+    runner.input_batch.prev_sampled_token_ids = prev_sampled
+    runner.input_batch.prev_req_id_to_index = prev_rows
+    runner.requests = requests
+    runner.valid_sampled_token_count_event = object()
+    for name, value in attrs.items():
+        setattr(runner, name, value)
+    buffers = npu_runner.Buffers(*[None] * 7)
+    buffers.prev_drafts = _Host(8)
+    runner.__dict__[zb.state_attr] = npu_runner.State(active=True, buffers=buffers)
+    return runner, runner.__dict__[zb.state_attr]
+
+
+def test_update_states_wrapper_queues_the_rows_the_release_reads():
+    """Optimistic counts (drafts + 1) at the previous rows of requests still known, 1 at the others, only rows of the
+    previous batch; the rows the release reads with drafts become this step's corrections; the answer is withdrawn
+    afterwards. Without a previous step the release runs as it is. The input-preparation wait where a release
+    asks for it, and only when the runner has the event."""
+    from zb_patch.versions import npu_runner
+
+    zb = npu_runner.ZeroBubble("9.9", other_runners="-")
+    rows = {"a": 0, "b": 1, "gone": 2, "stale": 3}  # "stale": a row past the previous batch (3 rows)
+    runner, st = _update_states_runner(zb, torch.zeros(3, 1), rows, {"a": _Req(2), "b": _Req(0), "stale": _Req(1)})
+    seen = []
+
+    def release(r, scheduler_output):
+        counts = r._get_valid_sampled_token_count()
+        seen.append(list(counts))
+        return counts[0], counts[1], scheduler_output  # the release reads rows 0 and 1
+
+    assert zb.make_update_states(release)(runner, "so") == (3, 1, "so")
+    assert seen == [[3, 1, 1]]
+    assert st.queue == [("a", 2, 0)] and st.num_prev == 3 and st.steps == 1 and st.valid_host is None
+    assert st.buffers.prev_drafts.np.tolist() == [2, 0, 0, 0, 0, 0, 0, 0]
+    assert "_get_valid_sampled_token_count" not in runner.__dict__
+
+    first, st = _update_states_runner(zb, None, None, {})
+    assert zb.make_update_states(lambda r, so: "ran")(first, "so") == "ran"
+    assert st.queue == [] and st.num_prev == 0 and not st.buffers.prev_drafts.np.any()
+
+    zb.waits_for_input_prep = True
+    event = _Event()
+    waiting, _ = _update_states_runner(zb, None, None, {}, prepare_inputs_event=event)
+    zb.make_update_states(lambda r, so: None)(waiting, "so")
+    assert event.waits == 1
+    no_event, _ = _update_states_runner(zb, None, None, {})
+    zb.make_update_states(lambda r, so: None)(no_event, "so")
+
+
+def test_deferred_correction_waits_only_when_input_preparation_did_not():
+    """apply_deferred subtracts each queued request's rejected drafts from req_state.num_computed_tokens with the
+    counts the host already waited for, or waits itself (an early return skipped input preparation); requests gone
+    and rows past the counts are left alone; the step's queue and counts are cleared."""
+    from zb_patch.versions import npu_runner
+
+    zb = npu_runner.ZeroBubble("9.9", other_runners="-")
+
+    class Counted:
+        def __init__(self, n):
+            self.num_computed_tokens = n
+
+    for waited in (True, False):
+        runner = type("Runner", (), {})()
+        runner.requests = {"a": Counted(50), "b": Counted(60), "c": Counted(70)}
+        reads = []
+        runner._get_valid_sampled_token_count = lambda reads=reads: reads.append(1) or [1, 3, 2]
+        st = npu_runner.State(active=True, host_waits=5)
+        st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 3)]  # row 3: past the 3 counts
+        st.valid_host = [1, 3, 2] if waited else None
+        runner.__dict__[zb.state_attr] = st
+        zb.apply_deferred(runner)
+        assert [runner.requests[r].num_computed_tokens for r in "abc"] == [48, 59, 70]
+        assert (len(reads), st.host_waits) == ((0, 5) if waited else (1, 6))
+        assert st.queue == [] and st.valid_host is None

@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, early_output, npu_runner, spec_fixes
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -77,6 +77,74 @@ class ZeroBubble013(npu_runner.ZeroBubble):
         return _init_model_kwargs
 
 
+class _SlotsFromBlockTable:
+    """Stands for ``MtpProposer.model`` during one ``_propose`` call (see MTP_DRAFT_SLOTS): before every model call
+    after the first (draft steps 1 .. k-1), rewrites the draft tokens' slots ``[:batch_size]`` of the forward
+    context's attention metadata from their positions and the block table, as the release's EAGLE proposer computes
+    them; slots the release set to the padding id (positions past max_model_len) stay so. Attribute reads go to the
+    model."""
+
+    def __init__(self, model, block_table, batch_size: int, block_size: int) -> None:
+        self.__dict__.update(_zb_model=model, _zb_table=block_table, _zb_rows=batch_size, _zb_block=block_size)
+        self.__dict__["_zb_calls"] = 0
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_zb_model"], name)
+
+    def __call__(self, *args, **kwargs):
+        self.__dict__["_zb_calls"] += 1
+        if self.__dict__["_zb_calls"] > 1:
+            self._zb_rewrite(kwargs["positions"] if "positions" in kwargs else args[1])
+        return self.__dict__["_zb_model"](*args, **kwargs)
+
+    def _zb_rewrite(self, positions) -> None:
+        import torch
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict):
+            metadata = next(iter(metadata.values()))
+        slots = metadata.slot_mapping
+        n, block_size = self.__dict__["_zb_rows"], self.__dict__["_zb_block"]
+        pos = positions[:n].to(torch.int64)
+        block_ids = self.__dict__["_zb_table"][:n].gather(1, (pos // block_size).view(-1, 1)).view(-1)
+        computed = (block_ids.to(torch.int64) * block_size + pos % block_size).to(slots.dtype)
+        current = slots[:n]
+        current.copy_(torch.where(current < 0, current, computed))
+
+
+def make_mtp_propose(original):
+    """Wrap ``MtpProposer._propose``: for the duration of the call its ``model`` is a :class:`_SlotsFromBlockTable`
+    over the real one (restored after), when the release computes later draft steps' slots with ``+= 1`` (k >= 2, no
+    context parallelism, no shared-expert DP)."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _propose(drafter, *args, **kwargs):
+        if (
+            drafter.num_speculative_tokens < 2
+            or drafter.pcp_size * drafter.dcp_size > 1  # the release maps those slots from its own table
+            or getattr(drafter, "enable_shared_expert_dp", False)  # positions are padded and reduced
+            or "model" not in drafter.__dict__
+        ):
+            return original(drafter, *args, **kwargs)
+        bound = signature.bind(drafter, *args, **kwargs)
+        common = bound.arguments["common_attn_metadata"]
+        batch_size = bound.arguments["next_token_ids"].shape[0]
+        block_size = drafter.runner.input_batch.block_table.block_tables[0].block_size  # the table of the step-0 slots
+        model = drafter.__dict__["model"]
+        drafter.__dict__["model"] = _SlotsFromBlockTable(model, common.block_table_tensor, batch_size, block_size)
+        try:
+            return original(drafter, *args, **kwargs)
+        finally:
+            drafter.__dict__["model"] = model
+
+    return _propose
+
+
 ZERO_BUBBLE = ZeroBubble013("0.13", other_runners="310P / torchair")
 
 _REMOVE_WHEN = (
@@ -117,6 +185,12 @@ GUARDS = (
         {"vllm 0.13.0": "5932e601684fdc7a"},
         "decode input ids are scattered on the device from last step's sampled / draft tokens, independent "
         "of the (optimistic) CPU positions used for the host gather; called before the hook",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
+        {"vllm 0.13.0": "71f7c9676bb77930"},
+        "readded-request-drafts: calls _may_reorder_batch right after re-adding the requests that were not in the "
+        "persistent batch, whose scheduled drafts it does not write (it does for rows that stayed)",
     ),
     Guard(
         "vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids",
@@ -332,7 +406,105 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.13.0": "7df3442f2a7cfb7e"})
+EXACT_COUNTS = early_output.patches({"vllm-ascend 0.13.0": "207f651e97972538"}, {"vllm 0.13.0": "26d90667e22b8057"})
+# ----------------------------------------------------------------------------------------------------------------
+# Fixes of the release's own async + speculative-decoding defects (with or without zero-bubble): not in the
+# zero-bubble group, applied whenever their defect can bite, each with its own ZB_PATCH_DISABLE id.
+# ----------------------------------------------------------------------------------------------------------------
+
+STALE_DRAFT_PLACEHOLDERS = Patch(
+    id="stale-draft-placeholders",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+    make=spec_fixes.make_prepare_input_ids,
+    fingerprints={"vllm 0.13.0": "5932e601684fdc7a"},
+    why="(vLLM #37159; on vLLM 0.13 also #31944's preemption case) Async scheduling gives every scheduled decode "
+    "request `[-1] * k` draft placeholders, which _prepare_input_ids replaces on the device with the previous "
+    "step's drafts, but only for rows of the previous step's batch. A request that was not in that batch comes "
+    "back with drafts nothing replaces: one the scheduler skipped for a step (it keeps the placeholders), and on "
+    "vLLM 0.13 one that was preempted and resumed (_preempt_request keeps spec_token_ids until vLLM 0.14, #31944: "
+    "the stale placeholders are scheduled with the last chunk of the recomputed prompt). vLLM 0.13 does not even "
+    "write a re-added row's scheduled drafts into token_ids_cpu, so its draft input ids are whatever the row held "
+    "before: a token of another request or a `-1`, which crashes the embedding (classic async, EAGLE k = 3, 4 on "
+    "the big workload: docs/e2e.md). zero-bubble's clamp at 0 (zb013-corrections-before-metadata) only turns "
+    "them into junk token 0 drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body (which sets _draft_token_ids to None on "
+    "vLLM 0.13): the drafts proposed in the previous step for each request that was sampled there and is not in "
+    "this step's batch are kept (a device clone of its row of _draft_token_ids). After the body: a row that has "
+    "scheduled drafts and was not in the previous batch gets its kept drafts written over its draft input ids "
+    "(device copy; the rejection sampler reads the drafts from the same input ids): the drafts it would have "
+    "been verified with without the skip or the preemption. No host wait. Applies with async scheduling + spec "
+    "decode whether or not zero-bubble is active; a runner that prepares input ids elsewhere (PCP) is not "
+    "covered.",
+    upstream=("vllm#37159", "vllm#31944", "vllm#36906", "vllm#43434"),
+    remove_when=_REMOVE_WHEN,
+)
+
+STALE_DRAFT_ROWS = Patch(
+    id="stale-draft-placeholders-rows",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+    make=spec_fixes.make_remove_request,
+    fingerprints={"vllm 0.13.0": "cf5a63628bde6da9"},
+    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
+    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
+    "_prepare_input_ids wrapper needs to keep the request's drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before the "
+    "release's body drops it; the _prepare_input_ids wrapper reads the record once (every input preparation) and "
+    "keeps the drafts of the requests that are still alive.",
+    upstream=("vllm#37159",),
+    remove_when=_REMOVE_WHEN,
+)
+
+READDED_REQUEST_DRAFTS = Patch(
+    id="readded-request-drafts",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
+    make=spec_fixes.make_may_reorder_batch,
+    fingerprints={"vllm 0.13.0": "5043e96df8f91dc5"},
+    why="(vLLM #31944, in vLLM 0.14.0) vLLM 0.13's scheduler keeps a preempted request's spec_token_ids, and any "
+    "request's over a step it was not scheduled in, and schedules them again with the request: a resumed request "
+    "gets them with the last chunk of its recomputed prompt. Its runner writes a request's scheduled drafts into "
+    "the persistent batch (token_ids_cpu, spec_token_ids, num_tokens) only for rows that stayed in the batch; a "
+    "row re-added for a skipped or preempted request keeps what its slot held before, so the model and the "
+    "rejection sampler get another request's tokens (or a -1) as its drafts. Synchronous scheduling verifies junk "
+    "there (no crash, lost acceptance); under async scheduling it is where stale-draft-placeholders writes the "
+    "request's real drafts. #31944 writes them (InputBatch.update_req_spec_token_ids on the re-added rows) and also "
+    "clears spec_token_ids at preemption in the scheduler; zb-patch patches worker processes only (the scheduler "
+    "runs in the EngineCore process), so the kept drafts are verified with the recomputed prompt, as vLLM 0.13's "
+    "sync scheduling meant to: they are the request's drafts for the position it resumes at.",
+    how="Wrapper (zb_patch.versions.spec_fixes). _update_states calls _may_reorder_batch right after re-adding the "
+    "requests that were not in the batch (guarded); first, each row whose spec_token_ids is empty while drafts are "
+    "scheduled for it (the re-added ones: the other path always fills the list) gets them written into "
+    "token_ids_cpu after its tokens, num_tokens and spec_token_ids, as vLLM 0.14's update_req_spec_token_ids does. "
+    "Host work only, no device op. Synchronous and async scheduling alike, zero-bubble active or not.",
+    upstream=("vllm#31944", "vllm#30916"),
+    remove_when=_REMOVE_WHEN,
+)
+
+MTP_DRAFT_SLOTS = Patch(
+    id="mtp-draft-slots",
+    target="vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose",
+    make=make_mtp_propose,
+    fingerprints={"vllm-ascend 0.13.0": "97cc12b8c7e3a7b1"},
+    why="vllm-ascend 0.13's MtpProposer, k >= 2: after the first draft step it moves every draft token's KV slot on "
+    "with `slot_mapping += 1` (spec_decode/mtp_proposer.py:504). A draft position that starts a new block gets the "
+    "slot after the last one of its block: slot 0 of the next block *id*, which belongs to another request (its MTP "
+    "layer's KV there is overwritten), or, after the cache's last block, one past the cache (an out-of-range write; "
+    "the emulated op raises). In synchronous and async scheduling alike, with or without zb-patch. vllm-ascend "
+    "#7033 (0.16.0rc1) deleted MtpProposer (MTP runs on the EAGLE proposer, which maps slots through the block "
+    "table); never backported to 0.13.",
+    how="Wrapper. For the duration of the release's _propose its `model` attribute is a thin stand-in "
+    "(ascend_0_13._SlotsFromBlockTable; attribute reads go to the model): before each model call after the first, "
+    "it rewrites the draft tokens' slots in the forward context's attention metadata from their (clamped) "
+    "positions and the common metadata's block table, `block_table[row, pos // block_size] * block_size + pos % "
+    "block_size` with the block size of the table the first step's slots came from, as the release's EAGLE "
+    "proposer does; padding slots (positions past max_model_len) stay padding. The scheduler allocates the draft "
+    "positions' blocks ahead (lookahead tokens), so every row maps into its own blocks. Device ops only. Left to "
+    "the release: k = 1 (no later step), PCP / DCP > 1 (its own slot table), shared-expert DP (padded positions), "
+    "the torchair MTP proposer. Applies with or without async scheduling and zero-bubble.",
+    upstream=("vllm-ascend#7033",),
+    remove_when=_REMOVE_WHEN,
+)
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -342,7 +514,11 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
-    KEEP_OVERLAPPED,
+    *EXACT_COUNTS,
+    STALE_DRAFT_PLACEHOLDERS,
+    STALE_DRAFT_ROWS,
+    READDED_REQUEST_DRAFTS,
+    MTP_DRAFT_SLOTS,
 )
 
 ADAPTER = Adapter(

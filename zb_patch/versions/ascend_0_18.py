@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, engine_overlap, npu_runner
+from . import Adapter, early_output, npu_runner, spec_fixes
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -268,7 +268,85 @@ COMPILE_KERNELS = Patch(
     remove_when=_REMOVE_WHEN,
 )
 
-KEEP_OVERLAPPED = engine_overlap.keep_async_steps_overlapped({"vllm 0.18.0, 0.18.1": "2469b882239a0df4"})
+EXACT_COUNTS = early_output.patches(
+    {"vllm-ascend 0.18.0": "441bd2275373ce7d"}, {"vllm 0.18.0, 0.18.1": "20784bf355208845"}
+)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fixes of the release's own async + speculative-decoding defects (with or without zero-bubble): not in the
+# zero-bubble group, applied whenever async scheduling + spec decode is on, each with its own ZB_PATCH_DISABLE id.
+# ----------------------------------------------------------------------------------------------------------------
+
+STALE_DRAFT_PLACEHOLDERS = Patch(
+    id="stale-draft-placeholders",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+    make=spec_fixes.make_prepare_input_ids,
+    fingerprints={"vllm 0.18.0, 0.18.1": "9485308c065f0754"},
+    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
+    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
+    "step's batch. A request that skipped a step comes back with the same placeholders "
+    "(AsyncScheduler._update_after_schedule set them, the scheduler keeps them while the request is not scheduled, "
+    "InputBatch.update_req_spec_token_ids writes them into token_ids_cpu) and the `-1` reaches the model: "
+    "IndexError in the embedding on CPU, an out-of-bounds gather on a device. Seen with vLLM 0.18's max_model_len "
+    "clamp, which leaves a request at the limit 0 tokens for a step (its count is optimistic), at k >= 2, in "
+    "classic async and with zero-bubble alike (docs/e2e.md, Findings). Every upstream fix proposed (#37629, #40768, "
+    "#43434, #46899) was closed unmerged.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body: the drafts proposed in the previous "
+    "step for each request that was sampled there and is not in this step's batch are kept (a device clone of its "
+    "row of _draft_token_ids). After the body: a row that has scheduled drafts and was not in the previous batch "
+    "gets its kept drafts written over its draft input ids (device copy; the rejection sampler reads the drafts "
+    "from the same input ids). Those are the drafts the request would have been verified with without the skip, "
+    "the ones synchronous scheduling verifies: tokens and acceptance are sync's, not only crash-free. No host "
+    "wait. Applies with async scheduling + spec decode whether or not zero-bubble is active (its preconditions do "
+    "not matter here); a runner whose class overrides _prepare_input_ids (310P) or that prepares input ids "
+    "elsewhere (PCP) is not covered.",
+    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0: gpu_model_runner `if prev_index < 0: "
+    "continue`, no clearing of a skipped request's placeholders); this adapter covers vLLM 0.18.x only",
+)
+
+STALE_DRAFT_ROWS = Patch(
+    id="stale-draft-placeholders-rows",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+    make=spec_fixes.make_remove_request,
+    fingerprints={"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"},
+    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
+    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
+    "_prepare_input_ids wrapper needs to keep the request's drafts.",
+    how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before the "
+    "release's body drops it; the _prepare_input_ids wrapper reads the record once (every input preparation) and "
+    "keeps the drafts of the requests that are still alive.",
+    upstream=("vllm#37159",),
+    remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
+)
+
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
+    id="draft-seq-lens-max-model-len",
+    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
+    make=spec_fixes.make_attn_update_stack_num_spec_norm,
+    fingerprints={"vllm-ascend 0.18.0": "066043ae9710cf9f"},
+    why="(vllm-ascend #9221 / #9235 'MTP tokens out-of-range', fixed on releases/v0.18.0 by #10112, unreleased) For "
+    "draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length and sets it to 1 for requests past "
+    "max_model_len: on the device by the step's position (>= max_model_len), on the host by the new length "
+    "(>= max_model_len). They disagree: a length reaching max_model_len gets it on the device and 1 on the host, also "
+    "for a row whose position is still below the limit (the lengths count the step's rejected drafts), so its draft "
+    "attends to one KV entry; a row masked once gets 1 on the device and 2, 3, ... on the host next. Ascend "
+    "attention reads the host lengths (FIA actual_seq_lengths_kv), other kernels the device ones: the out-of-range "
+    "errors #9221 fixed near max_model_len with MTP. #9235's input_fits_in_drafter (skip the drafter) was reverted "
+    "on the branch by #10112 because it diverged across DP ranks and hung MoE models (vLLM #44185).",
+    how="Wrapper (zb_patch.versions.spec_fixes). The release's body runs with a stand-in for its attn_group whose "
+    "metadata builder, before build_for_drafting, rewrites the draft rows' lengths of the step's common metadata to "
+    "the previous step's + 1, set to 1 where that exceeds max_model_len, on the device (seq_lens) and the host "
+    "(seq_lens_cpu): #10112's masks. The previous lengths are the metadata the step was derived from, which the "
+    "release clones before adding. Device ops on the device tensor, host ops on the host one: no wait. EAGLE and MTP, "
+    "with or without async scheduling and zero-bubble. Tokens do not change (drafts are verified); drafts do: the "
+    "draft rows' lengths count the step's rejected drafts, so the host mask also hit rows whose position is below "
+    "the limit, and their draft attended to one KV entry (docs/e2e.md: one more draft accepted with the fix).",
+    upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
+    remove_when=_REMOVE_WHEN,
+)
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -277,7 +355,10 @@ PATCHES: tuple = (
     COPY_VALID_COUNT,
     BACKUP_STAGING,
     COMPILE_KERNELS,
-    KEEP_OVERLAPPED,
+    *EXACT_COUNTS,
+    STALE_DRAFT_PLACEHOLDERS,
+    STALE_DRAFT_ROWS,
+    DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
 )
 
 ADAPTER = Adapter(

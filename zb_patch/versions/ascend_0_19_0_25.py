@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 
 from ..registry import Advisory, Guard, Patch, PatchSet
-from . import Adapter
+from . import Adapter, spec_fixes
 
 
 def _make_compute_slot_mapping(original):
@@ -291,12 +291,104 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
     roles=("worker",),
 )
 
+# vLLM #37159 (no vLLM release fixes it): the same two wrappers as adapters ascend-0.13 / ascend-0.18
+# (zb_patch.versions.spec_fixes). vLLM-side targets: one fingerprint per form, read from the sdist of every vLLM release
+# from 0.19.0 to 0.25.1; each label also names the vllm-ascend releases that run on those vLLMs (the supported table
+# counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
+STALE_DRAFT_PLACEHOLDERS = Patch(
+    id="stale-draft-placeholders",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+    make=spec_fixes.make_prepare_input_ids,
+    fingerprints={
+        "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2, 0.21.0 (vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1)": (
+            "c8cdcefe001f6eb2"
+        ),
+        # prompt-embeds refresh of is_token_ids moved
+        "vllm 0.22.0, 0.22.1, 0.23.0 (vllm-ascend 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1)": "b035d0848bd86e2d",
+        # the previous proposal's width is prev_num_spec_tokens (= _draft_token_ids.shape[1])
+        "vllm 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.24.0rc1, 0.25.1rc1)": "887b8f1b462d5be5",
+    },
+    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
+    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
+    "step's batch (`if prev_index < 0: continue`). A request that skipped a step (the scheduler keeps its "
+    "placeholders; vLLM's max_model_len clamp on the optimistic count leaves a request at the limit 0 tokens for a "
+    "step) comes back with them, InputBatch.update_req_spec_token_ids writes them into token_ids_cpu and the `-1` "
+    "reaches the model: an out-of-range embedding index. The releases' own zero-bubble path is vLLM's here. Every "
+    "upstream fix proposed (#37629, #40768, #43434, #46899) was closed unmerged.",
+    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.13 / 0.18: before the release's body the drafts of "
+    "each request that was sampled in the last proposing step and left the batch since are kept (device clone of "
+    "its row of _draft_token_ids, row width _draft_token_ids.shape[1]); after the body a row back with scheduled "
+    "drafts that was not in the previous batch gets them written over its draft input ids (device copy; the "
+    "rejection sampler reads the same ids). Tokens and acceptance are those of the request's own drafts; no host "
+    "wait. Applies with async scheduling + spec decode; a runner whose class overrides _prepare_input_ids (310P) is "
+    "not covered.",
+    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0); the adapter range ends at vllm-ascend "
+    "0.26.0rc1, whose native verdict reports it as an advisory",
+)
+
+STALE_DRAFT_ROWS = Patch(
+    id="stale-draft-placeholders-rows",
+    group="stale-draft-placeholders",
+    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+    make=spec_fixes.make_remove_request,
+    fingerprints={
+        "vllm 0.19.0, 0.19.1 (vllm-ascend 0.19.1rc1)": "9425e7ced1a19cb5",
+        "vllm 0.20.0, 0.20.1, 0.20.2 (vllm-ascend 0.20.2rc1)": "7052f42ae2f49b7b",
+        "vllm 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, "
+        "0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1)": "4ad52348e5126401",
+    },
+    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
+    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal.",
+    how="Wrapper (zb_patch.versions.spec_fixes): records the removed request's previous row on the batch before the "
+    "release's body drops it; the forms differ in unrelated per-request state only (block-table row clearing, "
+    "logprob and thinking-budget bookkeeping).",
+    upstream=("vllm#37159",),
+    remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
+)
+
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
+    id="draft-seq-lens-max-model-len",
+    # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
+    # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
+    target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
+    make=spec_fixes.make_attn_update_stack_num_spec_norm,
+    fingerprints={"vllm-ascend 0.19.1rc1": "28fa1aa462c9076b"},
+    native_fingerprints={
+        # #9221: input_fits_in_drafter skips the drafter (zero drafts) once max_seq_len + k > max_model_len, so the
+        # masks below are never reached with a request at the limit (the DP hang of vLLM #44185 is that gate's)
+        "vllm-ascend 0.20.2rc1 (#9221)": "5457a7696522bfed",
+        # #10147: both masks by seq_lens > max_model_len
+        "vllm-ascend 0.21.0rc1 (wheels and sdist)": "36cec64313e15db5",
+        "vllm-ascend 0.22.1rc1": "778302f787160dbb",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "5cd73e17c3259d59",
+        "vllm-ascend 0.24.0rc1": "80302239d1b129b7",
+        "vllm-ascend 0.25.1rc1": "2a5eb9ff8ecc6e66",
+    },
+    why="(vllm-ascend #9221 / #10147) For draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length "
+    "and sets it to 1 past max_model_len: on the device by the step's position (>= max_model_len), on the host by "
+    "the new length (>= max_model_len, also for _seq_lens_cpu). They disagree near the limit (device max_model_len "
+    "vs host 1, also for rows below the limit whose lengths count rejected drafts; then device 1 vs host 2, 3, ...): "
+    "Ascend attention reads the host lengths, other kernels the device ones, the MTP out-of-range errors #9221 fixed.",
+    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.18: the release's body runs with a stand-in attn_group "
+    "whose builder first sets the draft rows' lengths to the previous step's + 1, 1 where that exceeds "
+    "max_model_len, on the device and the host (seq_lens_cpu, _seq_lens_cpu): #10147's masks. No host wait.",
+    upstream=("vllm-ascend#10147", "vllm-ascend#9221", "vllm-ascend#10112", "vllm#44185"),
+    remove_when="vllm-ascend >= 0.20.2rc1 (native there: #9221's drafter gate in 0.20.2rc1, #10147's masks from "
+    "0.21.0rc1).",
+    roles=("worker",),
+)
+
 PATCHES = (
     SLOT_MAPPING_KERNEL,
     VALID_COUNT_COPY_ORDER,
     VALID_COUNT_INT64,
     SEQ_LENS_CPU_UNPADDED,
     SEQ_LENS_CPU_PREPARE_INPUTS_PADDED,
+    STALE_DRAFT_PLACEHOLDERS,
+    STALE_DRAFT_ROWS,
+    DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
 )
 
 # Known bugs of releases in range that zb-patch does not fix: one WARNING where the installed code has them.

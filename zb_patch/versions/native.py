@@ -15,6 +15,10 @@ fork, and must stay cheap):
 Any target absent or of an unrecorded form -> the release is unknown: nothing is applied and the refusal names
 every check (``zb-patch doctor``, one log line). Forms were read from the PyPI artifacts of :data:`RELEASES`
 (tests/sources recomputes them; docs/releases/native.md lists them per release).
+
+:data:`ADVISORIES`: known upstream bugs the native releases still have (zb-patch carries their fixes only inside the
+adapters' ranges). ``zb-patch doctor`` checks them on a native verdict, from the installed vLLM's source files
+(fingerprints, nothing imported), and lists each with its upstream issue.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import dataclasses
 import importlib.util
 import os
 from collections.abc import Mapping
+
+from ..registry import Advisory
 
 SLOT_MAPPING = "slot mapping"
 ZERO_BUBBLE = "zero-bubble"
@@ -82,6 +88,66 @@ FORMS: tuple[NativeForm, ...] = (
         },
     ),
 )
+
+# Known bugs of the native releases zb-patch does not fix there (the adapters that carry a fix say so in its spec).
+# Affected fingerprints of vLLM targets: read from the sdists of the vLLM releases the native vllm-ascend releases pair
+# with (vllm-ascend X.Y.ZrcN runs on vLLM X.Y.*).
+ADVISORIES: tuple[Advisory, ...] = (
+    Advisory(
+        id="stale-draft-placeholders",
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
+        affected={
+            "vllm 0.26.0, 0.27.0, 0.27.1": "887b8f1b462d5be5",
+            "vllm 0.28.0, 0.29.0": "080b9baafd67775e",
+        },
+        message="async scheduling + speculative decoding: a request that holds '-1' draft placeholders and is not "
+        "scheduled for a step (vLLM's max_model_len clamp on the optimistic count does that to a request at the "
+        "limit) comes back with them, and _prepare_input_ids replaces drafts only for rows of the previous step's "
+        "batch: the '-1' reaches the embedding (out-of-range index, a crash). zb-patch fixes it for vllm-ascend "
+        "0.13.0-0.25.1rc1 (patch stale-draft-placeholders) but applies nothing to native releases. Avoid: leave "
+        "headroom below max_model_len (requests whose prompt + max_tokens stay under max_model_len - k), or run "
+        "speculative decoding without async scheduling.",
+        upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvisoryCheck:
+    id: str
+    target: str
+    fingerprint: str | None  # None: absent from the tree
+    matched: str | None  # label of the affected form it equals; None: not affected (or an unrecorded form)
+    message: str
+    upstream: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_advisories(vllm_root: str | None) -> tuple[AdvisoryCheck, ...]:
+    """Every native advisory against the vLLM sources under ``vllm_root`` (the directory holding ``vllm/``)."""
+    from . import _parsed, fingerprint_in_tree
+
+    out = []
+    for adv in ADVISORIES:
+        fp = fingerprint_in_tree(vllm_root, adv.target) if vllm_root else None
+        hit = next((lb for lb, v in adv.affected.items() if v == fp), None) if fp else None
+        out.append(AdvisoryCheck(adv.id, adv.target, fp, hit, adv.message, adv.upstream))
+    _parsed.cache_clear()
+    return tuple(out)
+
+
+def installed_vllm_root() -> str | None:
+    """Directory holding the installed ``vllm`` package (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
 
 # the releases the forms were read from (newest last)
 RELEASES: tuple[str, ...] = ("0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc1", "0.30.0rc2")

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .early_output import already_exact
+
 SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
 
 
@@ -66,6 +68,7 @@ class State:
     valid_host: list | None = None  # step N's counts once the host waited for them (this step)
     in_prepare: bool = False  # inside a release's _prepare_inputs window, correction not yet made
     backup_flip: int = 0
+    prev_scheduled: dict = field(default_factory=dict)  # the previous step's scheduled tokens per request
     # diagnostics (tests, doctor-style reports)
     steps: int = 0
     corrected_steps: int = 0
@@ -276,6 +279,10 @@ class ZeroBubble:
             st.queue = []
             st.valid_host = None
             st.steps += 1
+            # rows whose scheduler count already has step N's rejections subtracted (the engine core processed
+            # step N's output before scheduling this step): nothing to correct there
+            exact = already_exact(runner, scheduler_output, st.prev_scheduled) if st.prev_scheduled else {}
+            st.prev_scheduled = dict(scheduler_output.num_scheduled_tokens)
             batch = runner.input_batch
             prev_sampled = batch.prev_sampled_token_ids
             b = st.buffers
@@ -299,7 +306,7 @@ class ZeroBubble:
                 runner.__dict__.pop("_get_valid_sampled_token_count", None)
             for row in counts.read:
                 drafts = values[row] - 1
-                if drafts > 0 and row in row_req:
+                if drafts > 0 and row in row_req and row not in exact:
                     st.queue.append((row_req[row], drafts, row))
                     b.prev_drafts.np[row] = drafts
             return result

@@ -1,0 +1,214 @@
+"""Test launcher of one engine configuration for tests/engine/test_release_defects.py: tests/engine/run_engine.py's
+(NPU emulation, worker double, the product's engine child) plus recorders that watch the release's defects where
+they happen, installed once ``LLM(...)`` is built (zb-patch's patches are in place by then) and reported in the
+result's ``defects`` entry (live objects, filled while generating):
+
+* ``kv-owners`` (vllm-ascend 0.13 MTP, k >= 2): every KV write of a later MTP draft step (steps 1 .. k-1 of
+  ``MtpProposer._propose``) is checked against the block tables of the step's scheduled requests: a slot in a block
+  of another scheduled request is a *foreign write* (recorded: writer, slot, block, owner); a slot past the cache is
+  recorded before the emulated op raises.
+* ``draft-lengths`` (vllm-ascend 0.18 EAGLE / MTP): after every ``attn_update_stack_num_spec_norm`` (draft steps
+  1 .. k-1), the draft rows whose device and host sequence lengths differ.
+* ``saved-drafts`` (any release): the counters of zb-patch's stale-draft-placeholders fix on the runner.
+* ``returning-rows`` (any release): every row handed to the model with scheduled drafts while it was not in the
+  previous step's sampled rows, with the draft input ids it got and the drafts proposed for that request when it was
+  last sampled (``sample_tokens``: the proposal's row of each sampled request).
+
+    python tests/engine/run_defect_engine.py --record kv-owners,draft-lengths --models DIR --out result.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
+sys.path.insert(0, HERE)
+
+import run_engine  # noqa: E402  (the device report and the conventions of the tests' launcher)
+
+RECORDERS = ("kv-owners", "draft-lengths", "saved-drafts", "returning-rows")
+
+
+def _runner(llm):
+    """The engine's one model runner (uni executor, EngineCore in this process: the child checks both)."""
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def record_kv_owners(runner, out: dict) -> None:
+    import torch_npu
+    from vllm_ascend.spec_decode.mtp_proposer import MtpProposer
+
+    out.update(draft_writes=0, foreign_writes=[], past_cache=[], propose_calls=0)
+    step = {"inside": False, "calls": 0}
+    model = runner.drafter.model
+    model.register_forward_pre_hook(lambda module, args: step.__setitem__("calls", step["calls"] + 1))
+    propose = MtpProposer.__dict__["_propose"]  # zb-patch's wrapper when its fix is applied
+
+    def _propose(self, *args, **kwargs):
+        step.update(inside=True, calls=0)
+        out["propose_calls"] += 1
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            step["inside"] = False
+
+    MtpProposer._propose = _propose
+    write = torch_npu._npu_reshape_and_cache
+
+    def _npu_reshape_and_cache(**kwargs):
+        if step["inside"] and step["calls"] >= 2:  # a later draft step: one token per row of the batch
+            batch = runner.input_batch
+            block_size = kwargs["key_cache"].shape[1]
+            num_slots = kwargs["key_cache"].shape[0] * block_size
+            owner = {}
+            for req_id in batch.req_id_to_index:
+                for block in runner.requests[req_id].block_ids[0]:
+                    owner[int(block)] = req_id
+            slots = kwargs["slot_indices"][: batch.num_reqs].tolist()
+            for row, slot in enumerate(slots):
+                if slot < 0:
+                    continue
+                writer = batch.req_ids[row]
+                out["draft_writes"] += 1
+                if slot >= num_slots:
+                    out["past_cache"].append(dict(writer=writer, slot=slot, num_slots=num_slots))
+                    continue
+                block = slot // block_size
+                if owner.get(block, writer) != writer:
+                    out["foreign_writes"].append(
+                        dict(
+                            writer=writer,
+                            draft_step=step["calls"] - 1,
+                            slot=slot,
+                            block=block,
+                            offset=slot % block_size,
+                            owner=owner[block],
+                            writer_blocks=list(runner.requests[writer].block_ids[0]),
+                        )
+                    )
+        return write(**kwargs)
+
+    torch_npu._npu_reshape_and_cache = _npu_reshape_and_cache
+
+
+def record_draft_lengths(runner, out: dict) -> None:
+    from vllm_ascend.spec_decode.eagle_proposer import SpecDecodeBaseProposer
+
+    out.update(draft_steps=0, mismatches=[], max_model_len=runner.model_config.max_model_len)
+    update = SpecDecodeBaseProposer.__dict__["attn_update_stack_num_spec_norm"]
+
+    def attn_update_stack_num_spec_norm(self, draft_step, *args, **kwargs):
+        common, attn = update(self, draft_step, *args, **kwargs)
+        rows = args[2] if len(args) > 2 else kwargs["batch_size"]
+        device = common.seq_lens[:rows].tolist()
+        host = common.seq_lens_cpu[:rows].tolist()
+        out["draft_steps"] += 1
+        for row, (d, h) in enumerate(zip(device, host)):
+            if d != h:
+                position = int(common.positions[row])
+                out["mismatches"].append(dict(draft_step=draft_step, row=row, device=d, host=h, position=position))
+        return common, attn
+
+    SpecDecodeBaseProposer.attn_update_stack_num_spec_norm = attn_update_stack_num_spec_norm
+
+
+def record_saved_drafts(runner, out: dict) -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    prepare = GPUModelRunner.__dict__["_prepare_input_ids"]
+
+    def _prepare_input_ids(self, *args, **kwargs):
+        result = prepare(self, *args, **kwargs)
+        st = self.__dict__.get("_zb_patch_saved_drafts")
+        if st is not None:
+            out.update(saved=st.saved, filled=st.filled, filled_tokens=st.filled_tokens, unknown=st.unknown)
+        return result
+
+    GPUModelRunner._prepare_input_ids = _prepare_input_ids
+
+
+def record_returning_rows(runner, out: dict) -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    out.update(rows=[])
+    proposed: dict = {}
+    prepare = GPUModelRunner.__dict__["_prepare_input_ids"]  # zb-patch's wrapper when its fix is applied
+    sample = NPUModelRunner.__dict__["sample_tokens"]
+
+    def _prepare_input_ids(self, scheduler_output, *args, **kwargs):
+        prev = dict(self.input_batch.prev_req_id_to_index or {})
+        result = prepare(self, scheduler_output, *args, **kwargs)
+        cu_num_tokens = args[-1]
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        for req_id, row in self.input_batch.req_id_to_index.items():
+            d = len(spec.get(req_id, ()))
+            if d and req_id not in prev and self.input_batch.prev_sampled_token_ids is not None:
+                end = int(cu_num_tokens[row])
+                out["rows"].append(
+                    dict(
+                        req=req_id,
+                        scheduled=list(spec[req_id]),
+                        ids=self.input_ids.gpu[end - d : end].tolist(),
+                        proposed=proposed.get(req_id, [None] * d)[:d],
+                    )
+                )
+        return result
+
+    def sample_tokens(self, *args, **kwargs):
+        output = sample(self, *args, **kwargs)
+        drafts = self._draft_token_ids
+        if drafts is not None and not isinstance(drafts, list):
+            for req_id, row in (self.input_batch.prev_req_id_to_index or {}).items():
+                proposed[req_id] = [int(x) for x in drafts[row].tolist()]
+        return output
+
+    GPUModelRunner._prepare_input_ids = _prepare_input_ids
+    NPUModelRunner.sample_tokens = sample_tokens
+
+
+RECORD = {
+    "kv-owners": record_kv_owners,
+    "draft-lengths": record_draft_lengths,
+    "saved-drafts": record_saved_drafts,
+    "returning-rows": record_returning_rows,
+}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--record", default="", help=f"comma-separated recorders: {', '.join(RECORDERS)}")
+    args, rest = ap.parse_known_args(argv)
+    wanted = [r for r in args.record.split(",") if r]
+    for name in wanted:
+        if name not in RECORDERS:
+            ap.error(f"unknown recorder {name!r} (known: {', '.join(RECORDERS)})")
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import npu_engine
+
+    npu_engine.install()
+    from zb_patch.check.engine import child
+
+    def after_build() -> dict:
+        # child.main calls this right after it built ``llm`` (its local): the one handle on the engine's runner
+        runner = _runner(sys._getframe(1).f_locals["llm"])
+        defects: dict = {}
+        for name in wanted:
+            defects[name] = {}
+            RECORD[name](runner, defects[name])
+        return {"defects": defects}
+
+    return child.main(
+        rest,
+        llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
+        after_build=after_build,
+        device=lambda: run_engine.EMULATED_DEVICE,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,313 @@
+"""Fixes of upstream async-scheduling + speculative-decoding defects, shared by the adapters of the releases that have
+them (written once, declared by each adapter with its own fingerprints).
+
+These are *fixes*, not zero-bubble: each applies whenever its defect can bite (async scheduling with speculative
+decoding on, whatever zero-bubble decides for the runner), and each is its own patch id, so ``ZB_PATCH=1
+ZB_PATCH_DISABLE=<the zero-bubble patches>`` gives the release's classic async path with only the fixes.
+
+Every fix here is worker-side: zb-patch applies an adapter's patch set in a process once all of its target modules
+are imported, and the scheduler (EngineCore process) and the runner (worker processes, with the multiprocess or Ray
+executors) live in different processes, so a fix that needed both would never apply.
+
+Nothing heavy is imported at module level: torch only inside the functions a patched method calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM #37159: a request that holds "-1" draft placeholders and skips a step gets them back as its input ids
+# ----------------------------------------------------------------------------------------------------------------
+
+SAVED_DRAFTS_ATTR = "_zb_patch_saved_drafts"  # per-runner state, in the runner's __dict__
+LEFT_ROWS_ATTR = "_zb_patch_left_rows"  # per-batch: req_id -> its row in the previous step, for requests removed since
+
+
+@dataclasses.dataclass
+class SavedDrafts:
+    """The drafts the runner proposed for requests that then left the batch (skipped a step or were preempted)
+    while the scheduler holds their ``-1`` placeholders; consumed when the request is back with scheduled drafts."""
+
+    drafts: dict = dataclasses.field(default_factory=dict)  # req_id -> device tensor [num_spec_tokens]
+    # diagnostics (tests, reports)
+    saved: int = 0  # drafts kept for a request that left the batch
+    filled: int = 0  # rows whose draft input ids were replaced by the kept drafts
+    filled_tokens: int = 0
+    unknown: int = 0  # rows back with scheduled drafts but no kept drafts (the release's ids stay)
+
+
+def saved_drafts(runner: Any) -> SavedDrafts:
+    st = runner.__dict__.get(SAVED_DRAFTS_ATTR)
+    if st is None:
+        st = runner.__dict__[SAVED_DRAFTS_ATTR] = SavedDrafts()
+    return st
+
+
+def make_prepare_input_ids(original: Callable) -> Callable:
+    """Wrap ``GPUModelRunner._prepare_input_ids`` (vLLM 0.13 / 0.18: ``(scheduler_output, total_num_scheduled_tokens,
+    cu_num_tokens)``; vLLM 0.19+: ``(scheduler_output, num_reqs, total_num_scheduled_tokens, cu_num_tokens)``).
+
+    Under async scheduling the scheduler gives every scheduled decode request ``[-1] * k`` draft placeholders, and
+    the runner's ``_prepare_input_ids`` replaces them on the device with the drafts it proposed in the previous step
+    -- but only for rows of the previous step's batch. A request that left the batch for a step (the scheduler
+    skipped it, or preempted it) comes back with the same placeholders (vLLM's async scheduler keeps them; vLLM
+    0.13 also keeps them over a preemption) and nothing replaces them: ``-1`` ids reach the embedding (vLLM #37159).
+
+    The wrapper keeps, on the device, the drafts proposed for each request that leaves the batch (read from the
+    previous step's draft tensor at the request's previous row, which :func:`make_remove_request` records, before
+    the release's body runs: vLLM 0.13 clears that tensor there), and after the release's body writes them over the draft input ids of a row that is back
+    with scheduled drafts and was not in the previous step's batch. Those are the drafts the request would have
+    been verified with had it not skipped the step -- the ones synchronous scheduling verifies -- so the tokens
+    and the acceptance are the sync run's. No host wait: slicing, cloning and copying device tensors only.
+    """
+    try:
+        cu_index = list(inspect.signature(original).parameters).index("cu_num_tokens")
+    except ValueError:
+        cu_index = -1
+
+    @functools.wraps(original)
+    def _prepare_input_ids(runner, scheduler_output, *args, **kwargs):
+        if not (getattr(runner, "use_async_scheduling", False) and getattr(runner, "num_spec_tokens", 0)):
+            runner.input_batch.__dict__.pop(LEFT_ROWS_ATTR, None)  # async without drafts: nothing to keep
+            return original(runner, scheduler_output, *args, **kwargs)
+        st = saved_drafts(runner)
+        keep_leaving_drafts(runner, st)  # before the body: vLLM 0.13's body sets _draft_token_ids to None
+        result = original(runner, scheduler_output, *args, **kwargs)
+        if "cu_num_tokens" in kwargs:
+            cu_num_tokens = kwargs["cu_num_tokens"]
+        else:
+            cu_num_tokens = args[cu_index - 2] if cu_index >= 2 else args[-1]  # positional (self, scheduler_output)
+        fill_returning_drafts(runner, st, scheduler_output, cu_num_tokens)
+        return result
+
+    return _prepare_input_ids
+
+
+def keep_leaving_drafts(runner: Any, st: SavedDrafts) -> None:
+    """Keep the drafts proposed in the last proposing step for every request that was sampled there and has left the
+    batch since (it may be back already) (recorded by the ``InputBatch.remove_request`` wrapper; finished requests are no longer in
+    ``runner.requests``). Runs before the release's body, so ``_draft_token_ids`` is still the proposal of the step
+    whose rows were recorded: between a removal and the next input preparation no step proposes (an empty step
+    returns before both)."""
+    import torch
+
+    batch = runner.input_batch
+    left = batch.__dict__.pop(LEFT_ROWS_ATTR, None)
+    drafts = runner._draft_token_ids
+    if not left or not isinstance(drafts, torch.Tensor):
+        return
+    # drafts per row of that proposal (vLLM 0.24+ keeps it as prev_num_spec_tokens = _draft_token_ids.shape[1])
+    width = drafts.shape[1] if drafts.dim() == 2 else runner.num_spec_tokens
+    flat = drafts.reshape(-1)
+    for req_id, row in left.items():
+        # still alive: skipped, preempted, or already back in this step's batch (the step it was skipped in had no
+        # tokens at all, so this is the first input preparation since it left)
+        if req_id not in runner.requests:
+            continue
+        st.drafts[req_id] = flat[row * width : (row + 1) * width].clone()  # device copy: the tensor may be reused
+        st.saved += 1
+
+
+def make_remove_request(original: Callable) -> Callable:
+    """Wrap ``InputBatch.remove_request``: it drops the request from ``prev_req_id_to_index`` (the previous step's
+    sampled rows), which is the only record of where the request's drafts are in the runner's last proposal. Its
+    row there is recorded on the batch first (read once by the ``_prepare_input_ids`` wrapper); nothing else
+    changes."""
+
+    @functools.wraps(original)
+    def remove_request(batch, req_id, *args, **kwargs):
+        prev = batch.prev_req_id_to_index
+        row = prev.get(req_id) if prev else None
+        result = original(batch, req_id, *args, **kwargs)
+        if row is not None:
+            left = batch.__dict__.get(LEFT_ROWS_ATTR)
+            if left is None:
+                left = batch.__dict__[LEFT_ROWS_ATTR] = {}
+            left[req_id] = row
+        return result
+
+    return remove_request
+
+
+def fill_returning_drafts(runner: Any, st: SavedDrafts, scheduler_output: Any, cu_num_tokens: Any) -> None:
+    """Write the kept drafts over the draft input ids of each row that has scheduled drafts and was not in the
+    previous step's batch; forget the kept drafts of requests that were sampled again (they have fresher ones) or
+    finished."""
+    batch = runner.input_batch
+    prev = batch.prev_req_id_to_index
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    kept = st.drafts
+    if not kept and not spec:
+        return
+    input_ids = runner.input_ids.gpu
+    for req_id, index in batch.req_id_to_index.items():
+        if prev is not None and req_id in prev:
+            if kept:
+                kept.pop(req_id, None)  # sampled last step: the release scatters its fresh drafts
+            continue
+        num_drafts = len(spec.get(req_id, ()))
+        if not num_drafts:
+            continue  # e.g. a chunk of a recomputed prompt: its drafts wait for the last chunk
+        drafts = kept.pop(req_id, None)
+        if drafts is None:
+            st.unknown += 1
+            continue
+        end = int(cu_num_tokens[index])
+        input_ids[end - num_drafts : end].copy_(drafts[:num_drafts], non_blocking=True)
+        st.filled += 1
+        st.filled_tokens += num_drafts
+    if kept:
+        for req_id in [r for r in kept if r not in runner.requests]:
+            del kept[req_id]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM 0.13 (fixed by vLLM #31944 in 0.14): a request re-added to the persistent batch (skipped for a step, or
+# preempted and resumed) is scheduled with drafts its row never receives
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_may_reorder_batch(original: Callable) -> Callable:
+    """Wrap ``GPUModelRunner._may_reorder_batch(scheduler_output)`` (vLLM 0.13), which ``_update_states`` calls right
+    after it re-added the requests that were not in the persistent batch: first give each re-added row its scheduled
+    drafts, as vLLM 0.14+ does there with ``InputBatch.update_req_spec_token_ids`` (#31944).
+
+    vLLM 0.13's ``_update_states`` writes a request's scheduled draft ids into ``token_ids_cpu`` (and
+    ``spec_token_ids``, ``num_tokens``) only on the path of rows that stayed in the batch; a re-added row keeps
+    whatever its slot held before (``add_request`` empties its ``spec_token_ids``), so the model and the rejection
+    sampler get another request's tokens or a ``-1`` as its drafts. Re-added rows with drafts are exactly the rows
+    whose ``spec_token_ids`` is empty while the scheduler scheduled drafts for them (the other path always fills it).
+    Synchronous scheduling: those are the request's real drafts (the scheduler keeps them over a preemption until
+    vLLM 0.14, #31944, and over a skipped step). Async scheduling: the scheduler's ``-1`` placeholders, which the
+    ``stale-draft-placeholders`` fix replaces with the request's drafts on the device. Host work only.
+    """
+
+    @functools.wraps(original)
+    def _may_reorder_batch(runner, scheduler_output, *args, **kwargs):
+        write_readded_drafts(runner, scheduler_output)
+        return original(runner, scheduler_output, *args, **kwargs)
+
+    return _may_reorder_batch
+
+
+READDED_ATTR = "_zb_patch_readded_drafts"  # per-runner count of re-added rows given their drafts (diagnostics)
+
+
+def write_readded_drafts(runner: Any, scheduler_output: Any) -> None:
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    if not spec:
+        return
+    batch = runner.input_batch
+    written = 0
+    for req_id, drafts in spec.items():
+        index = batch.req_id_to_index.get(req_id)
+        if index is None or not drafts or batch.spec_token_ids[index]:
+            continue  # not in the batch, no drafts, or a row that stayed (its drafts were written)
+        start = batch.num_tokens_no_spec[index]
+        batch.token_ids_cpu[index, start : start + len(drafts)] = drafts
+        batch.num_tokens[index] = start + len(drafts)  # vLLM 0.13: num_tokens may include spec tokens
+        batch.spec_token_ids[index].extend(drafts)
+        written += 1
+    if written:
+        runner.__dict__[READDED_ATTR] = runner.__dict__.get(READDED_ATTR, 0) + written
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vllm-ascend 0.18.0 / 0.19.1rc1 / 0.20.2rc1 (fixed by #10112 on releases/v0.18.0, #10147 in 0.21.0rc1): the drafter's
+# sequence lengths of a request at max_model_len, masked differently on the device and on the host
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_attn_update_stack_num_spec_norm(original: Callable) -> Callable:
+    """Wrap ``SpecDecodeBaseProposer.attn_update_stack_num_spec_norm`` (draft steps 1 .. k-1 of the EAGLE / MTP
+    proposer): the attention metadata of a draft step is built from sequence lengths masked as vllm-ascend #10112 /
+    #10147 mask them.
+
+    The release adds 1 to the draft rows' sequence lengths, then sets those of requests past ``max_model_len`` to 1:
+    on the device by the *position* (``>= max_model_len``, the step's input position), on the host by the sequence
+    length (``>= max_model_len``). The two disagree: a length that reaches ``max_model_len`` keeps it on the device and
+    gets 1 on the host -- also for a row whose position is still below the limit, because the padded drafter's
+    lengths count the step's rejected drafts, so that row's draft attends to one KV entry -- and a request masked in
+    one step gets 1 again on the device but 2, 3, ... on the host in the next ones (the masked length is the next
+    step's base). Ascend attention takes its lengths from the host copy and other kernels from the device one.
+    #10112 masks both by ``seq_lens > max_model_len``.
+
+    The release's own body runs; the metadata builder it is handed (``attn_group``) is a stand-in whose
+    ``build_for_drafting`` first rewrites the draft rows' lengths of the step's common metadata to ``previous + 1``,
+    set to 1 where that exceeds ``max_model_len`` (device ``seq_lens``, host ``seq_lens_cpu`` and, where the class has
+    it, ``_seq_lens_cpu``), then builds. The previous lengths are those of the metadata the step was derived from,
+    which the release clones before it adds (so they are unchanged) and which, from the second draft step on, is the
+    previous step's corrected metadata. No host wait: the device rewrite is device ops, the host one host ops.
+    """
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def attn_update_stack_num_spec_norm(proposer, *args, **kwargs):
+        bound = signature.bind(proposer, *args, **kwargs)
+        group = bound.arguments.get("attn_group")
+        if group is None:
+            return original(proposer, *args, **kwargs)
+        bound.arguments["attn_group"] = _MaskedLengthsGroup(
+            group, bound.arguments["old_common_metadata"], bound.arguments["batch_size"], proposer.max_model_len
+        )
+        return original(*bound.args, **bound.kwargs)
+
+    return attn_update_stack_num_spec_norm
+
+
+class _MaskedLengthsGroup:
+    """The attention group handed to one ``attn_update_stack_num_spec_norm`` call: its metadata builder masks the
+    draft rows' lengths before building (see :func:`make_attn_update_stack_num_spec_norm`); everything else is the
+    group's."""
+
+    def __init__(self, group: Any, previous: Any, rows: int, max_model_len: int) -> None:
+        self._zb_group, self._zb_previous, self._zb_rows, self._zb_max = group, previous, rows, max_model_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zb_group, name)
+
+    def get_metadata_builder(self, *args: Any, **kwargs: Any) -> Any:
+        return _MaskedLengthsBuilder(self._zb_group.get_metadata_builder(*args, **kwargs), self)
+
+
+class _MaskedLengthsBuilder:
+    def __init__(self, builder: Any, group: _MaskedLengthsGroup) -> None:
+        self._zb_builder, self._zb_group = builder, group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zb_builder, name)
+
+    def build_for_drafting(self, *args: Any, **kwargs: Any) -> Any:
+        self._zb_mask(args, kwargs)
+        return self._zb_builder.build_for_drafting(*args, **kwargs)
+
+    def build(self, *args: Any, **kwargs: Any) -> Any:  # vllm-ascend 0.20.2rc1 builds draft steps with build()
+        self._zb_mask(args, kwargs)
+        return self._zb_builder.build(*args, **kwargs)
+
+    def _zb_mask(self, args: tuple, kwargs: dict) -> None:
+        common = kwargs.get("common_attn_metadata")
+        if common is None:  # positional: (common, ...) or (draft_step / prefix length, common, ...)
+            common = next(a for a in args if hasattr(a, "seq_lens_cpu"))
+        group = self._zb_group
+        mask_draft_lengths(common, group._zb_previous, group._zb_rows, group._zb_max)
+
+
+def mask_draft_lengths(common: Any, previous: Any, rows: int, max_model_len: int) -> None:
+    """``common``'s lengths ``[:rows]`` = ``previous``'s + 1, set to 1 past ``max_model_len`` (vllm-ascend #10112)."""
+    import torch
+
+    lengths = previous.seq_lens[:rows] + 1
+    common.seq_lens[:rows] = torch.where(lengths > max_model_len, torch.ones_like(lengths), lengths)
+    for name in ("seq_lens_cpu", "_seq_lens_cpu"):
+        before = getattr(previous, name, None)
+        after = getattr(common, name, None)
+        if before is None or after is None:
+            continue
+        host = before[:rows] + 1
+        after[:rows] = torch.where(host > max_model_len, torch.ones_like(host), host)
