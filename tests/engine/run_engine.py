@@ -45,9 +45,14 @@ def main(argv: list[str]) -> int:
     def after_build() -> dict:
         import plants
 
+        from npu_ops import mla
+
         # zb-patch's kernels compiled while the engine started (ZeroBubble.compile_kernels), before any request
         zb = plants.applied_zero_bubble()
         started = {"zb_compile_seconds": list(zb.compile_seconds)} if zb is not None else {}
+        # the emulated MLA ops' calls by mode while generating (a live Counter; empty for a dense model)
+        mla.CALLS.clear()
+        started["mla_op_calls"] = mla.CALLS
         if not args.plant:
             return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)

@@ -21,6 +21,7 @@ host as well).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from types import SimpleNamespace
 
 import torch
@@ -31,6 +32,9 @@ LATENT, ROPE, NOPE, V_HEAD = 512, 64, 128, 128
 FIA_MLA_HEADS = (32, 64, 128)  # FIA's MLA mode: query heads (KV heads 1)
 FIA_MAX_QUERY = 16  # TND: query tokens per request
 FIA_MLA_BLOCK_SIZES = (16, 128)
+
+# "<op> <mode>" -> calls that passed the argument checks (tests/engine/run_engine.py reports those of the generation)
+CALLS: Counter[str] = Counter()
 
 
 def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -60,6 +64,7 @@ def npu_interleave_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dim() != 4 or t.shape[0] != b or t.shape[1] != 1 or t.shape[2] not in (1, s) or t.shape[3] != d:
             raise unsupported(op, f"{name} {tuple(t.shape)} for x {tuple(x.shape)} (only [B, 1, S or 1, {d}])")
+    CALLS[f"{op} interleaved"] += 1
     return _rotate_interleaved(x, cos, sin).to(x.dtype)
 
 
@@ -114,6 +119,7 @@ def npu_kv_rmsnorm_rope_cache(
         raise unsupported(
             op, f"caches {tuple(k_cache.shape)} / {tuple(ckv_cache.shape)} (PA: [blocks, block_size, 1, 64 / 512])"
         )
+    CALLS[f"{op} PA{' is_output_kv' if is_output_kv else ''}"] += 1
     x = kv.float()
     c = x[..., :LATENT]
     c_kv = c * torch.rsqrt(c.pow(2).mean(dim=-1, keepdim=True) + epsilon) * gamma.float()
@@ -189,6 +195,7 @@ def _fia_mla(
         raise unsupported(op, f"query ends {q_ends} / kv lengths {kv_lens} for {tokens} query rows (TND)")
     if block_table.shape[0] < len(q_ends):
         raise unsupported(op, f"block_table rows {block_table.shape[0]} < {len(q_ends)} requests")
+    CALLS[f"{op} MLA TND_NTD sparse_mode=3 paged"] += 1
     out = torch.zeros(num_heads, tokens, LATENT, dtype=query.dtype, device=query.device)
     lse = torch.zeros(tokens, num_heads, 1, dtype=torch.float32, device=query.device)
     start = 0
@@ -340,6 +347,7 @@ def npu_transpose_batchmatmul(
         raise unsupported(op, f"shapes {tuple(input.shape)} x {tuple(weight.shape)} (only [B, M, K] x [B, K, N])")
     if input.shape[2] % 128 or weight.shape[2] % 128:
         raise unsupported(op, f"K={input.shape[2]}, N={weight.shape[2]} (multiples of 128)")
+    CALLS[f"{op} perm_y=(1, 0, 2)"] += 1
     return torch.bmm(input.float(), weight.float()).to(input.dtype).permute(1, 0, 2).contiguous()
 
 
@@ -432,6 +440,7 @@ def npu_ring_mla(
         raise unsupported(op, f"seqlen {tuple(seqlen.shape)} for {calc_type}")
     if sum(q_lens) != tq or sum(k_lens) != tk:
         raise unsupported(op, f"lengths {q_lens} / {k_lens} for {tq} query and {tk} key rows")
+    CALLS[f"{op} {'first_ring triu' if first else 'default no_mask (context chunk)'}"] += 1
     group = head_num // kv_head_num
     new_out = torch.empty(tq, n, V_HEAD, dtype=torch.float32, device=q_nope.device)
     new_lse = torch.empty(n, tq, dtype=torch.float32, device=q_nope.device)
@@ -493,6 +502,7 @@ def npu_paged_cache_load(
     lens, starts = context_lens.tolist(), seq_starts.tolist()
     if key.shape != (sum(lens), 1, key_cache.shape[3]) or value.shape != (sum(lens), 1, value_cache.shape[3]):
         raise unsupported(op, f"outputs {tuple(key.shape)} / {tuple(value.shape)} for lengths {lens}")
+    CALLS[f"{op} ND seq_starts"] += 1
     rows = []
     for b, (length, start) in enumerate(zip(lens, starts)):
         j = torch.arange(start, start + length, device=block_table.device)
