@@ -333,12 +333,20 @@ def _fia_v2(query=None, **over):
             ),
             "17 query tokens",
         ),
+        (lambda: _fia_v2(query=rnd(2, N, LATENT).float()), "query dtype float32"),
+        (lambda: _fia_v2(query=rnd(2, N, 256)), r"query \(2, 32, 256\)"),  # kv_lora_rank 256
+        (lambda: _fia_v2(query_rope=rnd(2, N, 32)), r"query_rope \(2, 32, 32\)"),  # rope dim 32
+        (lambda: _fia_v2(num_key_value_heads=2), "2 KV heads"),
+        (lambda: _fia_v2(sparse_mode=0), "sparse_mode=0"),
+        (lambda: mla.npu_kv_rmsnorm_rope_cache(*_kv_args(dtype=torch.float32), cache_mode="PA"), "dtype float32"),
+        (lambda: mla.npu_kv_rmsnorm_rope_cache(*_kv_args(latent=256), cache_mode="PA"), r"kv \(2, 1, 1, 320\)"),
         (lambda: mla.npu_transpose_batchmatmul(rnd(2, 3, 512), rnd(2, 512, 128)), "perm_y=None"),
         (lambda: mla.npu_transpose_batchmatmul(rnd(2, 3, 500), rnd(2, 500, 128), perm_y=(1, 0, 2)), "K=500"),
         (lambda: mla.npu_format_cast(rnd(2, 2), 29), "acl_format=29"),
         (lambda: _ring(kernel_type="kernel_type_default"), "kernel_type='kernel_type_default'"),
         (lambda: _ring(calc_type="calc_type_default"), "default calc type with a mask"),
         (lambda: _ring(nope=64), r"query \(3, 32, 64\)"),
+        (lambda: _ring(dtype=torch.float32), "dtype float32"),
         (
             lambda: mla.npu_paged_cache_load(
                 rnd(2, 128, 1, LATENT),
@@ -362,12 +370,20 @@ def _fia_v2(query=None, **over):
         "fia-tnd-end",
         "fia-block-64",
         "fia-17-queries",
+        "fia-fp32",
+        "fia-latent-256",
+        "fia-rope-32",
+        "fia-2-kv-heads",
+        "fia-sparse-0",
+        "kv-fp32",
+        "kv-latent-256",
         "tbmm-perm",
         "tbmm-k",
         "format-nz",
         "ring-kernel",
         "ring-mode",
         "ring-nope-64",
+        "ring-fp32",
         "cache-load-starts",
     ],
 )
@@ -376,26 +392,26 @@ def test_mla_ops_refuse_what_the_npu_refuses(call, message):
         call()
 
 
-def _kv_args():
-    c = rnd(2, 1, 1, ROPE)
+def _kv_args(dtype=HALF, latent=LATENT):
+    c = rnd(2, 1, 1, ROPE, dtype=dtype)
     return (
-        rnd(2, 1, 1, LATENT + ROPE),
-        rnd(LATENT),
+        rnd(2, 1, 1, latent + ROPE, dtype=dtype),
+        rnd(latent, dtype=dtype),
         c,
         c,
         torch.tensor([0, 1]),
-        rnd(1, 128, 1, ROPE),
-        rnd(1, 128, 1, LATENT),
+        rnd(1, 128, 1, ROPE, dtype=dtype),
+        rnd(1, 128, 1, latent, dtype=dtype),
     )
 
 
-def _ring(nope=NOPE, **over):
+def _ring(nope=NOPE, dtype=HALF, **over):
     args = dict(
-        q_nope=rnd(3, N, nope),
-        q_rope=rnd(3, N, ROPE),
-        k_nope=rnd(3, N, nope),
-        k_rope=rnd(3, N, ROPE),
-        value=rnd(3, N, V),
+        q_nope=rnd(3, N, nope, dtype=dtype),
+        q_rope=rnd(3, N, ROPE, dtype=dtype),
+        k_nope=rnd(3, N, nope, dtype=dtype),
+        k_rope=rnd(3, N, ROPE, dtype=dtype),
+        value=rnd(3, N, V, dtype=dtype),
         mask=MASK[:512, :512],
         seqlen=torch.tensor([3], dtype=torch.int32),
         head_num=N,
@@ -407,8 +423,23 @@ def _ring(nope=NOPE, **over):
         mask_type="mask_type_triu",
         input_layout="type_bsnd",
         calc_type="calc_type_first_ring",
-        output=torch.empty(3, N, V, dtype=HALF),
+        output=torch.empty(3, N, V, dtype=dtype),
         softmax_lse=torch.empty(N, 3),
     )
     args.update(over)
     return mla.npu_ring_mla(**args)
+
+
+@pytest.mark.parametrize("heads", [64, 128])
+def test_fia_mla_takes_64_and_128_query_heads(heads):
+    """FIA's MLA mode takes 32, 64 and 128 query heads; heads are independent: the first 32 of a wider call equal a
+    32-head call on the same rows."""
+    q, qr = rnd(2, heads, LATENT), rnd(2, heads, ROPE)
+    cache = rnd(2, 1, 128, LATENT)
+    wide = _fia_v2_args(query_rope=qr, num_query_heads=heads)
+    narrow = _fia_v2_args(query_rope=qr[:, :N].contiguous(), key_rope=wide["key_rope"])
+    out_w, lse_w = mla.npu_fused_infer_attention_score_v2(q, cache, cache, **wide)
+    out_n, lse_n = mla.npu_fused_infer_attention_score_v2(q[:, :N].contiguous(), cache, cache, **narrow)
+    assert out_w.shape == (heads, 2, LATENT) and lse_w.shape == (2, heads, 1)
+    torch.testing.assert_close(out_w[:N], out_n)
+    torch.testing.assert_close(lse_w[:, :N], lse_n)
