@@ -1,12 +1,20 @@
 """DeepSeek-style MLA + MTP through vLLM's real engine on the installed vllm-ascend platform (0.13.0 / 0.18.0): the
-tiny DeepSeek-V3-style target of ``model.write_deepseek_model`` drafting with its own MTP layer (``zb-patch selftest
---engine --drafter deepseek-mtp``), through the release's own MLA backend (``AscendMLAMetadataBuilder``,
-``AscendMLAImpl``) over the emulated MLA ops of tests/support/npu_ops/mla.py; sync, classic async and async +
-ZB_PATCH=1, one engine process each (docs/e2e.md, "MLA (DeepSeek-style) + MTP").
+tiny DeepSeek-V3-style target of ``model.write_deepseek_model`` drafting with its own MTP layer (``--drafter
+deepseek-mtp``), through the release's own MLA backend (``AscendMLAMetadataBuilder``, ``AscendMLAImpl``) over the
+emulated MLA ops of tests/support/npu_ops/mla.py, one engine process per configuration (docs/e2e.md, "MLA
+(DeepSeek-style) + MTP"):
 
-The workload is the CI workload (chunked prefill that loads context chunks, a preemption, requests at
-max_model_len) at the tutorial's k = 3; E2E_BIG=1 runs k = 1, 2, 3 (about three times as long: ~6 minutes on two
-cores).
+- ``sync``: synchronous scheduling;
+- ``async+fixes``: classic async scheduling with zb-patch's fixes of the releases' own defects only
+  (``ZB_PATCH=1 ZB_PATCH_DISABLE=<the zero-bubble group>``): classic async as released stops on this workload at
+  k = 3 (vLLM #37159's stale ``-1`` draft placeholder in the target's embedding, docs/e2e.md "Findings" 3) on 0.13;
+- ``async+zb``: async scheduling + ``ZB_PATCH=1``.
+
+Tokens must be identical in the three runs and ``async+zb`` equal to ``async+fixes`` in every recorded field. On
+0.18 the three runs are repeated with the MLA decode metadata's RoPE rows copied (``run_engine.py
+--mla-rope-rows-copied``, docs/e2e.md "Findings" 8): then the drafted / accepted counts also follow the verdict's
+rules against sync. ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 2 minutes on two idle cores on 0.18: six engine
+processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3 and adds classic async as released.
 """
 
 from __future__ import annotations
@@ -18,23 +26,36 @@ import pytest
 
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va013-e2e / va018-e2e envs)")
 
-from test_engine import LAUNCHER, _decode_verifications, _kept_results, _selftest_cli  # noqa: E402
+from test_engine import LAUNCHER, _decode_verifications  # noqa: E402
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
-from zb_patch.check.engine.run import CHILD_ENV  # noqa: E402
-from zb_patch.check.engine.verdict import compare  # noqa: E402
-from zb_patch.check.engine.workload import CI, divergences  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.verdict import STRICT_FIELDS, counts_vs_sync  # noqa: E402
+from zb_patch.check.engine.workload import Workload, divergences  # noqa: E402
 
 RELEASE = version("vllm-ascend")
 if RELEASE not in ("0.13.0", "0.18.0"):
     pytest.skip(f"MLA + MTP engine runs: vllm-ascend 0.13.0 / 0.18.0 (installed: {RELEASE})", allow_module_level=True)
+ON_018 = RELEASE == "0.18.0"
 
-KS = (1, 2, 3) if os.environ.get("E2E_BIG") else (3,)
-WORKLOAD = CI
-DRAFTER = "deepseek-mtp"
-SUFFIX = "drafter-deepseek-mtp"  # run.run_config's tag of the kept results
-# what each eager forward calls (the emulations count calls by mode: npu_ops.mla.CALLS, reported by run_engine.py)
+BIG = bool(os.environ.get("E2E_BIG"))
+KS = (1, 2, 3) if BIG else (3,)
+# 8 requests, prompts up to 60 tokens prefilled in chunks of 32 (the later chunks load their context: Ring MLA's
+# context-chunk mode + npu_paged_cache_load), outputs up to 100 tokens in 3 KV blocks of 128 (requests grow past a
+# block: preemption); no request at max_model_len (vLLM #37159 stops the async runs there, docs/e2e.md "Findings" 3)
+MLA_WORKLOAD = Workload(num_requests=8, max_prompt=60, max_tokens=100, max_model_len=256, limit_every=0)
+DRAFTER = ("--drafter", "deepseek-mtp")
+ZERO_BUBBLE = {"0.13.0": "zb013-optimistic-update-states", "0.18.0": "zb018-optimistic-update-states"}[RELEASE]
+DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP"}[RELEASE]
+# configuration -> (run.CONFIGS name, environment, extra launcher arguments)
+CONFIGS = {
+    "sync": ("sync", {}, ()),
+    "async+fixes": ("async+zb", {"ZB_PATCH_DISABLE": ZERO_BUBBLE}, ()),
+    "async+zb": ("async+zb", {}, ()),
+}
+ROWS_COPIED = ("--mla-rope-rows-copied",)
 FIA = {"0.18.0": "npu_fused_infer_attention_score_v2", "0.13.0": "npu_fused_infer_attention_score"}[RELEASE]
+# what the eager forward calls while generating (npu_ops.mla.CALLS by mode, reported by run_engine.py)
 MLA_OPS = (
     "npu_interleave_rope interleaved",  # the query's RoPE part (decode path)
     "npu_kv_rmsnorm_rope_cache PA",  # decode path: latent + RoPE key into the paged caches
@@ -47,55 +68,95 @@ MLA_OPS = (
 )
 
 
+def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict, extra: tuple[str, ...] = ()) -> dict:
+    """{k: {configuration: result}}, two engine processes at a time; a run that stops is None (its log printed)."""
+    jobs, keys = [], []
+    for k, wl in wls.items():
+        for name, (config, env, args) in configs.items():
+            folder = os.path.join(out, f"k{k}-{name}")
+            os.makedirs(folder, exist_ok=True)
+            argv = (*DRAFTER, *args, *extra)
+            jobs.append(lambda c=config, f=folder, w=wl, a=argv, e=env: run_config(c, models, f, w, a, env_overrides=e))
+            keys.append((k, name))
+    res: dict[int, dict] = {k: {} for k in wls}
+    for (k, name), run in zip(keys, run_all(jobs, parallel=2)):
+        if run.result is None:
+            print(f"\n{name}, k = {k}: rc {run.returncode}\n{run.log[-1500:]}")
+        res[k][name] = run.result
+    return res
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    """{"released" / "rows copied" (0.18): {k: {configuration: result}}}."""
     old = os.environ.get(CHILD_ENV)
     os.environ[CHILD_ENV] = LAUNCHER
     try:
-        keep = str(tmp_path_factory.mktemp("mla_sweep"))
-        rc, report = _selftest_cli(WORKLOAD, KS, keep, DRAFTER)
+        out = str(tmp_path_factory.mktemp("mla"))
+        models = os.path.join(out, "models")
+        tiny_model.write_deepseek_model(models)
+        wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
+        configs = {**CONFIGS, "async": ("async", {}, ())} if BIG else CONFIGS
+        done = {"released": _runs(os.path.join(out, "released"), models, wls, configs)}
+        if ON_018:
+            done["rows copied"] = _runs(os.path.join(out, "rows_copied"), models, wls, CONFIGS, ROWS_COPIED)
     finally:
         if old is None:
             os.environ.pop(CHILD_ENV, None)
         else:
             os.environ[CHILD_ENV] = old
-    return rc, report, {k: _kept_results(keep, k, SUFFIX) for k in KS}
+    for variant, by_k in done.items():
+        for k, runs in by_k.items():
+            lines = []
+            for name, r in runs.items():
+                if r is None:
+                    lines.append(f"  {name}: stopped")
+                    continue
+                drafted, accepted = sum(r["drafted"].values()), sum(r["accepted"].values())
+                per_pos = ", ".join(f"{a}/{d}" for a, d in zip(r["accepted_per_pos"], r["drafted_per_pos"]))
+                lines.append(
+                    f"  {name}: {sum(len(t) for t in r['tokens'].values())} tokens, drafted {drafted}, accepted "
+                    f"{accepted} ({100 * accepted / drafted:.1f} %), per position {per_pos}, preemptions "
+                    f"{sum(r['preemptions'].values())}, context-chunk calls "
+                    f"{r['mla_op_calls'].get('npu_ring_mla default no_mask (context chunk)', 0)}"
+                )
+            print(f"\nMLA + MTP ({RELEASE}, {variant}), k = {k}:\n" + "\n".join(lines))
+    return done
 
 
-def test_mla_selftest_passes(sweep):
-    rc, report, _ = sweep
-    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
-    assert report["drafter"] == DRAFTER and sorted(report["k"]) == [str(k) for k in KS]
+def _each(sweep):
+    return [(variant, k, runs) for variant, by_k in sweep.items() for k, runs in by_k.items()]
 
 
-@pytest.mark.parametrize("k", KS)
-def test_mla_runs_use_the_mla_backend_and_every_mla_op(sweep, k):
-    """The drafter is vllm-ascend's DeepSeek MTP model (AscendDeepSeekMTP); every run called each emulated MLA op in
-    each of the release's modes while generating (context chunks included), and every run preempted."""
-    runs = sweep[2][k]
-    for name, res in runs.items():
-        assert (res["drafter"], res["draft_model"]) == (DRAFTER, "AscendDeepSeekMTP"), name
-        calls = res["mla_op_calls"]
-        assert all(calls.get(op, 0) > 0 for op in MLA_OPS), (name, calls)
-        assert sum(res["preemptions"].values()) > 0, name
+def test_mla_runs_finish_on_the_mla_backend_with_every_mla_op(sweep):
+    """Every configured run finishes; the drafter is the release's DeepSeek MTP model; each run called each emulated
+    MLA op in each of the release's modes while generating (context chunks included) and preempted."""
+    for variant, k, runs in _each(sweep):
+        for name, res in runs.items():
+            if name == "async":
+                continue  # classic async as released: recorded (E2E_BIG), not required to finish
+            assert res is not None, (variant, k, name)
+            assert (res["drafter"], res["draft_model"]) == ("deepseek-mtp", DRAFT_MODEL), (variant, k, name)
+            calls = res["mla_op_calls"]
+            assert all(calls.get(op, 0) > 0 for op in MLA_OPS), (variant, k, name, calls)
+            assert sum(res["preemptions"].values()) > 0, (variant, k, name)
 
 
-@pytest.mark.parametrize("k", KS)
-def test_mla_async_and_zero_bubble_match_sync(sweep, k):
-    """Tokens identical in the three runs; drafted / accepted counts as strict as the k = 2 EAGLE comparison
-    (verdict.compare's rules: the notes it allows are explained by preemption / max_model_len); zero-bubble equal
-    to classic async on every field, and applied."""
-    runs = sweep[2][k]
-    for name in ("async", "async+zb"):
-        assert divergences(runs["sync"], runs[name], fields=("tokens",)) == [], name
-    failures, _ = compare(runs, WORKLOAD, tiny_model.VOCAB)
-    assert failures == []
-    assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
-    assert runs["async"]["zb_patch_status"]["state"] == "off"
-    assert divergences(runs["async"], runs["async+zb"]) == []
-    assert _decode_verifications(runs["async"]) == _decode_verifications(runs["async+zb"])
-    for field in ("drafted_per_pos", "accepted_per_pos"):
-        assert runs["async"][field] == runs["async+zb"][field], field
+def test_mla_tokens_identical_and_zero_bubble_equals_classic_async(sweep):
+    """Tokens identical in every run; async + ZB_PATCH=1 equal to classic async with the same fixes in every
+    recorded field (every verification's position, drafted / accepted per request and per draft position,
+    preemptions); zero-bubble applied and correcting steps in the async+zb run only."""
+    for variant, k, runs in _each(sweep):
+        sync, fixes, zb = runs["sync"], runs["async+fixes"], runs["async+zb"]
+        for name, res in runs.items():
+            if res is not None:
+                assert divergences(sync, res, fields=("tokens",)) == [], (variant, k, name)
+        assert divergences(fixes, zb, STRICT_FIELDS) == [], (variant, k)
+        assert _decode_verifications(fixes) == _decode_verifications(zb), (variant, k)
+        assert zb["zb_patch_status"]["state"] == "applied" and zb["zero_bubble"]["kind"] == "zb-patch", (variant, k)
+        assert zb["zero_bubble"]["active"] and zb["zero_bubble"]["corrected_steps"] > 0, (variant, k)
+        assert fixes["zero_bubble"]["kind"] != "zb-patch", (variant, k)
+        assert fixes["async_scheduling"] and zb["async_scheduling"] and not sync["async_scheduling"]
 
 
 def test_mla_sync_tokens_equal_transformers_greedy(sweep, tmp_path_factory):
@@ -106,19 +167,38 @@ def test_mla_sync_tokens_equal_transformers_greedy(sweep, tmp_path_factory):
 
     model_dir = tiny_model.write_deepseek_model(str(tmp_path_factory.mktemp("reference_deepseek")))
     model = transformers.DeepseekV3ForCausalLM.from_pretrained(model_dir, dtype=tiny_model.DTYPE).eval()
-    expected = reference_tokens(model, WORKLOAD)
-    for k, runs in sweep[2].items():
-        assert runs["sync"]["tokens"] == expected, k
+    expected = reference_tokens(model, MLA_WORKLOAD)
+    for variant, k, runs in _each(sweep):
+        assert runs["sync"]["tokens"] == expected, (variant, k)
 
 
 def test_mla_acceptance_is_partial_and_varies(sweep):
-    """Over the sync runs: acceptance 20-80 %, different across requests; for k > 1 lower at the last draft position
-    than at the first, yet not zero."""
-    for k, runs in sweep[2].items():
+    """Sync runs: acceptance 20-80 %, different across requests by >= 0.2 where the drafts are the constructed
+    layer's (0.13 as released, 0.18 with the RoPE rows copied). 0.18 as released at k >= 2 never accepts the last
+    draft position ("Findings" 8), which narrows the spread (0.27..0.46 at k = 3): reported, not required."""
+    for variant, k, runs in _each(sweep):
         sync = runs["sync"]
         drafted, accepted = sum(sync["drafted"].values()), sum(sync["accepted"].values())
-        assert 0.2 <= accepted / drafted <= 0.8, (k, accepted, drafted)
+        assert 0.2 <= accepted / drafted <= 0.8, (variant, k, accepted, drafted)
         rates = [sync["accepted"].get(r, 0) / d for r, d in sync["drafted"].items() if d >= 10]
-        assert max(rates) - min(rates) >= 0.2, (k, rates)
-        by_pos = [a / d for a, d in zip(sync["accepted_per_pos"], sync["drafted_per_pos"])]
-        assert k == 1 or by_pos[0] > by_pos[-1] > 0, (k, by_pos)
+        print(f"\n{variant}, k = {k}: sync acceptance per request {min(rates):.2f}..{max(rates):.2f}")
+        if not (ON_018 and variant == "released" and k >= 2):
+            assert max(rates) - min(rates) >= 0.2, (variant, k, rates)
+
+
+@pytest.mark.skipif(not ON_018, reason="vllm-ascend 0.18's MTP drafter builds every draft position before its model")
+def test_018_later_draft_builds_overwrite_the_rope_rows(sweep):
+    """docs/e2e.md "Findings" 8: as released, the last of k >= 2 draft positions is never accepted, and the async
+    runs' drafted / accepted counts differ from sync's where no event explains it (the rows each draft pass reads
+    depend on the batch); with the RoPE rows copied, every draft position is accepted at times, below the one before,
+    and the counts follow the verdict's rules."""
+    for k in KS:
+        wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k})
+        released, copied = sweep["released"][k], sweep["rows copied"][k]
+        if k >= 2:
+            assert [r["accepted_per_pos"][-1] for r in released.values() if r] == [0] * len(CONFIGS), k
+        by_pos = [a / d for a, d in zip(copied["sync"]["accepted_per_pos"], copied["sync"]["drafted_per_pos"])]
+        assert all(by_pos[i] > by_pos[i + 1] > 0 for i in range(k - 1)), (k, by_pos)
+        for name in ("async+fixes", "async+zb"):
+            failures, _ = counts_vs_sync(copied["sync"], copied[name], wl, tiny_model.VOCAB, name)
+            assert failures == [], (k, failures)
