@@ -81,11 +81,13 @@ def main(
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
-    # the platform's global patches first, as LLM(...) applies them (EngineArgs.create_engine_config): vllm-ascend
-    # replaces vLLM's MLAAttentionSpec, which vLLM's KV-cache managers key by class when _observe_scheduler imports them
-    from vllm.platforms import current_platform
+    if args.drafter == "deepseek-mtp":
+        # the platform's global patches first, as LLM(...) applies them (EngineArgs.create_engine_config): vllm-ascend
+        # replaces vLLM's MLAAttentionSpec, which vLLM's KV-cache managers key by class when _observe_scheduler
+        # imports them (an MLA model only; the other drafters' models keep the order they were measured with)
+        from vllm.platforms import current_platform
 
-    current_platform.pre_register_and_update()
+        current_platform.pre_register_and_update()
     counts, per_pos, scheduling = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
