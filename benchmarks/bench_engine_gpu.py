@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
         "--drafters; no probes. Writes $OUT/selftest-<drafter>-k<k>.{json,md} and each engine's log in that folder",
     )
     ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
-    ap.add_argument("--jobs", type=int, default=4, help="--selftest: k values run at a time (3 engines each)")
+    ap.add_argument("--jobs", type=int, default=4, help="--selftest: k values run at a time (4 engines each)")
     ap.add_argument(
         "--write-models",
         metavar="ARCHIVE",
@@ -271,7 +271,7 @@ def _selftest(run, wl, args, seconds: float) -> int:
             tar.extractall(keep, filter="data")
         started = time.monotonic()
         with open(os.path.join(keep, "progress.log"), "w") as log:
-            report = run.run_engine_selftest(wl, [k], parallel=3, keep=keep, log=log, drafter=drafter)
+            report = run.run_engine_selftest(wl, [k], parallel=len(run.CONFIGS), keep=keep, log=log, drafter=drafter)
         report["seconds"] = round(time.monotonic() - started, 1)
         for ext, text in (("json", json.dumps(report, indent=2)), ("md", run.render(report))):
             with open(f"{keep}.{ext}", "w") as fh:

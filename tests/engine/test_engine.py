@@ -30,6 +30,7 @@ from zb_patch.check.engine import model as tiny_model  # noqa: E402
 from zb_patch.check.engine.run import CHILD_ENV, CONFIGS, run_all, run_config  # noqa: E402
 from zb_patch.check.engine.verdict import compare  # noqa: E402
 from zb_patch.check.engine.workload import BIG_NO_LIMIT, CI, Workload, divergences, summarize, table  # noqa: E402
+from zb_patch.versions import adapters  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ EXPECTED = {
                 "stale-draft-placeholders-rows",
                 "readded-request-drafts",
                 "mtp-draft-slots",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -104,6 +106,7 @@ EXPECTED = {
                 "stale-draft-placeholders",
                 "stale-draft-placeholders-rows",
                 "draft-seq-lens-max-model-len",
+                "piecewise-replay-without-host-drain",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -296,9 +299,10 @@ def test_runs_are_configured_as_named(runs):
     assert res["sync"]["async_scheduling"] is False
     assert res["async"]["async_scheduling"] is True and res["async"]["zb_patch"] == ""
     assert res["async+zb"]["async_scheduling"] is True and res["async+zb"]["zb_patch"] == "1"
+    assert res["async+fixes"]["async_scheduling"] is True and res["async+fixes"]["zb_patch"] == "1"
 
 
-@pytest.mark.parametrize("name", ["async", "async+zb"])
+@pytest.mark.parametrize("name", ["async+fixes", "async+zb"])
 def test_async_matches_sync(runs, name):
     """Token ids per request equal to the sync run's; drafted and accepted counts of the decode steps too, except
     where run.compare (the operators' verdict) reports a note: requests that end at max_model_len (vLLM's sync run
@@ -312,14 +316,24 @@ def test_async_matches_sync(runs, name):
     assert [f for f in failures if f.startswith(f"{name} vs sync:")] == []
 
 
+def _applied(result: dict) -> set[str]:
+    return {i["id"] for i in result["zb_patch_status"]["report"]["items"] if i["verdict"] == "applied"}
+
+
 def test_zero_bubble_matches_classic_async_exactly(runs):
+    """zb-patch equals the release's async path with only its fixes (the verdict's strict pair) and, on this workload,
+    classic async without zb-patch too (none of the fixed defects bites here); the fixes-only run applies every
+    patch but the adapter's zero-bubble / kernel ones."""
     _, res = runs
     zb, plain = res["async+zb"]["zb_patch_status"], res["async"]["zb_patch_status"]
     assert (zb["state"], zb["adapter"]) == ("applied", EXPECT.adapter), {
         k: zb.get(k) for k in ("state", "adapter", "reason")
     }
-    assert {i["id"] for i in zb["report"]["items"] if i["verdict"] == "applied"} == EXPECT.patches
+    assert _applied(res["async+zb"]) == EXPECT.patches
+    zero_bubble = set(next(a for a in adapters() if a.id == EXPECT.adapter).zero_bubble_ids)
+    assert zero_bubble and _applied(res["async+fixes"]) == EXPECT.patches - zero_bubble
     assert plain["state"] == "off"
+    assert divergences(res["async+fixes"], res["async+zb"]) == []
     assert divergences(res["async"], res["async+zb"]) == []
 
 
@@ -333,7 +347,7 @@ def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
         assert compiles is not None and len(compiles) == 1 and compiles[0] > 0, compiles
     else:
         assert compiles is None
-    assert "zb_compile_seconds" not in res["async"] and "zb_compile_seconds" not in res["sync"]
+    assert not {"sync", "async", "async+fixes"} & {n for n, r in res.items() if "zb_compile_seconds" in r}
 
 
 # -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload
@@ -378,14 +392,14 @@ def test_k_sweep_async_and_zero_bubble_match_sync(k_sweep, drafter, k):
     assert {(r["drafter"], r["draft_model"]) for r in runs.values()} == {(drafter, DRAFT_MODEL[drafter])}
     assert sum(runs["sync"]["drafted"].values()) > 0
     assert runs["async+zb"]["zb_patch_status"]["state"] == "applied"
-    for name in ("async", "async+zb"):
+    for name in ("async", "async+fixes", "async+zb"):
         assert divergences(runs["sync"], runs[name], fields=("tokens",)) == [], name
         # no preemption, no request at max_model_len: every decode step verifies the same drafts at the same position
         assert _decode_verifications(runs["sync"]) == _decode_verifications(runs[name]), name
     with_prefill = _drafts_with_prefill(runs)
     assert (with_prefill["sync"] > 0) == EXPECT.sync_drafts_with_prefill, with_prefill
-    assert with_prefill["async"] == with_prefill["async+zb"] == 0, with_prefill
-    assert divergences(runs["async"], runs["async+zb"]) == []
+    assert with_prefill["async"] == with_prefill["async+fixes"] == with_prefill["async+zb"] == 0, with_prefill
+    assert divergences(runs["async+fixes"], runs["async+zb"]) == divergences(runs["async"], runs["async+zb"]) == []
     for field in ("drafted_per_pos", "accepted_per_pos"):
         assert runs["async"][field] == runs["async+zb"][field], field
         # per position over all steps: 0.13's sync run also counts the drafts it verified with prompt tokens
@@ -479,7 +493,7 @@ def output_ready_early(tmp_path_factory):
     return {name: r.result for name, r in zip(runs, done)}
 
 
-@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
+@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="early-output fix: 0.13 / 0.18 only")
 def test_output_ready_early_double_corrects_without_a_test_of_exact_counts(output_ready_early):
     """Every step processed before the next is scheduled (0 steps overlapped), and request 1 goes wrong at output
     index 2 -- in vLLM's classic async path, and in zero-bubble when its own test is planted out and the fix left
@@ -493,7 +507,7 @@ def test_output_ready_early_double_corrects_without_a_test_of_exact_counts(outpu
     assert planted["plant_hits"].get(EXACT_PLANT, 0) > 0 and planted["zero_bubble"]["active"] is True
 
 
-@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="vLLM 0.19+ never processes an output early")
+@pytest.mark.skipif(EXPECT.adapter not in ZERO_BUBBLE_ADAPTERS, reason="early-output fix: 0.13 / 0.18 only")
 def test_exact_counts_are_left_alone_with_and_without_zero_bubble(output_ready_early):
     """With the fix alone (zero-bubble left out) and with zero-bubble (its own test, the fix beside it), every step
     still runs after its predecessor's output was processed, and tokens and counts are sync's."""

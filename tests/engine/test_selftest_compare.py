@@ -45,7 +45,7 @@ def _result(name: str) -> dict:
             if name == "async+zb"
             else {"kind": "none", "active": False}
         ),
-        "zb_patch_status": {"state": "applied" if name == "async+zb" else "off"},
+        "zb_patch_status": {"state": "applied" if name in ("async+fixes", "async+zb") else "off"},
     }
     _recount(result)
     return result
@@ -58,13 +58,21 @@ def _recount(result: dict) -> None:
 
 
 def _runs() -> dict[str, dict]:
-    return {name: _result(name) for name in ("sync", "async", "async+zb")}
+    return {name: _result(name) for name in ("sync", "async", "async+fixes", "async+zb")}
 
 
-def _in_both_async(runs: dict, change) -> None:
-    for name in ("async", "async+zb"):
+def _in_every_async(runs: dict, change) -> None:
+    for name in ("async", "async+fixes", "async+zb"):
         change(runs[name])
         _recount(runs[name])
+
+
+def _judged(notes: list[str]) -> list[str]:
+    """The notes on the judged runs (classic async's, reported beside, left out)."""
+    return [n for n in notes if not n.startswith(CLASSIC)]
+
+
+CLASSIC = "async (classic, without zb-patch, not judged): "
 
 
 def test_identical_runs_pass():
@@ -77,16 +85,19 @@ def test_a_token_difference_fails_naming_request_and_index():
     runs["async+zb"]["tokens"]["2"][3] += 1
     failures, _ = compare(runs, WL, VOCAB)
     assert failures[0].startswith("async+zb vs sync: 2 tokens: first difference at output index 3")
-    assert any(f.startswith("async+zb vs async: 2 tokens") for f in failures)
+    assert any(f.startswith("async+zb vs async+fixes: 2 tokens") for f in failures)
 
 
 @pytest.mark.parametrize(
     "change, expected",
     [
-        (lambda r: r["verifications"]["1"][2].__setitem__(0, 14), "async+zb vs async: 1 verifications: first diff"),
-        (lambda r: r["preempted_at"].__setitem__("3", [40]), "async+zb vs async: 3 preempted_at: None vs [40]"),
-        (lambda r: r.__setitem__("accepted_per_pos", [10, 5]), "async+zb vs async: accepted_per_pos: [10, 6] vs"),
-        (lambda r: r["preemptions"].__setitem__("0", 1), "async+zb vs async: 0 preemptions: None vs 1"),
+        (
+            lambda r: r["verifications"]["1"][2].__setitem__(0, 14),
+            "async+zb vs async+fixes: 1 verifications: first diff",
+        ),
+        (lambda r: r["preempted_at"].__setitem__("3", [40]), "async+zb vs async+fixes: 3 preempted_at: None vs [40]"),
+        (lambda r: r.__setitem__("accepted_per_pos", [10, 5]), "async+zb vs async+fixes: accepted_per_pos: [10, 6] vs"),
+        (lambda r: r["preemptions"].__setitem__("0", 1), "async+zb vs async+fixes: 0 preemptions: None vs 1"),
     ],
     ids=["verification position", "preemption position", "per-position acceptance", "preemptions"],
 )
@@ -101,20 +112,20 @@ def test_count_difference_in_the_max_model_len_clamp_is_a_note_elsewhere_a_failu
     """Async scheduling clamps an optimistic count near max_model_len: one draft less at position 154 is a note for
     request 4; the same change at position 12 (outside the clamp zone, no other event) fails."""
     runs = _runs()
-    _in_both_async(runs, lambda r: r["verifications"]["4"][3].__setitem__(1, 1))  # 1 of 2 drafts at 154
+    _in_every_async(runs, lambda r: r["verifications"]["4"][3].__setitem__(1, 1))  # 1 of 2 drafts at 154
     failures, notes = compare(runs, WL, VOCAB)
     assert failures == []
-    assert notes == [
+    assert _judged(notes) == [
         f"{n} vs sync: 4 drafted 10 vs 9: from position {LIMIT_ZONE} (max_model_len clamp from position "
         f"{LIMIT_ZONE}); 0 verifications in one run only"
-        for n in ("async", "async+zb")
+        for n in ("async+fixes", "async+zb")
     ]
     runs = _runs()
-    _in_both_async(runs, lambda r: r["verifications"]["4"].__setitem__(0, [147, 2, 1, False]))  # before the zone
+    _in_every_async(runs, lambda r: r["verifications"]["4"].__setitem__(0, [147, 2, 1, False]))  # before the zone
     failures, _ = compare(runs, WL, VOCAB)
     assert failures[0] == (
-        "async vs sync: 4: verifications at positions [147, 148] in one run only, before the first explaining event "
-        f"(max_model_len clamp from position {LIMIT_ZONE})"
+        "async+fixes vs sync: 4: verifications at positions [147, 148] in one run only, before the first explaining "
+        f"event (max_model_len clamp from position {LIMIT_ZONE})"
     )
 
 
@@ -129,18 +140,18 @@ def test_unmatched_verifications_after_a_preemption_are_a_note_before_it_a_failu
         r["preempted_at"]["1"] = [15]
         r["verifications"]["1"][2:] = [[17, 2, 1, False], [19, 2, 2, False]]
 
-    _in_both_async(runs, preempt_and_shift)
+    _in_every_async(runs, preempt_and_shift)
     failures, notes = compare(runs, WL, VOCAB)
     assert failures == []
-    assert notes == [
+    assert _judged(notes) == [
         f"{n} vs sync: 1 accepted 5 vs 6: from position 15 (preempted at 15 in {n}); 4 verifications in one run only"
-        for n in ("async", "async+zb")
+        for n in ("async+fixes", "async+zb")
     ]
-    _in_both_async(runs, lambda r: r["verifications"]["1"].__setitem__(0, [9, 2, 1, False]))
+    _in_every_async(runs, lambda r: r["verifications"]["1"].__setitem__(0, [9, 2, 1, False]))
     failures, _ = compare(runs, WL, VOCAB)
     assert failures[0] == (
-        "async vs sync: 1: verifications at positions [9, 10] in one run only, before the first explaining event "
-        "(preempted at 15 in async)"
+        "async+fixes vs sync: 1: verifications at positions [9, 10] in one run only, before the first explaining event "
+        "(preempted at 15 in async+fixes)"
     )
 
 
@@ -154,23 +165,26 @@ def test_accepted_counts_at_a_common_position_must_agree_even_after_an_event():
         r["preemptions"]["2"] = 1
         r["verifications"]["2"][1] = [12, 2, 1, False]
 
-    _in_both_async(runs, preempt_then_accept_less)
+    _in_every_async(runs, preempt_then_accept_less)
     failures, _ = compare(runs, WL, VOCAB)
     assert failures == [
-        f"{n} vs sync: 2 at position 12: 2 of 2 drafts accepted vs 1 of 2" for n in ("async", "async+zb")
+        f"{n} vs sync: 2 at position 12: 2 of 2 drafts accepted vs 1 of 2" for n in ("async+fixes", "async+zb")
     ]
     runs = _runs()
-    _in_both_async(runs, lambda r: r["verifications"]["2"].__setitem__(1, [12, 1, 1, False]))  # token budget: 1 draft
+    _in_every_async(runs, lambda r: r["verifications"]["2"].__setitem__(1, [12, 1, 1, False]))  # token budget: 1 draft
     failures, notes = compare(runs, WL, VOCAB)
-    assert failures == [] and len(notes) == 2
-    assert "from position 12 (1 of 2 drafts at 12 in async" in notes[0]
+    assert failures == [] and len(_judged(notes)) == 2
+    assert "from position 12 (1 of 2 drafts at 12 in async+fixes" in _judged(notes)[0]
 
 
 def test_a_count_difference_without_an_event_fails():
     runs = _runs()
-    _in_both_async(runs, lambda r: r["verifications"]["0"].append([20, 2, 1, False]))
+    _in_every_async(runs, lambda r: r["verifications"]["0"].append([20, 2, 1, False]))
     failures, _ = compare(runs, WL, VOCAB)
-    assert failures[0] == "async vs sync: 0: verifications at positions [20] in one run only, and no explaining event"
+    assert (
+        failures[0]
+        == "async+fixes vs sync: 0: verifications at positions [20] in one run only, and no explaining event"
+    )
 
 
 def test_drafts_verified_with_prompt_tokens_are_an_event():
@@ -183,9 +197,9 @@ def test_drafts_verified_with_prompt_tokens_are_an_event():
     _recount(runs["sync"])
     failures, notes = compare(runs, WL, VOCAB)
     assert failures == []
-    assert notes[0] == (
-        "async vs sync: 3 drafted 10 vs 8, accepted 6 vs 5: from position 8 (drafts verified with prompt tokens at 8 "
-        "in sync); 0 verifications in one run only"
+    assert _judged(notes)[0] == (
+        "async+fixes vs sync: 3 drafted 10 vs 8, accepted 6 vs 5: from position 8 (drafts verified with prompt tokens "
+        "at 8 in sync); 0 verifications in one run only"
     )
 
 
@@ -253,7 +267,37 @@ def test_native_zero_bubble_counts_as_in_effect():
     release's switch on."""
     runs = _runs()
     runs["async+zb"]["zb_patch_status"] = {"state": "native"}
-    runs["async+zb"]["zero_bubble"] = runs["async"]["zero_bubble"] = {"kind": "native", "active": True}
+    native = {"kind": "native", "active": True}
+    runs["async+zb"]["zero_bubble"] = runs["async+fixes"]["zero_bubble"] = runs["async"]["zero_bubble"] = native
+    assert compare(runs, WL, VOCAB) == ([], [])
+
+
+def test_fixes_only_run_must_have_zb_patch_on_and_its_zero_bubble_off():
+    """async+fixes is the release's own async path with zb-patch's fixes: zb-patch in effect, its zero-bubble not."""
+    runs = _runs()
+    runs["async+fixes"]["zero_bubble"] = dict(runs["async+zb"]["zero_bubble"])
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures == ["async+fixes: zb-patch's zero-bubble ran (ZB_PATCH_DISABLE should have left it out)"]
+    runs = _runs()
+    runs["async+fixes"]["zb_patch_status"] = {"state": "off"}
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures == ["async+fixes: zb-patch is 'off', not in effect (no reason)"]
+
+
+def test_classic_async_is_reported_beside_not_judged():
+    """Classic async without zb-patch can go wrong on the release's own defects (vLLM #37159 verifies stale drafts):
+    every rule it breaks is a note naming it, never a failure; without it (it stopped) the verdict still stands on
+    the judged runs."""
+    runs = _runs()
+    runs["async"]["tokens"]["2"][3] += 1
+    runs["async"]["verifications"]["1"][1] = [12, 2, 0, False]
+    _recount(runs["async"])
+    failures, notes = compare(runs, WL, VOCAB)
+    assert failures == [] and _judged(notes) == []
+    assert notes[0].startswith(CLASSIC + "async vs sync: 2 tokens: first difference at output index 3")
+    assert CLASSIC + "async vs sync: 1 at position 12: 2 of 2 drafts accepted vs 0 of 2" in notes
+    assert any(n.startswith(CLASSIC + "async vs async+fixes: 1 accepted") for n in notes), notes
+    del runs["async"]
     assert compare(runs, WL, VOCAB) == ([], [])
 
 
@@ -293,3 +337,18 @@ def test_limit_every_picks_the_requests_that_run_into_max_model_len():
     assert Workload(num_requests=10).reaches_max_model_len(VOCAB) == {"4", "9"}
     assert Workload(num_requests=10, limit_every=0).reaches_max_model_len(VOCAB) == set()
     assert Workload(num_requests=10, limit_every=3).reaches_max_model_len(VOCAB) == {"2", "5", "8"}
+
+
+def test_a_stopped_run_is_named_by_its_assertion_or_its_last_exception():
+    """A classic async run that stops is reported by the line that says why, not by the tail of a stack dump."""
+    from zb_patch.check.engine.run import stop_reason
+
+    cuda = (
+        "INFO start\n/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1553: indexSelectLargeIndex: block: [0,0,0], "
+        "thread: [0,0,0] Assertion `srcIndex < srcSelectDimSize` failed.\nRuntimeError: CUDA error: device-side "
+        "assert triggered\n[rank0]: For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n frame #3: ..."
+    )
+    assert stop_reason(cuda).endswith("Assertion `srcIndex < srcSelectDimSize` failed.")
+    cpu = "Traceback (most recent call last):\n  File x\nIndexError: index out of range in self\nEngineCore died\n"
+    assert stop_reason(cpu) == "IndexError: index out of range in self"
+    assert stop_reason("killed\n") == "killed"

@@ -20,8 +20,8 @@ replaced by :mod:`zb_patch.check.selftest.fakemodel`: a hash chain over a simula
 **input ids** where the release hands them to attention and the model, so any wrong value changes every later
 token of the request. Acceptance is seeded per (request, position): none / all / partial. Also compared: what is
 read after the forward launch -- ``num_computed_tokens_cpu`` when the drafter runs (its attention metadata reads
-it) and the device ``seq_lens`` rows past ``num_reqs`` up to ``max_num_reqs`` (what padded attention metadata and
-the drafter's FULL-graph pad branch read, up to the padded count).
+it) and the device and host ``seq_lens`` rows past ``num_reqs`` up to ``max_num_reqs`` (what padded attention
+metadata, a FULL graph's task-group update and the drafter's FULL-graph pad branch read, up to the padded count).
 
 In patched mode the adapter's patches are applied to the live classes with the registry; the adapter's
 ``execute_model`` patch is applied to ``Driver.execute_model_body`` through the patch's own factory (the harness
@@ -465,8 +465,9 @@ class Driver:
         self.spec_steps = 0
         self.spec_step_ids: set[int] = set()
         self.records: dict[int, dict[str, RowRecord]] = {}
-        # per step: device seq_lens of the rows past num_reqs (what padded attention metadata and the drafter's
-        # FULL-graph pad branch read, up to the padded count <= max_num_reqs)
+        # per step: device and host seq_lens of the rows past num_reqs (what padded attention metadata, the FULL
+        # graph's task-group update (seq_lens_list) and the drafter's FULL-graph pad branch read, up to the padded
+        # count <= max_num_reqs)
         self.padded_seq_lens: dict[int, tuple] = {}
         # per step, with an MLA group: what the MLA builders built (mla_harness: "target", "draft", "graph_update")
         self.mla_records: dict[int, dict[str, Any]] = {}
@@ -559,7 +560,11 @@ class Driver:
                 f"step {self.step}: CPU seq_lens / num_computed_tokens handed to attention derive "
                 f"from the poisoned count buffer ({seq_lens_cpu}, {inputs.num_computed_cpu})"
             )
-        self.padded_seq_lens[self.step] = tuple(runner.seq_lens.gpu[n : runner.max_num_reqs].tolist())
+        # device and host rows (a padded FULL batch hands the host rows to the task-group update as seq_lens_list)
+        self.padded_seq_lens[self.step] = (
+            tuple(runner.seq_lens.gpu[n : runner.max_num_reqs].tolist()),
+            tuple(runner.seq_lens.cpu[n : runner.max_num_reqs].tolist()),
+        )
         self.negative_input_ids += int((input_ids < 0).sum())
         with self.in_phase("forward"):
             target, hidden = fakemodel.forward(

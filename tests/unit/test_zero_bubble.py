@@ -483,6 +483,17 @@ def _update_states_runner(zb, prev_sampled, prev_rows, requests, **attrs):
     return runner, runner.__dict__[zb.state_attr]
 
 
+class _SchedulerOutput:
+    """The fields of vLLM's SchedulerOutput the wrapper reads: this step's tokens and the cached requests' counts."""
+
+    def __init__(self, scheduled: dict[str, int] | None = None, cached: dict[str, int] | None = None) -> None:
+        self.num_scheduled_tokens = scheduled or {}
+        cached = cached or {}
+        self.scheduled_cached_reqs = type(
+            "Cached", (), {"req_ids": list(cached), "num_computed_tokens": list(cached.values())}
+        )()
+
+
 def test_update_states_wrapper_queues_the_rows_the_release_reads():
     """Optimistic counts (drafts + 1) at the previous rows of requests still known, 1 at the others, only rows of the
     previous batch; the rows the release reads with drafts become this step's corrections; the answer is withdrawn
@@ -500,23 +511,24 @@ def test_update_states_wrapper_queues_the_rows_the_release_reads():
         seen.append(list(counts))
         return counts[0], counts[1], scheduler_output  # the release reads rows 0 and 1
 
-    assert zb.make_update_states(release)(runner, "so") == (3, 1, "so")
+    so = _SchedulerOutput({"a": 3, "b": 1})
+    assert zb.make_update_states(release)(runner, so) == (3, 1, so)
     assert seen == [[3, 1, 1]]
     assert st.queue == [("a", 2, 0)] and st.num_prev == 3 and st.steps == 1 and st.valid_host is None
     assert st.buffers.prev_drafts.np.tolist() == [2, 0, 0, 0, 0, 0, 0, 0]
     assert "_get_valid_sampled_token_count" not in runner.__dict__
 
     first, st = _update_states_runner(zb, None, None, {})
-    assert zb.make_update_states(lambda r, so: "ran")(first, "so") == "ran"
+    assert zb.make_update_states(lambda r, so: "ran")(first, _SchedulerOutput()) == "ran"
     assert st.queue == [] and st.num_prev == 0 and not st.buffers.prev_drafts.np.any()
 
     zb.waits_for_input_prep = True
     event = _Event()
     waiting, _ = _update_states_runner(zb, None, None, {}, prepare_inputs_event=event)
-    zb.make_update_states(lambda r, so: None)(waiting, "so")
+    zb.make_update_states(lambda r, so: None)(waiting, _SchedulerOutput())
     assert event.waits == 1
     no_event, _ = _update_states_runner(zb, None, None, {})
-    zb.make_update_states(lambda r, so: None)(no_event, "so")
+    zb.make_update_states(lambda r, so: None)(no_event, _SchedulerOutput())
 
 
 def test_deferred_correction_waits_only_when_input_preparation_did_not():

@@ -45,6 +45,9 @@ class Adapter:
     # vllm-ascend releases whose sources the fingerprints were computed from (tests/sources re-checks them
     # against the PyPI artifacts)
     releases: tuple[str, ...] = ()
+    # ids of zb-patch's own zero-bubble / kernel patches (the others fix the release's own defects):
+    # ZB_PATCH_DISABLE of these leaves the release's async path with only the fixes (selftest --engine's async+fixes)
+    zero_bubble_ids: tuple[str, ...] = ()
 
     def in_range(self, v: Versions) -> bool:
         return v.vllm_ascend.release_in(*self.vllm_ascend) and v.vllm.release_in(*self.vllm)

@@ -12,7 +12,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, early_output, npu_runner, spec_fixes
+from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -250,6 +250,13 @@ GUARDS = (
         "vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded",
         {"vllm-ascend 0.13.0": "45c4d912f875ffac"},
         "the proposer's unpadded metadata keeps seq_lens_cpu (exact after the hook)",
+    ),
+    Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._generate_process_reqs_hidden_states",
+        {"vllm-ascend 0.13.0": "be6741c407147770"},
+        "launches the graph replay first, then updates task-group parameters for FULL replays only: a PIECEWISE "
+        "piece holds no task group, so its replay needs no host drain (piecewise-replay-without-host-drain); the "
+        "FULL order is the one the kept FULL drain protects (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
@@ -505,6 +512,7 @@ MTP_DRAFT_SLOTS = Patch(
     upstream=("vllm-ascend#7033",),
     remove_when=_REMOVE_WHEN,
 )
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -519,6 +527,7 @@ PATCHES: tuple = (
     STALE_DRAFT_ROWS,
     READDED_REQUEST_DRAFTS,
     MTP_DRAFT_SLOTS,
+    PIECEWISE_NO_DRAIN,
 )
 
 ADAPTER = Adapter(
@@ -526,6 +535,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 13, 0), (0, 14)),
     vllm=((0, 13, 0), (0, 14)),
+    zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.13"),
     patch_set=PatchSet("ascend-0.13", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.13.0",),

@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
-from . import Adapter, early_output, npu_runner, spec_fixes
+from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -140,6 +140,18 @@ GUARDS = (
         "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
         {"vllm-ascend 0.18.0": "066043ae9710cf9f"},
         "per-draft-step +1 on the (exact) CPU seq_lens of the metadata",
+    ),
+    Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward",
+        {"vllm-ascend 0.18.0": "6b004d8c5e422857"},
+        "launches the graph replay first, then updates the FULL graph's task-group parameters (ENPU off): the order "
+        "the kept FULL drain protects (docs/graph-modes.md)",
+    ),
+    Guard(
+        "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed",
+        {"vllm-ascend 0.18.0": "8b9170ff5b0e8829"},
+        "task-group parameters are updated for FULL replays only: a PIECEWISE piece holds no task group, so its "
+        "replay needs no host drain (piecewise-replay-without-host-drain)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
@@ -347,6 +359,7 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
     remove_when=_REMOVE_WHEN,
 )
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -359,6 +372,7 @@ PATCHES: tuple = (
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
+    PIECEWISE_NO_DRAIN,
 )
 
 ADAPTER = Adapter(
@@ -366,6 +380,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
     vllm_ascend=((0, 18, 0), (0, 19)),
     vllm=((0, 18, 0), (0, 19)),
+    zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.18"),
     patch_set=PatchSet("ascend-0.18", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.18.0",),

@@ -459,6 +459,7 @@ ADAPTER = Adapter(
     title="vllm-ascend 0.19.1rc1-0.25.1rc1 + vLLM 0.19-0.25 (zero-bubble present; generic slot-mapping kernel)",
     vllm_ascend=((0, 19, 0), (0, 26)),
     vllm=((0, 19, 0), (0, 26)),
+    zero_bubble_ids=("slot-mapping-kernel",),
     patch_set=PatchSet("ascend-0.19-0.25", PATCHES, GUARDS, ADVISORIES),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=(

@@ -78,9 +78,7 @@ def patches(worker_fingerprints: Mapping[str, str], count_fingerprints: Mapping[
         "reproduced by forcing the early path, docs/e2e.md 'Findings' 7). vLLM 0.23 no longer processes an output early."
     )
     upstream = ("vllm 0.23 step_with_batch_queue (no done() check)",)
-    remove_when = (
-        "the adapter's releases are retired (zero-bubble is native from vllm-ascend 0.19.1rc1 on)"
-    )
+    remove_when = "the adapter's releases are retired (zero-bubble is native from vllm-ascend 0.19.1rc1 on)"
     group = "exact-counts-after-early-output"
     return (
         Patch(

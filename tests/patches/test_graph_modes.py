@@ -1,0 +1,395 @@
+"""ACL graph modes on the release's own code (vllm-ascend 0.13.0 / 0.18.0, whichever this env has), with the CPU
+graph double (tests/support/npu_graphs.py) in place of torch_npu's graphs, task groups, external events and streams.
+
+Real: ``ACLGraphWrapper`` (capture, replay, its host drain), ``AscendAttentionBackendImpl`` (the FULL capture:
+external event wait + reset, the FIA op in a task group; the eager path used as the reference), the runner's own
+forward step (0.18 ``NPUModelRunner._model_forward``, 0.13 ``_generate_process_reqs_hidden_states``: replay, then the
+task-group update) and the release's update functions (0.18 ``update_full_graph_params`` ->
+``AscendAttentionBackendImpl.update_graph_params``, 0.13 ``update_attn_params``), on a real ``NPUModelRunner``
+(async scheduling + EAGLE). The "model" is two attention layers of that impl with a plain-torch op between them.
+
+Asserted (docs/graph-modes.md):
+
+* PIECEWISE: the release drains the device from the host before every piece replay; with the adapter applied
+  (piecewise-replay-without-host-drain) it does not (async + spec decode), and still does without async
+  scheduling; FULL replays are drained either way. Replays equal the eager code on the static buffers.
+* FULL_DECODE_ONLY: every replay's task groups run with the host lists of their own step (the update the runner
+  issues after the replay), and the result equals the eager attention with those lists -- on a device that keeps up
+  and on one the host runs ahead of, under several schedules, with the release's drain in place.
+* The hazard the FULL drain guards against (vllm-ascend #4233), reproduced: the drain removed and nothing in its
+  place, a host that runs ahead and an update stream that runs at once: the next step's update overtakes a queued
+  replay (StaleTaskGroup) and, with the stale check off, a lost record hangs the device (DeviceHang).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+FAMILY = npu_standin.detect_family()
+if FAMILY not in ("0.13", "0.18"):
+    pytest.skip(f"adapters ascend-0.13 / ascend-0.18 only; this env has {FAMILY}", allow_module_level=True)
+
+import torch  # noqa: E402
+
+import npu_graphs as G  # noqa: E402
+from zb_patch import registry as R  # noqa: E402
+from zb_patch.check.selftest.compat import EngineShape  # noqa: E402
+from zb_patch.detect import detect  # noqa: E402
+from zb_patch.versions import graph_replay  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
+
+LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+T, N, KVN, D, BS, BLOCKS = 4, 2, 1, 16, 16, 8  # tokens (2 requests x 1 + 1 draft), heads, kv heads, head size
+ACL_GRAPH = "compilation/acl_graph.py"
+
+
+@pytest.fixture(scope="module")
+def env(cpu_worker):
+    import runner_harness as H
+
+    with H.session() as sess:
+        shape = EngineShape(num_spec_tokens=1)
+        yield H, sess, shape
+
+
+def _adapter():
+    import importlib
+
+    return importlib.import_module(
+        "zb_patch.versions.ascend_0_13" if FAMILY == "0.13" else "zb_patch.versions.ascend_0_18"
+    )
+
+
+@pytest.fixture
+def patched(request):
+    """The adapter applied (``request.param``) or not; unpatched after the test."""
+    import importlib
+
+    ps = _adapter().ADAPTER.patch_set
+    if request.param:
+        for module in ps.modules():  # the engine-core target's module too (a worker process has it imported)
+            importlib.import_module(module)
+        report = ps.apply(detect())
+        assert report.verdict == R.APPLIED, report.reason
+    yield request.param
+    ps.unpatch()
+
+
+@pytest.fixture
+def graph_state(env, monkeypatch):
+    """The graph pool and graph params the release keeps per process, fresh for the test."""
+    from vllm.platforms import current_platform
+    from vllm_ascend.compilation import acl_graph
+
+    for platform in {type(current_platform), type(acl_graph.current_platform)}:
+        monkeypatch.setattr(platform, "_global_graph_pool", G.GraphPool())
+    monkeypatch.setattr(acl_graph, "_graph_params", None)
+    acl_graph.set_graph_params([T])
+    return acl_graph
+
+
+def _runner(env, *, async_scheduling=True):
+    H, sess, shape = env
+    vc = H.build_config(sess, shape, async_scheduling=async_scheduling)
+    return vc, H.make_runner(vc, H.kv_cache_config(vc, shape))
+
+
+@contextlib.contextmanager
+def _step(vc, mode, metadata=None):
+    """The forward context of one step as vllm-ascend's set_ascend_forward_context leaves it for these paths."""
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
+    from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
+
+    with (
+        set_current_vllm_config(vc),
+        set_forward_context(
+            metadata,
+            vc,
+            cudagraph_runtime_mode=getattr(CUDAGraphMode, mode),
+            batch_descriptor=BatchDescriptor(num_tokens=T),
+        ),
+    ):
+        ctx = get_forward_context()
+        for name in ("capturing", "is_draft_model", "flash_comm_v1_enabled", "sp_enabled"):
+            setattr(ctx, name, False)
+        yield ctx
+
+
+def _host_drains(dev):
+    return [d for d in dev.drains if ACL_GRAPH in d.site]
+
+
+# --------------------------------------------------------------------------------------------------------
+# PIECEWISE
+# --------------------------------------------------------------------------------------------------------
+
+
+class Piece:
+    """A piece of a piecewise-compiled model: plain torch ops on static buffers."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(1)
+        self.x, self.w = torch.randn(T, 8, generator=gen), torch.randn(8, 8, generator=gen)
+        self.out = torch.zeros(T, 8)
+
+    def __call__(self, *args, **kwargs):
+        self.out.copy_(torch.tanh(self.x @ self.w))
+        return self.out
+
+
+@pytest.mark.parametrize(
+    "patched,runtime_mode,async_scheduling,drained",
+    [
+        (False, "PIECEWISE", True, True),  # the release: a host drain before every piece replay
+        (True, "PIECEWISE", True, False),  # the fix: none (async + spec decode)
+        (True, "PIECEWISE", False, True),  # the fix leaves other configurations alone
+        (False, "FULL", True, True),
+        (True, "FULL", True, True),  # FULL keeps its drain
+    ],
+    indirect=["patched"],
+)
+def test_host_drain_before_replay(env, graph_state, patched, runtime_mode, async_scheduling, drained):
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    vc, _ = _runner(env, async_scheduling=async_scheduling)
+    piece = Piece()
+    skipped = graph_replay.Drains.skipped
+    with G.activate() as dev:
+        wrapper = ACLGraphWrapper(piece, vc, runtime_mode=getattr(CUDAGraphMode, runtime_mode))
+        gen = torch.Generator().manual_seed(2)
+        for step in range(4):
+            piece.x.copy_(torch.randn(T, 8, generator=gen))
+            with _step(vc, runtime_mode):
+                out = wrapper()
+            if step:  # the first call captured; the others replay
+                assert torch.allclose(out, torch.tanh(piece.x @ piece.w)), step
+        replays = 3
+        assert len(_host_drains(dev)) == (replays if drained else 0), dev.drains
+        assert graph_replay.Drains.skipped - skipped == (0 if drained else replays)
+        assert dev.idle()
+
+
+# --------------------------------------------------------------------------------------------------------
+# FULL_DECODE_ONLY
+# --------------------------------------------------------------------------------------------------------
+
+
+class TwoAttentionLayers:
+    """Two attention layers of the release's AscendAttentionBackendImpl with a plain-torch op between them (the
+    second layer's query is derived from the first layer's output), on static buffers and a paged KV cache."""
+
+    def __init__(self, vc):
+        from vllm.config import set_current_vllm_config
+        from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
+
+        gen = torch.Generator().manual_seed(3)
+        bf16 = torch.bfloat16
+        with set_current_vllm_config(vc):
+            self.impls = [
+                AscendAttentionBackendImpl(N, D, D**-0.5, KVN, None, None, "auto", None, "decoder", None)
+                for _ in LAYERS
+            ]
+        for impl in self.impls:
+            impl.key_cache = torch.randn(BLOCKS, BS, KVN, D, generator=gen).to(bf16)
+            impl.value_cache = torch.randn(BLOCKS, BS, KVN, D, generator=gen).to(bf16)
+        self.query = torch.randn(T, N, D, generator=gen).to(bf16)
+        self.bias = torch.randn(T, N, D, generator=gen).to(bf16)
+        self.q1 = torch.zeros(T, N, D, dtype=bf16)
+        self.outputs = [torch.zeros(T, N, D, dtype=bf16) for _ in LAYERS]
+
+    def __call__(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        queries = (self.query, self.q1)
+        for i, (name, impl) in enumerate(zip(LAYERS, self.impls)):
+            if i:
+                self.q1.copy_(self.outputs[0] * 0.5 + self.bias)
+            impl.forward_fused_infer_attention(queries[i], queries[i], queries[i], metadata[name], self.outputs[i])
+        return self.outputs[-1]
+
+
+def _metadata(kv_lens):
+    """The decode metadata of 2 requests x 2 query tokens (one draft each), as the builder hands it to the update."""
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState, AscendMetadata
+
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    return {
+        name: AscendMetadata(
+            attn_mask=torch.ones(8, 8, dtype=torch.bool),
+            attn_state=AscendAttentionState.DecodeOnly,
+            num_actual_tokens=T,
+            seq_lens=torch.tensor(kv_lens, dtype=torch.int32),
+            seq_lens_list=list(kv_lens),
+            actual_seq_lengths_q=[2, 4],
+            block_tables=table,
+            max_query_len=2,
+        )
+        for name in LAYERS
+    }
+
+
+CAPTURE_LENS = (2, 2)
+STEPS = ((9, 20), (11, 22), (13, 23), (14, 25), (3, 40))
+
+
+def _forward(runner, positions):
+    """The runner's own forward step of this release: replay, then the task-group update (FULL)."""
+    if FAMILY == "0.18":
+        return runner._model_forward(T, input_ids=None, positions=positions)
+    return runner._generate_process_reqs_hidden_states(T, None, positions, None, None, {})
+
+
+def _run_full_steps(env, graph_state, dev, *, steps=STEPS):
+    """Capture the two layers in a FULL graph, then run ``steps`` through the runner's forward step. Returns the
+    model (its static buffers) and each step's graph output (None while the device is behind)."""
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    vc, runner = _runner(env)
+    model = TwoAttentionLayers(vc)
+    runner.model = ACLGraphWrapper(model, vc, runtime_mode=CUDAGraphMode.FULL)
+    runner.update_stream = torch.npu.Stream()
+    positions = torch.arange(T)
+    with _step(vc, "FULL", _metadata(CAPTURE_LENS)):
+        runner.model(input_ids=None, positions=positions)  # capture (the wrapper sets capturing itself)
+    assert len(graph_state.get_graph_params().handles[T]) == len(LAYERS)
+    outputs = []
+    for kv_lens in steps:
+        with _step(vc, "FULL", _metadata(kv_lens)):
+            _forward(runner, positions)
+        outputs.append(model.outputs[-1].clone() if dev.idle() else None)
+    return vc, model, outputs
+
+
+def _eager(vc, model, kv_lens):
+    with _step(vc, "NONE", _metadata(kv_lens)):
+        return model().clone()
+
+
+def _assert_each_replay_read_its_own_step(dev, steps=STEPS):
+    runs = [(r.replay, r.group.index, r.params_for, r.calls[0].kwargs["actual_seq_lengths_kv"]) for r in dev.group_runs]
+    expected = [(s, layer, s, list(steps[s - 1])) for s in range(1, len(steps) + 1) for layer in range(len(LAYERS))]
+    assert runs == expected
+
+
+@pytest.mark.parametrize("patched", [False, True], indirect=True, ids=["release", "patched"])
+def test_full_steps_read_their_own_host_lists(env, graph_state, patched):
+    with G.activate() as dev:
+        vc, model, outputs = _run_full_steps(env, graph_state, dev)
+        _assert_each_replay_read_its_own_step(dev)
+        assert len(_host_drains(dev)) == len(STEPS)
+        assert all(out.isfinite().all() and out.abs().sum() > 0 for out in outputs)
+        assert not torch.equal(outputs[0], outputs[1]), "each step's lists change the result"
+        for kv_lens, out in zip(STEPS, outputs):
+            assert torch.equal(out, _eager(vc, model, kv_lens)), kv_lens
+
+
+SCHEDULES = ["issue-order", "side-streams-first", "default-stream-first", "random:1", "random:2"]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_full_drain_keeps_a_host_that_runs_ahead_exact(env, graph_state, schedule):
+    """The host queues every step without waiting (the device is behind); the release's drain before each replay is
+    the only host block: every replay still reads its own step's lists."""
+    with G.activate(run_ahead=True, schedule=schedule) as dev:
+        vc, model, _ = _run_full_steps(env, graph_state, dev)
+        torch.npu.synchronize()
+        _assert_each_replay_read_its_own_step(dev)
+        assert torch.equal(model.outputs[-1].clone(), _eager(vc, model, STEPS[-1]))
+
+
+@contextlib.contextmanager
+def _without_the_drain(acl_graph):
+    """The release's __call__ with both of its host drains doing nothing, in every mode, and nothing in their place."""
+    real = acl_graph.__dict__["torch"]
+    acl_graph.torch = graph_replay.NoDrainTorch(real)
+    try:
+        yield
+    finally:
+        acl_graph.torch = real
+
+
+def test_without_the_full_drain_a_later_update_overtakes_a_replay(env, graph_state):
+    """vllm-ascend #4233's hazard, reproduced: drain removed, host ahead of the device, update stream idle (runs its
+    tasks at once): step 2's update rewrites the task group before step 1's replay reached it."""
+    with G.activate(run_ahead=True, schedule="side-streams-first") as dev, _without_the_drain(graph_state):
+        _run_full_steps(env, graph_state, dev, steps=STEPS[:2])
+        assert _host_drains(dev) == [] and dev.executed == []
+        with pytest.raises(
+            G.StaleTaskGroup, match=r"task group 0 of graph \d+ .* ran in replay 1 .* issued for replay 2"
+        ):
+            torch.npu.synchronize()
+
+
+def test_without_the_full_drain_a_lost_record_hangs_the_device(env, graph_state):
+    """The same race without the stale check: step 1's replay runs with step 2's lists, then its reset clears the
+    record step 2's replay waits for -- the device hang #4233 reports."""
+    with (
+        G.activate(run_ahead=True, schedule="side-streams-first", check_stale=False) as dev,
+        _without_the_drain(graph_state),
+    ):
+        _run_full_steps(env, graph_state, dev, steps=STEPS[:2])
+        with pytest.raises(G.DeviceHang, match=r"waits at ext\d+\.wait, before task group 0 of graph"):
+            torch.npu.synchronize()
+        assert [(r.replay, r.params_for) for r in dev.group_runs][:1] == [(1, 2)]
+
+
+def test_without_the_full_drain_an_orderly_device_hides_the_race(env, graph_state):
+    """Why the race needs a host ahead of the device: when the device keeps up, the same code without the drain
+    runs every replay with its own lists -- a test that does not run the host ahead cannot see the hazard."""
+    with G.activate() as dev, _without_the_drain(graph_state):
+        _run_full_steps(env, graph_state, dev)
+        _assert_each_replay_read_its_own_step(dev)
+
+
+@contextlib.contextmanager
+def _event_ordered_updates(acl_graph):
+    """A device-side replacement of the FULL drain, as a model only (not shipped: docs/graph-modes.md): the replay
+    records an event on its stream where the drain was, and the runner's update waits for it on the update stream
+    before re-issuing any task group; the host never blocks."""
+    from vllm_ascend.worker import model_runner_v1
+
+    name = "update_full_graph_params" if FAMILY == "0.18" else "update_attn_params"
+    update, call = getattr(model_runner_v1, name), acl_graph.ACLGraphWrapper.__call__
+    boundary = []
+
+    def wrapper_call(self, *args, **kwargs):
+        event = torch.npu.Event()
+        event.record(torch.npu.current_stream())
+        boundary[:] = [event]
+        return call(self, *args, **kwargs)
+
+    def ordered_update(*args, **kwargs):
+        stream = args[1] if FAMILY == "0.18" else args[0]
+        if boundary:
+            stream.wait_event(boundary.pop())
+        return update(*args, **kwargs)
+
+    with _without_the_drain(acl_graph):
+        acl_graph.ACLGraphWrapper.__call__ = wrapper_call
+        setattr(model_runner_v1, name, ordered_update)
+        try:
+            yield
+        finally:
+            acl_graph.ACLGraphWrapper.__call__ = call
+            setattr(model_runner_v1, name, update)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_event_ordered_updates_cover_the_race_in_the_model(env, graph_state, schedule):
+    """In the double's model, ordering each update behind an event recorded before its replay closes both failure
+    modes of the race above without any host drain (what a device-side replacement would have to show on an NPU)."""
+    with G.activate(run_ahead=True, schedule=schedule) as dev, _event_ordered_updates(graph_state):
+        vc, model, _ = _run_full_steps(env, graph_state, dev)
+        assert _host_drains(dev) == []
+        torch.npu.synchronize()
+        _assert_each_replay_read_its_own_step(dev)
+        assert torch.equal(model.outputs[-1].clone(), _eager(vc, model, STEPS[-1]))
