@@ -218,3 +218,41 @@ def test_018_later_draft_builds_overwrite_the_rope_rows(sweep):
             assert per_pos["released"] != per_pos["rows copied"], (k, per_pos)
         if k >= 3:
             assert {r["accepted_per_pos"][-1] for r in released.values() if r} == {0}, k
+
+
+# planted mistakes of tests/engine/plants.py on this model (E2E_BIG=1): async + ZB_PATCH=1 at k = 3 with the plant on
+TOKEN_PLANTS = ("slot-mapping-off-by-one", "host-seq-lens-optimistic")
+
+
+@pytest.mark.skipif(not BIG, reason="E2E_BIG=1: the planted mistakes on the MLA model (two more engine processes)")
+def test_mla_token_plants_diverge_at_request_0(sweep, tmp_path_factory):
+    """A slot mapping off by one and optimistic host seq_lens in zero-bubble's corrected steps (the plants of
+    test_engine.py's ZERO_BUBBLE_PLANTS that change tokens) change request 0's tokens within its first three
+    output tokens on the MLA path too, against the unplanted async+zb run."""
+    out = str(tmp_path_factory.mktemp("mla_plants"))
+    models = os.path.join(out, "models")
+    tiny_model.write_deepseek_model(models)
+    wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": 3})
+    old = os.environ.get(CHILD_ENV)
+    os.environ[CHILD_ENV] = LAUNCHER
+    try:
+        jobs = [
+            lambda p=p: run_config("async+zb", models, os.path.join(out, p), wl, (*DRAFTER, "--plant", p))
+            for p in TOKEN_PLANTS
+        ]
+        for p in TOKEN_PLANTS:
+            os.makedirs(os.path.join(out, p))
+        done = run_all(jobs, parallel=2)
+    finally:
+        if old is None:
+            os.environ.pop(CHILD_ENV, None)
+        else:
+            os.environ[CHILD_ENV] = old
+    reference = sweep["released"][3]["async+zb"]
+    for plant, run in zip(TOKEN_PLANTS, done):
+        assert run.result is not None, (plant, run.log[-2000:])
+        assert run.result["plant_hits"].get(plant, 0) > 0, plant
+        first = divergences(reference, run.result)[0]
+        print(f"\n{plant}: first divergence {first}")
+        index = re.match(r"0 tokens: first difference at output index (\d+)", first)
+        assert index and int(index.group(1)) <= 2, (plant, first)
