@@ -509,9 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--workload", metavar="JSON", help="workload fields as JSON (zb_patch.check.engine.workload)")
     eng.add_argument(
         "--drafter",
-        choices=("eagle", "mtp"),
+        choices=("eagle", "mtp", "deepseek-mtp"),
         default="eagle",
-        help="eagle: Llama target + EAGLE head (default); mtp: MiMo target drafting with its own MTP layer",
+        help="eagle: Llama target + EAGLE head (default); mtp: MiMo target drafting with its own MTP layer; "
+        "deepseek-mtp: DeepSeek-V3-style MLA target drafting with its own MTP layer",
     )
     eng.add_argument(
         "--no-classic",

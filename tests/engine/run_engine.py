@@ -31,6 +31,12 @@ def main(argv: list[str]) -> int:
         "async-output thread is removed, so the output is made inline): the engine core then processes each step's "
         "output before it schedules the next -- the side of the race the async-output thread wins now and then",
     )
+    ap.add_argument(
+        "--mla-rope-rows-copied",
+        action="store_true",
+        help="vllm-ascend 0.18's MLA decode metadata gets its own copy of the RoPE rows (cos / sin) instead of views "
+        "of the one static buffer every later build overwrites (docs/e2e.md, Findings 8): diagnostic",
+    )
     args, rest = ap.parse_known_args(argv)
 
     # before install() imports vLLM: the child needs the EngineCore in this process (the emulation lives here)
@@ -40,14 +46,21 @@ def main(argv: list[str]) -> int:
     npu_engine.install()
     if args.output_ready_early:
         _output_ready_early()
+    if args.mla_rope_rows_copied:
+        _mla_rope_rows_copied()
     from zb_patch.check.engine import child
 
     def after_build() -> dict:
         import plants
 
+        from npu_ops import mla
+
         # zb-patch's kernels compiled while the engine started (ZeroBubble.compile_kernels), before any request
         zb = plants.applied_zero_bubble()
         started = {"zb_compile_seconds": list(zb.compile_seconds)} if zb is not None else {}
+        # the emulated MLA ops' calls by mode while generating (a live Counter; empty for a dense model)
+        mla.CALLS.clear()
+        started["mla_op_calls"] = mla.CALLS
         if not args.plant:
             return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)
@@ -59,6 +72,22 @@ def main(argv: list[str]) -> int:
         after_build=after_build,
         device=lambda: EMULATED_DEVICE,
     )
+
+
+def _mla_rope_rows_copied() -> None:
+    """``get_cos_and_sin_mla(positions, use_cache=True)`` as vllm-ascend's MLA builder calls it for decode metadata
+    (0.18: ``_cos_mla[:n] = rows``, then the views ``_cos_mla[:n]`` / ``_sin_mla[:n]``): the same rows, written to the
+    buffer as before, returned as copies, so a later build (the MTP drafter builds every draft position's metadata
+    before its model runs) no longer changes an earlier one's."""
+    import vllm_ascend.attention.mla_v1 as mla_v1
+
+    release = mla_v1.get_cos_and_sin_mla
+
+    def get_cos_and_sin_mla(positions, use_cache=False):
+        cos, sin = release(positions, use_cache)
+        return (cos.clone(), sin.clone()) if use_cache else (cos, sin)
+
+    mla_v1.get_cos_and_sin_mla = get_cos_and_sin_mla
 
 
 def _output_ready_early() -> None:

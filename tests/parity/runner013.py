@@ -12,12 +12,22 @@ the per-KV-group attention-metadata loop** that builds ``AscendCommonAttentionMe
 builds the attention metadata: from there on the driver is in phase ``prepare_inputs:after``. There is no
 ``synchronize_input_prep`` in the release; the padded drafter's ``prepare_next_token_ids_padded`` reads the
 backup index from the common metadata's ``seq_lens_cpu``.
+
+With the MLA target (``method="mtp"``, :mod:`mla_harness`) the builder is the release's real
+``AscendMLAMetadataBuilder`` (wrapped to record what it is handed and what it builds); the runner runs as in an
+engine with FULL_DECODE_ONLY graphs (its own ``compilation_config`` copy says so, the dispatcher is
+:class:`mla_harness.FullDecodeDispatcher`), so the release's metadata loop pads uniform-decode batches itself, and
+on a FULL step ``update_mla_attn_params`` runs against :class:`mla_harness.GraphUpdateRecorder`. The drafter is the
+release's ``MtpProposer``: ``propose_draft_token_ids`` -> ``_propose`` runs for real, its model replaced by
+:class:`DraftModelRecorder`, which records the metadata of every draft step as the model reads it.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import mla_harness as M
 import runner_harness as H
 
 from zb_patch.versions.ascend_0_13 import ADAPTER, ZERO_BUBBLE  # noqa: F401  (the release table)
@@ -49,9 +59,9 @@ class RecordingBuilder:
 
 
 class _AttnGroup:
-    def __init__(self, builder: RecordingBuilder) -> None:
+    def __init__(self, builder: Any, layer_names: list[str]) -> None:
         self.builder = builder
-        self.layer_names = [LAYER]
+        self.layer_names = layer_names
 
     def get_metadata_builder(self, ubatch_id: int = 0) -> RecordingBuilder:
         return self.builder
@@ -72,8 +82,11 @@ class Driver(H.Driver):
 
     def __init__(self, runner: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(runner, *args, **kwargs)
-        self.builder = RecordingBuilder()
-        runner.attn_groups = [[_AttnGroup(self.builder)]]
+        self.mla = runner.model_config.use_mla
+        self.builder = MLARecordingBuilder(self, runner) if self.mla else RecordingBuilder()
+        runner.attn_groups = [[_AttnGroup(self.builder, list(M.TARGET_LAYERS) if self.mla else [LAYER])]]
+        if self.mla:
+            self._install_mla(runner)
 
     def prepare_step(self, runner: Any, so: Any) -> H.StepInputs | None:
         with self.in_phase("update_states"):
@@ -82,8 +95,25 @@ class Driver(H.Driver):
             return None
         self.builder.last = None
         with self.in_phase("prepare_inputs:release"):
-            (_, positions_t, _, _, _, _, _, spec_meta, input_ids_t, _, _, _, _, _) = runner._prepare_inputs(so, None)
+            (
+                attn_metadata,
+                positions_t,
+                _,
+                num_input_tokens,
+                _,
+                padded_tokens,
+                _,
+                spec_meta,
+                input_ids_t,
+                _,
+                _,
+                _,
+                _,
+                _,
+            ) = runner._prepare_inputs(so, None)
         meta = self.builder.last
+        if self.mla:
+            self._after_prepare_mla(runner, so, attn_metadata, positions_t, num_input_tokens, padded_tokens)
         if meta is None:
             raise AssertionError("the release built no attention metadata")
         n = runner.input_batch.num_reqs
@@ -108,9 +138,171 @@ class Driver(H.Driver):
     def spec_common_metadata(self, runner: Any) -> Any:
         return runner.spec_decode_common_attn_metadata
 
+    # -- the MLA group (mla_harness) ---------------------------------------------------------------------------
+    def _install_mla(self, runner: Any) -> None:
+        """What a FULL_DECODE_ONLY engine sets up for a DeepSeek-V3 target with its MTP layer, without a model: the
+        runner's own compilation config in FULL_DECODE_ONLY mode (a copy: the session's config is shared), its
+        capture sizes, the dispatcher stand-in; the MTP proposer's draft layer and its model recorder."""
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import BatchDescriptor
+
+        runner.compilation_config = copy.copy(runner.compilation_config)
+        runner.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        dispatcher = M.FullDecodeDispatcher(runner.uniform_decode_query_len, runner.max_num_reqs, BatchDescriptor)
+        runner.cudagraph_dispatcher = dispatcher
+        runner.cudagraph_batch_sizes = [s * dispatcher.q for s in dispatcher.sizes]
+        drafter = runner.drafter
+        drafter.attn_layer_names = [M.DRAFT_LAYER]
+        drafter.model = DraftModelRecorder(self, runner.model_config.get_vocab_size())
+        if not hasattr(runner, "model"):  # the proposer hands the builder runner.get_model() (unused by MLA)
+            import torch
+
+            runner.model = torch.nn.Module()
+        M.triton_core_counts()
+        self.graph_updates = M.GraphUpdateRecorder("npu_fused_infer_attention_score", 16)
+        self._attn_metadata: Any = None
+
+    def _after_prepare_mla(
+        self, runner: Any, so: Any, attn_metadata: Any, positions: Any, num_input_tokens: int, padded_tokens: int
+    ) -> None:
+        """Records the target's metadata; then execute_model's dispatch and, on a FULL step, the forward's parameter
+        update (``_generate_process_reqs_hidden_states`` -> ``update_mla_attn_params``)."""
+        import torch
+        import vllm_ascend.compilation.acl_graph as acl_graph
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+        from vllm_ascend.ascend_forward_context import set_ascend_forward_context
+
+        metas = {id(attn_metadata[layer]) for layer in M.TARGET_LAYERS}
+        assert len(metas) == 1 and set(attn_metadata) == set(M.TARGET_LAYERS), sorted(attn_metadata)
+        self._attn_metadata = attn_metadata
+        record: dict[str, Any] = {"target": M.flatten(attn_metadata[M.TARGET_LAYERS[0]])}
+        n = runner.input_batch.num_reqs
+        max_q = max(so.num_scheduled_tokens.values())
+        uniform = max_q == runner.uniform_decode_query_len and so.total_num_scheduled_tokens == n * max_q
+        mode, desc = runner.cudagraph_dispatcher.dispatch(num_tokens=num_input_tokens, uniform_decode=uniform)
+        if mode == CUDAGraphMode.FULL:
+            graph_params = self.graph_updates.graph_params(padded_tokens, list(attn_metadata))
+            self.graph_updates.calls = []
+            saved = acl_graph.get_graph_params
+            acl_graph.get_graph_params = lambda: graph_params
+            try:
+                with (
+                    set_ascend_forward_context(
+                        attn_metadata,
+                        runner.vllm_config,
+                        num_tokens=desc.num_tokens,
+                        aclgraph_runtime_mode=mode,
+                        batch_descriptor=desc,
+                    ),
+                    self.graph_updates.recording(),
+                ):
+                    acl_graph.update_mla_attn_params(
+                        torch.npu.current_stream(),  # runner.update_stream exists once graphs are captured
+                        get_forward_context(),
+                        padded_tokens,
+                        runner.speculative_config,
+                    )
+            finally:
+                acl_graph.get_graph_params = saved
+            record["graph_update"] = list(self.graph_updates.calls)
+        self.mla_records[self.step] = record
+
+    def run_drafter(self, runner: Any, st: H.StepState, sampler_output: Any) -> tuple[Any, Any]:
+        """The release's ``propose_draft_token_ids`` (``MtpProposer``): ``prepare_next_token_ids_padded`` (its results
+        kept for the fake drafts), the valid counts' copy, ``prepare_inputs_padded``, ``_propose`` with the model
+        recorder."""
+        if not self.mla:
+            return super().run_drafter(runner, st, sampler_output)
+        import torch
+
+        drafter = runner.drafter
+        prepare = type(drafter).prepare_next_token_ids_padded
+        kept: list = []
+
+        def prepare_kept(*args: Any, **kwargs: Any) -> Any:
+            kept.append(prepare(drafter, *args, **kwargs))
+            return kept[-1]
+
+        drafter.prepare_next_token_ids_padded = prepare_kept
+        record = self.mla_records[self.step]
+        record["draft"], record["draft_built"] = [], []
+        try:
+            runner.propose_draft_token_ids(
+                sampler_output.sampled_token_ids,
+                runner.input_batch.sampling_metadata,
+                st.so,
+                st.spec_meta,
+                runner.positions.gpu[: st.total],
+                st.total,
+                torch.zeros(st.total, runner.model_config.get_hidden_size()),
+                self._attn_metadata,
+            )
+        finally:
+            del drafter.prepare_next_token_ids_padded
+        return kept[0]
+
     def draft_ids_unfilled(self, rid: str, num_drafts: int) -> bool:
         # re-added this step with draft placeholders: the device scatter covers rows of the previous batch only; the
         # adapter's stale-draft-placeholders fix writes the request's own drafts there (compared like any id)
         if "stale-draft-placeholders" in self.applied:
             return False
         return rid not in (self.runner.input_batch.prev_req_id_to_index or {})
+
+
+class MLARecordingBuilder:
+    """The release's ``AscendMLAMetadataBuilder`` (for the target's layers; 0.13's MTP proposer builds its first
+    pass with the same builder), recording as :class:`RecordingBuilder` does what it is handed, and the metadata it
+    builds while the proposer runs (``draft_built``)."""
+
+    def __init__(self, driver: Driver, runner: Any) -> None:
+        from vllm_ascend.attention.mla_v1 import AscendMLAMetadataBuilder
+
+        self.driver = driver
+        self.real = M.make_builder(
+            AscendMLAMetadataBuilder, runner.vllm_config, runner.kv_cache_config, list(M.TARGET_LAYERS)
+        )
+        self.calls = 0
+        self.last: dict | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        meta = self.real.build(common_prefix_len, common_attn_metadata, *args, **kwargs)
+        if self.driver.phase == "sample":
+            self.driver.mla_records[self.driver.step]["draft_built"].append(M.flatten(meta))
+            return meta
+        cm = common_attn_metadata
+        n = cm.num_reqs
+        self.calls += 1
+        self.last = dict(
+            num_reqs=n,
+            seq_lens_cpu=[int(x) for x in cm.seq_lens_cpu[:n]],
+            num_computed_cpu=[int(x) for x in cm.num_computed_tokens_cpu[:n]],
+            seq_lens_gpu=[int(x) for x in cm.seq_lens[:n]],
+            metadata=cm,
+        )
+        return meta
+
+
+class DraftModelRecorder:
+    """Stands in for 0.13's MTP draft model: each call records the draft layer's metadata as the model would read it
+    (the forward context's) and the positions it is handed, and returns the hidden states unchanged;
+    ``compute_logits`` gives zeros (the drafts come from the fake model)."""
+
+    def __init__(self, driver: Driver, vocab_size: int) -> None:
+        self.driver, self.vocab_size = driver, vocab_size
+
+    def __call__(self, input_ids: Any = None, positions: Any = None, hidden_states: Any = None, **kwargs: Any) -> Any:
+        from vllm.forward_context import get_forward_context
+
+        flat = M.flatten(get_forward_context().attn_metadata[M.DRAFT_LAYER])
+        flat["model.positions"] = tuple(int(p) for p in positions.tolist())
+        self.driver.mla_records[self.driver.step]["draft"].append(flat)
+        return hidden_states
+
+    def compute_logits(self, hidden_states: Any) -> Any:
+        import torch
+
+        return torch.zeros(hidden_states.shape[0], self.vocab_size)

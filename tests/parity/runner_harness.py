@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import mla_harness
 import numpy as np
 
 from zb_patch.check.selftest import compat, fakemodel
@@ -60,6 +61,7 @@ from zb_patch.check.selftest.workload import RequestSpec, make_workload
 
 ARCH = "ZbRunnerParityForCausalLM"
 EAGLE_ARCH = "EagleZbRunnerParityForCausalLM"
+MTP_ARCH = "DeepSeekMTPModel"  # what vLLM makes of a deepseek_v3 target's MTP layer
 
 # The scheduler / batch edge cases a run counts (RunResult.edges; the zero-bubble bookkeeping is wrong in a different
 # way in each): a request given fewer drafts than it held, by the token budget or near max_model_len; a request that
@@ -87,6 +89,7 @@ EDGE_CASES = (
 class Session:
     model_dir: str
     draft_dir: str
+    mla_dir: str  # a DeepSeek-V3-style target (MLA) with one MTP layer (mla_harness)
     configs: dict = field(default_factory=dict)
 
 
@@ -119,7 +122,10 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
     """Process-global state for the run, restored on exit: the current platform (device "cpu", Ascend attention
     backends), ``plugins_loaded`` (config creation must not load general plugins), two config-only model
     architectures, the prefix-cache root hash, and ``torch.Tensor.pin_memory`` (vllm-ascend 0.18's
-    ``_calc_spec_decode_metadata`` pins unconditionally; there is no accelerator to pin for)."""
+    ``_calc_spec_decode_metadata`` pins unconditionally; there is no accelerator to pin for). The MLA target's MTP
+    draft resolves to vLLM's ``DeepSeekMTPModel`` (``SpeculativeConfig.hf_config_override``): for the duration that
+    name is served by the config-only EAGLE architecture's entry (no model-inspection subprocess, nothing loaded),
+    and ``Tensor.npu()`` (vllm-ascend's MLA builder moves context-chunk lengths with it) is ``.to("cpu")``."""
     import torch
     import vllm.platforms as platforms
     import vllm.plugins as plugins
@@ -164,6 +170,8 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
         plugins.plugins_loaded,
         getattr(kv_utils, "NONE_HASH", None),
         torch.Tensor.pin_memory,
+        ModelRegistry.models.get(MTP_ARCH),
+        torch.Tensor.__dict__.get("npu"),
     )
     registered = []
     tmp = tempfile.TemporaryDirectory(prefix="zb-runner-parity-")
@@ -171,15 +179,21 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
         platforms._current_platform = RunnerPlatform()
         plugins.plugins_loaded = True
         torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+        torch.Tensor.npu = lambda self, *a, **k: self.to("cpu")  # type: ignore[attr-defined]
         for name in (ARCH, EAGLE_ARCH):
             if name not in ModelRegistry.get_supported_archs():
                 ModelRegistry.register_model(name, type(name, (_Base,), {}))
                 registered.append(name)
+        ModelRegistry.models[MTP_ARCH] = ModelRegistry.models[EAGLE_ARCH]
         kv_utils.init_none_hash(sha256)
         model_dir, draft_dir = os.path.join(tmp.name, "target"), os.path.join(tmp.name, "eagle")
         _write_model_dir(model_dir, ARCH, 2, vocab_size)
         _write_model_dir(draft_dir, EAGLE_ARCH, 1, vocab_size)
-        yield Session(model_dir, draft_dir)
+        mla_dir = os.path.join(tmp.name, "mla")
+        os.makedirs(mla_dir)
+        with open(os.path.join(mla_dir, "config.json"), "w") as f:
+            json.dump(mla_harness.model_config(ARCH, vocab_size), f)
+        yield Session(model_dir, draft_dir, mla_dir)
     finally:
         for name in registered:
             ModelRegistry.models.pop(name, None)
@@ -187,12 +201,21 @@ def session(vocab_size: int = 512) -> Iterator[Session]:
         if saved[2] is not None:
             kv_utils.NONE_HASH = saved[2]
         torch.Tensor.pin_memory = saved[3]  # type: ignore[method-assign]
+        if saved[4] is None:
+            ModelRegistry.models.pop(MTP_ARCH, None)
+        else:
+            ModelRegistry.models[MTP_ARCH] = saved[4]
+        if saved[5] is None:
+            del torch.Tensor.npu  # type: ignore[attr-defined]
+        else:
+            torch.Tensor.npu = saved[5]  # type: ignore[attr-defined]
         tmp.cleanup()
 
 
 def build_config(
     sess: Session, shape: EngineShape, *, async_scheduling: bool = True, method: str = "eagle", **spec_extra: Any
 ) -> Any:
+    """``method="mtp"``: the MLA target (``sess.mla_dir``) with its own MTP layer as the draft."""
     key = (shape, async_scheduling, method, tuple(sorted(spec_extra.items())))
     if key in sess.configs:
         return sess.configs[key]
@@ -202,7 +225,7 @@ def build_config(
     if method in ("eagle", "eagle3"):
         spec["model"] = sess.draft_dir
     args = EngineArgs(
-        model=sess.model_dir,
+        model=sess.mla_dir if method == "mtp" else sess.model_dir,
         skip_tokenizer_init=True,
         load_format="dummy",
         dtype="float32",
@@ -230,6 +253,8 @@ def kv_cache_config(vllm_config: Any, shape: EngineShape) -> Any:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
+    if vllm_config.model_config.use_mla:
+        return mla_harness.kv_cache_config(vllm_config, shape)
     spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
     vllm_config.cache_config.num_gpu_blocks = shape.num_blocks
     return KVCacheConfig(
@@ -444,6 +469,8 @@ class Driver:
         # graph's task-group update (seq_lens_list) and the drafter's FULL-graph pad branch read, up to the padded
         # count <= max_num_reqs)
         self.padded_seq_lens: dict[int, tuple] = {}
+        # per step, with an MLA group: what the MLA builders built (mla_harness: "target", "draft", "graph_update")
+        self.mla_records: dict[int, dict[str, Any]] = {}
         self.input_prep_waits = 0
         self.input_prep_records = 0
         self.state: StepState | None = None
@@ -492,6 +519,22 @@ class Driver:
     def draft_ids_unfilled(self, rid: str, num_drafts: int) -> bool:
         """Whether the release cannot fill this row's draft input ids (they are then not compared)."""
         return False
+
+    def run_drafter(self, runner: Any, st: StepState, sampler_output: Any) -> tuple[Any, Any]:
+        """The release's ``propose_draft_token_ids`` up to the draft model: the proposer's next-token ids and valid
+        counts (``prepare_next_token_ids_padded``), the valid counts' copy. Returns (next token ids, valid counts);
+        the drafts themselves come from the fake model. A release driver with an MLA group runs the release's
+        proposer further (its attention metadata per draft position)."""
+        next_ids, valid = runner.drafter.prepare_next_token_ids_padded(
+            self.spec_common_metadata(runner),
+            sampler_output.sampled_token_ids,
+            runner.requests,
+            runner.input_batch,
+            runner.discard_request_indices.gpu,
+            runner.num_discarded_requests,
+        )
+        runner._copy_valid_sampled_token_count(next_ids, valid)
+        return next_ids, valid
 
     # -- execute_model -----------------------------------------------------------------------------
     def execute_model(self, so: Any, step: int) -> bool:
@@ -603,15 +646,7 @@ class Driver:
             st.so, sampler_output, None, hidden_t, st.total, st.spec_meta
         )
         num_computed_drafter = runner.input_batch.num_computed_tokens_cpu[:n].tolist()
-        next_ids, valid = runner.drafter.prepare_next_token_ids_padded(
-            self.spec_common_metadata(runner),
-            sampler_output.sampled_token_ids,
-            runner.requests,
-            runner.input_batch,
-            runner.discard_request_indices.gpu,
-            runner.num_discarded_requests,
-        )
-        runner._copy_valid_sampled_token_count(next_ids, valid)
+        next_ids, valid = self.run_drafter(runner, st, sampler_output)
         nxt, valid_np = next_ids.numpy().astype(np.int64), valid.numpy().astype(np.int64)
         drafts = fakemodel.propose(
             st.hidden,
@@ -847,6 +882,7 @@ class RunResult:
     prepared_steps: int  # steps whose inputs were prepared (something was scheduled)
     seconds: float
     padded_seq_lens: dict
+    mla_records: dict
     edges: dict
     streams: dict
     finish: dict
@@ -908,7 +944,9 @@ def run_mode(
     kvc = kv_cache_config(vc, shape)
     driver_ref: list = []
     t0 = time.time()
-    with phase_spy(release.Driver, driver_ref):
+    mla = vc.model_config.use_mla
+    rope = mla_harness.mla_session(vc) if mla else contextlib.nullcontext()
+    with phase_spy(release.Driver, driver_ref), rope:
         execute_patch = None
         applied: set[str] = set()
         if patched:
@@ -980,6 +1018,7 @@ def run_mode(
         input_prep_records=driver.input_prep_records,
         prepared_steps=len(driver.records),
         padded_seq_lens=driver.padded_seq_lens,
+        mla_records=driver.mla_records,
         edges=dict(driver.edges),
         seconds=round(time.time() - t0, 2),
         streams=run.streams,
@@ -990,10 +1029,14 @@ def run_mode(
     )
 
 
-def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[str], str | None]:
+def compare(
+    ref: RunResult, got: RunResult, limit: int = 20, kinds: dict[str, int] | None = None
+) -> tuple[int, list[str], str | None]:
     """Per-step comparison of everything the forward, the padded attention metadata and the drafter saw and
-    produced (per request, plus the padded device seq_lens rows), then the token streams. Returns the number of
-    divergences, up to ``limit`` examples, and what diverged first (a RowRecord field, ``"padded_seq_lens"``, ...)."""
+    produced (per request, plus the padded device seq_lens rows; with an MLA group every field of what its builders
+    built, mla_harness), then the token streams. Returns the number of divergences, up to ``limit`` examples, and
+    what diverged first (a RowRecord field, ``"padded_seq_lens"``, ``"mla target"``, ...); ``kinds`` (if given)
+    receives the count per kind."""
     diffs = 0
     examples: list[str] = []
     first: str | None = None
@@ -1002,6 +1045,8 @@ def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[
         nonlocal diffs, first
         diffs += 1
         first = first or what
+        if kinds is not None:
+            kinds[what] = kinds.get(what, 0) + 1
         if len(examples) < limit:
             examples.append(msg)
 
@@ -1019,6 +1064,11 @@ def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[
         pa, pb = ref.padded_seq_lens.get(step), got.padded_seq_lens.get(step)
         if pa != pb:
             note("padded_seq_lens", f"step {step} padded seq_lens rows: {pa} vs {pb}")
+        ma, mb = ref.mla_records.get(step, {}), got.mla_records.get(step, {})
+        for part in sorted(set(ma) | set(mb)):
+            for key, va, vb in mla_fields(ma.get(part), mb.get(part)):
+                if va != vb:
+                    note(f"mla {part}", f"step {step} MLA {part} {key}: {_short(va)} vs {_short(vb)}")
     if ref.steps != got.steps:
         note("steps", f"steps: {ref.steps} vs {got.steps}")
     for rid in sorted(set(ref.streams) | set(got.streams)):
@@ -1028,6 +1078,59 @@ def compare(ref: RunResult, got: RunResult, limit: int = 20) -> tuple[int, list[
         if getattr(ref, attr) != getattr(got, attr):
             note(attr, f"{attr}: {getattr(ref, attr)} vs {getattr(got, attr)}")
     return diffs, examples, first
+
+
+def mla_fields(a: Any, b: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(field, unpatched value, patched value) of one recorded MLA part: a flattened metadata dict, a list of them
+    (one per draft position / per layer update), or None when the step did not build it."""
+    if isinstance(a, list) or isinstance(b, list):
+        a, b = a or [], b or []
+        for i in range(max(len(a), len(b))):
+            for key, va, vb in mla_fields(a[i] if i < len(a) else None, b[i] if i < len(b) else None):
+                yield f"[{i}].{key}", va, vb
+        return
+    a, b = a or {}, b or {}
+    for key in sorted(set(a) | set(b)):
+        yield key, a.get(key, "<absent>"), b.get(key, "<absent>")
+
+
+def mla_coverage(res: RunResult) -> dict[str, Any]:
+    """What a run's MLA records cover: per part, the steps that recorded it, the distinct fields and the values
+    compared; the steps whose prefill loaded its context in chunks (and in two or more), the FULL steps whose batch
+    was padded (a 0 kv length in the graph update), the most draft positions recorded in a step."""
+    import re
+
+    steps: dict[str, int] = defaultdict(int)
+    names: dict[str, set] = defaultdict(set)
+    values: dict[str, int] = defaultdict(int)
+    chunked = multi_chunk = padded_full = max_drafts = 0
+    for rec in res.mla_records.values():
+        for part, v in rec.items():
+            steps[part] += 1
+            for key, _, _ in mla_fields(v, v):
+                names[part].add(re.sub(r"^\[\d+\]\.", "", key))
+                values[part] += 1
+        chunks = rec["target"].get("prefill.chunked_context.seq_tot") or ()
+        chunked += bool(chunks)
+        multi_chunk += len(chunks) >= 2
+        for call in rec.get("graph_update", [])[:1]:
+            kv = call.get("actual_seq_kvlen", call.get("actual_seq_lengths_kv")) or (1,)
+            padded_full += kv[-1] == 0
+        max_drafts = max(max_drafts, len(rec.get("draft", ())))
+    return {
+        "steps": dict(steps),
+        "fields": {p: len(n) for p, n in names.items()},
+        "values": dict(values),
+        "context_chunk_steps": chunked,
+        "multi_chunk_steps": multi_chunk,
+        "padded_full_steps": padded_full,
+        "max_draft_positions": max_drafts,
+    }
+
+
+def _short(v: Any, width: int = 160) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def zero_bubble_and_fix_ids(adapter: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -1085,15 +1188,19 @@ def parity(
             method=method,
             runner_hook=runner_hook,
         )
-    diffs, examples, first = compare(ref, got)
+    kinds: dict[str, int] = {}
+    diffs, examples, first = compare(ref, got, kinds=kinds)
     return {
         "k": shape.num_spec_tokens,
         "iterations": iterations,
         "divergences": diffs,
         "examples": examples,
         "first_divergence": first,
+        "divergence_kinds": kinds,
         "waits_for_input_prep": release.ZERO_BUBBLE.waits_for_input_prep,
         "unpatched": ref.summary(),
         "patched": got.summary(),
+        "mla": mla_coverage(ref),
+        "mla_records": (ref.mla_records, got.mla_records),
         "runners": (ref.runner, got.runner),
     }

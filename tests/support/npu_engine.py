@@ -62,12 +62,22 @@ def install() -> None:
         torch.Tensor.pin_memory = _pageable
         # Device memory accounting (load_model's DeviceMemoryProfiler): nothing lives in device memory here.
         NPUPlatform.get_current_memory_usage = classmethod(lambda cls, device=None: 0.0)
+        # vllm-ascend's MLA builder allocates its context-chunk bounds with torch.zeros(..., pin_memory=True) (0.13 /
+        # 0.18 mla_v1.build_chunked_metadata): pageable here, as .pin_memory() above
+        import importlib
+
+        importlib.import_module("vllm_ascend.ops")  # first, as the worker imports it
+        mla_v1 = importlib.import_module("vllm_ascend.attention.mla_v1")
+        mla_v1.torch = _HostZerosPageable(torch)
     else:
         # The platform's device is CUDA: vLLM derives torch.device(device_type) and its process groups' devices from
         # these; the release's own is_pin_memory_available (True) stays.
         NPUPlatform.device_type = NPUPlatform.device_name = "cuda"
         NPUPlatform.get_current_memory_usage = classmethod(_cuda_memory_usage)
     npu_ops.bind(torch_npu)
+    # torch_npu's Tensor.npu(): to the NPU, which is the stand-in's device (vllm-ascend's MLA builder moves its
+    # context-chunk lengths with it)
+    torch.Tensor.npu = lambda self, *args, **kwargs: self.to(device)
     if device == "cuda":
         # vllm-ascend's proposers allocate device tensors with pin_memory=<runner.pin_memory> (0.18:
         # eagle_proposer, 0.23: llm_base_proposer, `torch.zeros(..., device=device, pin_memory=...)`). torch_npu's
@@ -118,6 +128,22 @@ class _DeviceTensorsUnpinned:
         if pin_memory and device is not None and self._torch.device(device).type != "cpu":
             pin_memory = False
         return self._torch.zeros(*size, device=device, pin_memory=pin_memory, **kwargs)
+
+
+class _HostZerosPageable:
+    """``torch`` for one release module on the CPU stand-in: ``zeros(..., pin_memory=True)`` allocates pageable memory
+    (page locking needs the device driver and changes no value); every other name is torch's own."""
+
+    def __init__(self, torch_module):
+        self._torch = torch_module
+
+    def __getattr__(self, name):
+        value = getattr(self._torch, name)
+        setattr(self, name, value)
+        return value
+
+    def zeros(self, *size, pin_memory=False, **kwargs):
+        return self._torch.zeros(*size, **kwargs)
 
 
 def _counts_after_a_guard_element(launch):

@@ -6,11 +6,19 @@ implement. ``bind(torch_npu)`` hangs them on the torch_npu stand-in.
 
 from __future__ import annotations
 
-from . import activation, attention, kv_cache, norm, rope
+from . import activation, attention, kv_cache, mla, norm, rope
 
-TORCH_NPU_OPS: dict[str, object] = {**norm.OPS, **activation.OPS, **kv_cache.OPS, **attention.OPS, **rope.OPS}
+TORCH_NPU_OPS: dict[str, object] = {
+    **norm.OPS,
+    **activation.OPS,
+    **kv_cache.OPS,
+    **attention.OPS,
+    **rope.OPS,
+    **mla.OPS,
+}
 
 
 def bind(torch_npu) -> None:
     for name, fn in TORCH_NPU_OPS.items():
         setattr(torch_npu, name, fn)
+    torch_npu.atb = mla.atb_namespace()  # torch_npu.atb.npu_ring_mla / npu_paged_cache_load (MLA prefill)

@@ -23,7 +23,8 @@ Implemented mode -- exactly how ``forward_fused_infer_attention`` calls it for e
 Returns ``(attention_out [T, N, D], softmax_lse [T, N, 1] float32)``; softmax in float32.
 ``query`` / ``key`` / ``value`` are float16 or bfloat16, one dtype (the op's documented types; int8 only with the
 quantisation arguments): float32 is refused, as the NPU refuses it.
-Every other layout, sparse mode, quantisation, pse/sink/rope argument raises NotImplementedError.
+Every other layout, sparse mode, quantisation, pse/sink argument raises NotImplementedError. With ``query_rope`` the
+call is FIA's MLA mode (vllm-ascend 0.13's ``AscendMLAImpl``), implemented in ``mla.py`` (``fia_v1_mla``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ def npu_fused_infer_attention_score(
     block_size: int = 0,
     **other,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if other.get("query_rope") is not None:  # the MLA mode (vllm-ascend 0.13's AscendMLAImpl): npu_ops/mla.py
+        from .mla import fia_v1_mla
+
+        return fia_v1_mla(
+            query,
+            key,
+            value,
+            atten_mask=atten_mask,
+            actual_seq_lengths=actual_seq_lengths,
+            actual_seq_lengths_kv=actual_seq_lengths_kv,
+            num_heads=num_heads,
+            scale=scale,
+            input_layout=input_layout,
+            num_key_value_heads=num_key_value_heads,
+            sparse_mode=sparse_mode,
+            block_table=block_table,
+            block_size=block_size,
+            **other,
+        )
     only_defaults(
         OP, other, {"pre_tokens": _INT_MAX, "next_tokens": _INT_MAX, "inner_precise": 0, "softmax_lse_flag": False}
     )

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-DRAFTERS = ("eagle", "mtp")
+DRAFTERS = ("eagle", "mtp", "deepseek-mtp")
 
 
 def npu_device() -> dict:
@@ -63,7 +63,8 @@ def main(
         "--drafter",
         choices=DRAFTERS,
         default="eagle",
-        help="eagle: Llama target + EAGLE head (write_models); mtp: MiMo target, its own MTP layer (write_mtp_model)",
+        help="eagle: Llama target + EAGLE head (write_models); mtp: MiMo target, its own MTP layer (write_mtp_model); "
+        "deepseek-mtp: DeepSeek-V3-style MLA target, its own MTP layer (write_deepseek_model)",
     )
     args = ap.parse_args(argv)
     if args.check_device:
@@ -80,6 +81,13 @@ def main(
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
+    if args.drafter == "deepseek-mtp":
+        # the platform's global patches first, as LLM(...) applies them (EngineArgs.create_engine_config): vllm-ascend
+        # replaces vLLM's MLAAttentionSpec, which vLLM's KV-cache managers key by class when _observe_scheduler
+        # imports them (an MLA model only; the other drafters' models keep the order they were measured with)
+        from vllm.platforms import current_platform
+
+        current_platform.pre_register_and_update()
     counts, per_pos, scheduling = _observe_scheduler()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -134,8 +142,9 @@ def main(
 
 def _target_and_draft(models: str, drafter: str, k: int) -> tuple[str, dict]:
     """The target directory and the speculative config of ``drafter`` (the layout of .model's writers)."""
-    if drafter == "mtp":  # the draft is the target checkpoint's own MTP layer
-        return os.path.join(models, "mimo"), {"method": "mtp", "num_speculative_tokens": k}
+    if drafter in ("mtp", "deepseek-mtp"):  # the draft is the target checkpoint's own MTP layer
+        name = "mimo" if drafter == "mtp" else "deepseek"
+        return os.path.join(models, name), {"method": "mtp", "num_speculative_tokens": k}
     draft = os.path.join(models, "eagle")
     return os.path.join(models, "target"), {"method": "eagle", "model": draft, "num_speculative_tokens": k}
 

@@ -73,12 +73,12 @@ FUTURE = 16
 GATE = 40.0
 
 
-def _rope_theta() -> torch.Tensor:
-    return ROPE_THETA ** (-torch.arange(HEAD_DIM // 2, dtype=torch.float64) * 2 / HEAD_DIM)
+def _rope_theta(rope_dim: int = HEAD_DIM) -> torch.Tensor:
+    return ROPE_THETA ** (-torch.arange(rope_dim // 2, dtype=torch.float64) * 2 / rope_dim)
 
 
 def score_kernel(
-    distance: int, peak: float, future: int = 0, future_wins: bool = False
+    distance: int, peak: float, future: int = 0, future_wins: bool = False, rope_dim: int = HEAD_DIM
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, b): g(d) = sum_i a_i cos(theta_i d) + b_i sin(theta_i d) over the RoPE frequencies theta_i with
     g(distance) = peak, g(d) <= peak - 1 for the other d in [0, MAX_POS), and for d in [-future, 0) (keys ahead of
@@ -87,7 +87,7 @@ def score_kernel(
     import numpy as np
     from scipy.optimize import linprog
 
-    theta = _rope_theta().numpy()
+    theta = _rope_theta(rope_dim).numpy()
     d = np.arange(-future, MAX_POS, dtype=np.float64)
     basis = np.hstack([np.cos(np.outer(d, theta)), np.sin(np.outer(d, theta))])
     other, ahead = d != distance, np.zeros_like(d, dtype=bool)
@@ -369,4 +369,217 @@ def mtp_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor
     for proj_name in ("q_proj", "k_proj", "v_proj"):
         rows = w[f"{p}.self_attn.{proj_name}.weight"].shape[0]
         w[f"{p}.self_attn.{proj_name}.bias"] = torch.zeros(rows)
+    return w
+
+
+# -- DeepSeek-V3-style: MLA attention + its MTP layer (write_deepseek_model), docs/e2e.md "DeepSeek MLA + MTP" -----
+
+# The widths the NPU MLA ops take (FIA's MLA mode, Ring MLA, npu_kv_rmsnorm_rope_cache): latent 512, RoPE 64, no-RoPE
+# query / key and value heads of 128, 32 query heads. The construction uses two heads; the other 30 have zero weights.
+DS_HEADS = 32
+DS_KV_LORA = 512
+DS_Q_LORA = 64
+DS_NOPE = 128
+DS_ROPE = 64
+DS_V = 128
+DS_QK = DS_NOPE + DS_ROPE
+# The residual stream of the Llama target plus CUR_MTP: the MTP block reads its input token there (not into CUR), so
+# the MTP layer's own output -- the previous hidden state of every later draft -- carries no CUR for eh_proj to turn
+# into a class (later drafts fall back to SUCCESSOR[0], as the EAGLE head's do).
+CUR_MTP = VOTE + VOCAB
+DS_HIDDEN = 640  # >= CUR_MTP + VOCAB
+DS_LAYERS = 1  # target layers; the MTP layer is model.layers.{DS_LAYERS}
+
+
+def _ds_rms(active: float, width: int = DS_HIDDEN) -> float:
+    """What RMSNorm (weight 1) multiplies ``active`` unit one-hot features of a ``width``-wide vector by."""
+    return 1.0 / math.sqrt(active / width + RMS_EPS)
+
+
+DS_NORM_IN = _ds_rms(2)  # EMB, BIAS
+DS_NORM_MLP = _ds_rms(4)  # + CUR, PREV
+DS_NORM_FINAL = _ds_rms(5)  # + VOTE
+
+
+def _ds_config() -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": VOCAB,
+        "hidden_size": DS_HIDDEN,
+        "intermediate_size": TARGET_INTER,
+        "moe_intermediate_size": VOCAB,
+        "num_hidden_layers": DS_LAYERS,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": DS_HEADS,
+        "num_key_value_heads": DS_HEADS,
+        "q_lora_rank": DS_Q_LORA,
+        "kv_lora_rank": DS_KV_LORA,
+        "qk_nope_head_dim": DS_NOPE,
+        "qk_rope_head_dim": DS_ROPE,
+        "v_head_dim": DS_V,
+        # dense MLPs everywhere: the MoE starts past the last layer, the MTP layer's (index DS_LAYERS) included
+        "first_k_dense_replace": DS_LAYERS + 2,
+        "n_routed_experts": 2,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rms_norm_eps": RMS_EPS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rope_interleave": True,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "dtype": DTYPE,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+def write_deepseek_model(root: str, seed: int = 0) -> str:
+    """Write a ``DeepseekV3ForCausalLM`` target (one MLA layer, dense MLP) with one MTP layer
+    (``model.layers.{DS_LAYERS}.*``, vLLM's ``method="mtp"`` reads it from the target's checkpoint) under
+    ``root``/deepseek. The same tables as the Llama target: the same greedy tokens. Returns the model directory."""
+    model_dir = os.path.join(root, "deepseek")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(_ds_config(), f)
+    succ, cls = tables(seed)
+    w = deepseek_target_weights(succ, cls)
+    w.update(deepseek_mtp_weights(succ, cls, w))
+    _save(w, model_dir)
+    return model_dir
+
+
+def _ds_rope_query(distance: int, peak: float, future: int, future_wins: bool) -> torch.Tensor:
+    """One head's RoPE query (64 dims, interleaved pairs) against the shared RoPE key (1, 0, 1, 0, ...): after RoPE
+    at positions m, n the score q . k * DS_QK^-0.5 is SCORE_GAP * g(m - n), g from score_kernel over the 32 RoPE
+    frequencies. The pair (2i, 2i + 1) is the complex number z_i; the score is Re(sum_i z_i e^(i theta_i (m - n)))
+    * scale, so z_i = (a_i - i b_i) * SCORE_GAP / scale."""
+    a, b = score_kernel(distance, peak, future, future_wins, rope_dim=DS_ROPE)
+    q = torch.zeros(DS_ROPE, dtype=torch.float64)
+    q[0::2], q[1::2] = a, -b
+    return (q * SCORE_GAP * math.sqrt(DS_QK)).float()
+
+
+def _ds_attention(prefix: str, norm: float, heads: list[tuple[tuple[int, float, int, bool], torch.Tensor, int]]):
+    """MLA weights (vLLM / transformers names) for heads reading by position: per head (score_kernel's arguments,
+    value rows [VOCAB] (which value dim each token id goes to), the residual dim its value dim 0 is added to).
+    The query comes from BIAS alone (q_a -> one q-LoRA feature -> q_a_layernorm -> q_b_proj: the RoPE part; the no-RoPE
+    part is 0), the shared RoPE key from BIAS (kv_a_proj_with_mqa's last 64 rows: (1, 0, 1, 0, ...)), the latent
+    from EMB (the token one-hot in its first VOCAB dims; kv_a_layernorm scales it back to 1), the values from the
+    latent (kv_b_proj's value rows). ``norm``: the scale of the layer's normalised input features."""
+    q_a = torch.zeros(DS_Q_LORA, DS_HIDDEN)
+    q_a[0, BIAS] = 1 / norm
+    q_b = torch.zeros(DS_HEADS * DS_QK, DS_Q_LORA)
+    kv_a = torch.zeros(DS_KV_LORA + DS_ROPE, DS_HIDDEN)
+    kv_a[torch.arange(VOCAB), EMB + torch.arange(VOCAB)] = 1 / norm
+    kv_a[DS_KV_LORA + torch.arange(0, DS_ROPE, 2), BIAS] = 1 / norm
+    kv_b = torch.zeros(DS_HEADS * (DS_NOPE + DS_V), DS_KV_LORA)
+    o = torch.zeros(DS_HIDDEN, DS_HEADS * DS_V)
+    for h, (scores, rows, out) in enumerate(heads):
+        q_b[h * DS_QK + DS_NOPE : (h + 1) * DS_QK, 0] = _ds_rope_query(*scores)
+        kv_b[h * (DS_NOPE + DS_V) + DS_NOPE + rows, torch.arange(VOCAB)] = 1
+        width = int(rows.max()) + 1
+        o[out + torch.arange(width), h * DS_V + torch.arange(width)] = 1
+    p = f"{prefix}.self_attn"
+    return {
+        f"{p}.q_a_proj.weight": q_a,
+        f"{p}.q_a_layernorm.weight": torch.full((DS_Q_LORA,), 1 / _ds_rms(1, DS_Q_LORA)),
+        f"{p}.q_b_proj.weight": q_b,
+        f"{p}.kv_a_proj_with_mqa.weight": kv_a,
+        f"{p}.kv_a_layernorm.weight": torch.full((DS_KV_LORA,), 1 / _ds_rms(1, DS_KV_LORA)),
+        f"{p}.kv_b_proj.weight": kv_b,
+        f"{p}.o_proj.weight": o,
+        f"{prefix}.input_layernorm.weight": torch.ones(DS_HIDDEN),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(DS_HIDDEN),
+    }
+
+
+def _ds_and_unit(gate, up, down, unit: int, features, threshold: float, out: int, norm: float) -> None:
+    """_and_unit on the DeepSeek residual (its own normalisation)."""
+    for dim, weight in features:
+        gate[unit, dim] = GATE * weight / norm
+    gate[unit, BIAS] = -GATE * threshold / norm
+    up[unit, BIAS] = 1 / norm
+    down[out, unit] = 1 / torch.nn.functional.silu(torch.tensor(GATE / 2)).item()
+
+
+def deepseek_target_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The Llama target's construction (docs/e2e.md "Model") with MLA attention: head 0 reads the current token
+    (distance 0) into CUR, head 1 the previous token's class (distance 1) into PREV, the MLP looks up
+    SUCCESSOR[class][token], the LM head reads VOTE."""
+    tok = torch.arange(VOCAB)
+    embed = torch.zeros(VOCAB, DS_HIDDEN)
+    embed[tok, EMB + tok] = 1
+    embed[:, BIAS] = 1
+    lm_head = torch.zeros(VOCAB, DS_HIDDEN)
+    lm_head[tok, VOTE + tok] = LOGIT_MARGIN / DS_NORM_FINAL
+    gate, up = torch.zeros(TARGET_INTER, DS_HIDDEN), torch.zeros(TARGET_INTER, DS_HIDDEN)
+    down = torch.zeros(DS_HIDDEN, TARGET_INTER)
+    for t in range(VOCAB):
+        for j in range(CLASSES):
+            features = [(CUR + t, 1), (PREV + j, 1)]
+            _ds_and_unit(gate, up, down, t * CLASSES + j, features, 1.5, VOTE + int(succ[j, t]), DS_NORM_MLP)
+    return {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": torch.ones(DS_HIDDEN),
+        "lm_head.weight": lm_head,
+        **_ds_attention(
+            "model.layers.0",
+            DS_NORM_IN,
+            [((0, 0.0, FUTURE, True), torch.arange(VOCAB), CUR), ((1, 0.0, 0, False), cls, PREV)],
+        ),
+        "model.layers.0.mlp.gate_proj.weight": gate,
+        "model.layers.0.mlp.up_proj.weight": up,
+        "model.layers.0.mlp.down_proj.weight": down,
+    }
+
+
+def deepseek_mtp_weights(
+    succ: torch.Tensor, cls: torch.Tensor, target: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """vLLM's ``DeepSeekMultiTokenPredictorLayer`` (names as ``DeepSeekMTP.load_weights`` reads them): ``eh_proj`` on
+    cat([enorm(embedding), hnorm(previous hidden)]) passes the embedding's EMB, BIAS and turns the previous hidden
+    state's CUR into the class one-hot in PREV; the block (a DeepSeek decoder layer, dense MLP) reads its input token
+    through its own KV cache into CUR_MTP and votes SUCCESSOR[j][token] for the classes j in EAGLE_CLASSES, else
+    SUCCESSOR[0][token]; ``shared_head`` = a norm and the target's LM head. The layer returns its pre-norm hidden
+    state, which carries CUR_MTP but no CUR: later drafts find no class (SUCCESSOR[0]). vLLM zeroes the embedding at
+    position 0 (that draft is token 0, rejected). ``embed_tokens`` is the target's."""
+    p = f"model.layers.{DS_LAYERS}"
+    tok = torch.arange(VOCAB)
+    eh = torch.zeros(DS_HIDDEN, 2 * DS_HIDDEN)
+    eh[EMB + tok, EMB + tok] = 1 / DS_NORM_IN  # enorm(embedding): EMB, BIAS at DS_NORM_IN
+    eh[BIAS, BIAS] = 1 / DS_NORM_IN
+    eh[PREV + cls, DS_HIDDEN + CUR + tok] = 1 / DS_NORM_FINAL  # hnorm(target hidden): 5 features at DS_NORM_FINAL
+    inter = TARGET_INTER  # the config's intermediate size (the MTP block's MLP has it too); the last VOCAB units idle
+    gate, up, down = torch.zeros(inter, DS_HIDDEN), torch.zeros(inter, DS_HIDDEN), torch.zeros(DS_HIDDEN, inter)
+    norm = _ds_rms(4)  # the block's MLP input: EMB, BIAS, PREV, CUR_MTP (3 without a class: every unit scales alike)
+    known = len(EAGLE_CLASSES)
+    for t in range(VOCAB):
+        for i, j in enumerate(EAGLE_CLASSES):
+            features = [(CUR_MTP + t, 1), (PREV + j, 1)]
+            _ds_and_unit(gate, up, down, t * (known + 1) + i, features, 1.5, VOTE + int(succ[j, t]), norm)
+        fallback = [(CUR_MTP + t, 1)] + [(PREV + j, -1) for j in EAGLE_CLASSES]
+        _ds_and_unit(gate, up, down, t * (known + 1) + known, fallback, 0.5, VOTE + int(succ[0, t]), norm)
+    w = {
+        f"{p}.embed_tokens.weight": target["model.embed_tokens.weight"],
+        f"{p}.enorm.weight": torch.ones(DS_HIDDEN),
+        f"{p}.hnorm.weight": torch.ones(DS_HIDDEN),
+        f"{p}.eh_proj.weight": eh,
+        f"{p}.shared_head.norm.weight": torch.ones(DS_HIDDEN),
+        f"{p}.shared_head.head.weight": target["lm_head.weight"],
+        # the block's input: EMB, BIAS, PREV at 1 (2 features without a class; the heads' scores scale, not flip)
+        **_ds_attention(p, _ds_rms(3), [((0, 1.0, FUTURE, False), torch.arange(VOCAB), CUR_MTP)]),
+        f"{p}.mlp.gate_proj.weight": gate,
+        f"{p}.mlp.up_proj.weight": up,
+        f"{p}.mlp.down_proj.weight": down,
+    }
     return w

@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from zb_patch.detect import package
 from zb_patch.versions import adapters
 
-from .model import VOCAB, write_models, write_mtp_model
+from .model import VOCAB, write_deepseek_model, write_models, write_mtp_model
 from .verdict import BESIDE, compare
 from .workload import Workload, divergences, summarize, table
 
@@ -144,9 +144,10 @@ def run_engine_selftest(
     root = keep or tempfile.mkdtemp(prefix="zb-patch-engine-")
     os.makedirs(root, exist_ok=True)
     models = os.path.join(root, "models")
-    if drafter == "mtp":
-        write_mtp_model(models)
-        extra_args: tuple[str, ...] = ("--drafter", "mtp")  # in the run's tag too: results "<config>-k<k>-drafter-mtp"
+    if drafter in ("mtp", "deepseek-mtp"):
+        (write_mtp_model if drafter == "mtp" else write_deepseek_model)(models)
+        # in the run's tag too: results "<config>-k<k>-drafter-<drafter>"
+        extra_args: tuple[str, ...] = ("--drafter", drafter)
     else:
         write_models(models)
         extra_args = ()
