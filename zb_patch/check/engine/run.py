@@ -42,7 +42,7 @@ SCHEMA = "zb-patch-selftest-engine/1"
 CHILD_ENV = "ZB_SELFTEST_ENGINE_CHILD"
 # ZB_PATCH_DISABLE of every adapter's zero-bubble / kernel patches: zb-patch applies only its fixes of the release
 FIXES_ONLY = ",".join(sorted({i for a in adapters() for i in a.zero_bubble_ids}))
-# name -> (child flags, environment): the configurations run; verdict.BESIDE is reported, the others judged
+# name -> (child flags, environment): the configurations run (verdict.JUDGED, and verdict.BESIDE reported beside)
 CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     # the reference: the release's synchronous path with the fixes of its defects (0.13's MTP slots write other
     # requests' KV in sync too); zero-bubble never runs without async scheduling

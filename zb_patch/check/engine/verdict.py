@@ -51,7 +51,8 @@ STRICT_FIELDS = (
 IN_EFFECT = ("applied", "native")
 
 
-# the run reported beside the judged ones (sync, async+fixes, async+zb): classic async without zb-patch
+# the runs the verdict rests on, and the one reported beside them (classic async without zb-patch)
+JUDGED = ("sync", "async+fixes", "async+zb")
 BESIDE = "async"
 # classic async's findings listed in the notes at most (then a count of the rest)
 BESIDE_NOTES = 8
