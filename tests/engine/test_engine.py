@@ -8,7 +8,9 @@ workload, and with the MTP drafter (``--drafter mtp``: MiMo target + its own MTP
 and the planted mistakes of tests/engine/plants.py, each run as async + ZB_PATCH=1, must do what the release's
 ``EXPECTED`` entry says (docs/e2e.md, "Planted mistakes").
 
-E2E_BIG=1 runs the larger workload (BIG_NO_LIMIT: 48 requests, longer prompts, more preemptions).
+E2E_BIG=1 runs the larger workload (BIG_NO_LIMIT: 48 requests, longer prompts, more preemptions), the whole k sweep
+(CI runs EAGLE k = 4 and MTP k = 2 of it) and, on 0.13, the planted mistakes (CI runs them on 0.18 and 0.23; the
+runner-parity harness catches them on both releases).
 """
 
 from __future__ import annotations
@@ -354,7 +356,10 @@ def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
 # -- k sweep: the same three configurations on a smaller workload, per drafter (EAGLE's k = 2 is the workload
 # above; the MTP drafter runs only here) ------------------------------------------------------------------------
 
-K_SWEEP = {d: ks for d, ks in {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)}.items() if d in EXPECT.drafters}
+BIG = bool(os.environ.get("E2E_BIG"))
+# CI: one k per drafter (two cores; EAGLE's k = 2 is the workload above); E2E_BIG=1: the whole sweep
+SWEEP = {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)} if BIG else {"eagle": (4,), "mtp": (2,)}
+K_SWEEP = {d: ks for d, ks in SWEEP.items() if d in EXPECT.drafters}
 # no request reaches max_model_len. Seed 9: the requests' classes differ enough that acceptance spreads across them
 # (simulated with test_tiny_model's draft chains: >= 0.46 at every k; seed 0 gave 0.15 at k = 4 in the engine)
 K_SWEEP_WORKLOAD = Workload(num_requests=4, max_prompt=40, max_tokens=40, seed=9)
@@ -452,6 +457,8 @@ def test_mtp_sync_tokens_equal_transformers_greedy(k_sweep, tmp_path_factory):
 def planted(runs, models, tmp_path_factory):
     wl, _ = runs
     out_dir = str(tmp_path_factory.mktemp("plants"))
+    if RELEASE == "0.13.0" and not BIG:
+        pytest.skip("E2E_BIG=1: the planted mistakes on 0.13 (CI runs them on 0.18 / 0.23; the parity harness on both)")
     names = list(EXPECT.plants) + ([OFF_PLANT] if EXPECT.adapter in ZERO_BUBBLE_ADAPTERS else [])
     jobs = [lambda p=p: run_config("async+zb", models, out_dir, wl, extra_args=["--plant", p]) for p in names]
     return {p: (r.result, r.log) for p, r in zip(names, run_all(jobs, parallel=2))}
