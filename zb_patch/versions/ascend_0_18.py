@@ -318,20 +318,8 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
     "continue`, no clearing of a skipped request's placeholders); this adapter covers vLLM 0.18.x only",
 )
 
-STALE_DRAFT_ROWS = Patch(
-    id="stale-draft-placeholders-rows",
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
-    make=spec_fixes.make_remove_request,
-    fingerprints={"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"},
-    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
-    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
-    "_prepare_input_ids wrapper needs to keep the request's drafts.",
-    how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before the "
-    "release's body drops it; the _prepare_input_ids wrapper reads the record once (every input preparation) and "
-    "keeps the drafts of the requests that are still alive.",
-    upstream=("vllm#37159",),
-    remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
+STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
+    {"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"}, STALE_DRAFT_PLACEHOLDERS.remove_when
 )
 
 DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(

@@ -328,24 +328,16 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
     "0.26.0rc1, whose native verdict reports it as an advisory",
 )
 
-STALE_DRAFT_ROWS = Patch(
-    id="stale-draft-placeholders-rows",
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
-    make=spec_fixes.make_remove_request,
-    fingerprints={
+STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
+    {
         "vllm 0.19.0, 0.19.1 (vllm-ascend 0.19.1rc1)": "9425e7ced1a19cb5",
         "vllm 0.20.0, 0.20.1, 0.20.2 (vllm-ascend 0.20.2rc1)": "7052f42ae2f49b7b",
         "vllm 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, "
         "0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1)": "4ad52348e5126401",
     },
-    why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops it "
-    "from prev_req_id_to_index, the only record of its row in the runner's last draft proposal.",
-    how="Wrapper (zb_patch.versions.spec_fixes): records the removed request's previous row on the batch before the "
-    "release's body drops it; the forms differ in unrelated per-request state only (block-table row clearing, "
-    "logprob and thinking-budget bookkeeping).",
-    upstream=("vllm#37159",),
-    remove_when=STALE_DRAFT_PLACEHOLDERS.remove_when,
+    STALE_DRAFT_PLACEHOLDERS.remove_when,
+    forms="The forms differ in unrelated per-request state only (block-table row clearing, logprob and "
+    "thinking-budget bookkeeping).",
 )
 
 DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(

@@ -20,6 +20,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ..registry import Patch
+
 # ----------------------------------------------------------------------------------------------------------------
 # vLLM #37159: a request that holds "-1" draft placeholders and skips a step gets them back as its input ids
 # ----------------------------------------------------------------------------------------------------------------
@@ -132,6 +134,26 @@ def make_remove_request(original: Callable) -> Callable:
         return result
 
     return remove_request
+
+
+def stale_draft_rows(fingerprints: dict[str, str], remove_when: str, forms: str = "") -> Patch:
+    """``stale-draft-placeholders-rows``, the ``InputBatch.remove_request`` half of the #37159 fix, for an adapter
+    whose vLLM forms are ``fingerprints`` (``forms``: how those forms differ, where they do)."""
+    return Patch(
+        id="stale-draft-placeholders-rows",
+        group="stale-draft-placeholders",
+        target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
+        make=make_remove_request,
+        fingerprints=fingerprints,
+        why="Half of stale-draft-placeholders (same group): removing a request from the persistent batch also drops "
+        "it from prev_req_id_to_index, the only record of its row in the runner's last draft proposal, which the "
+        "_prepare_input_ids wrapper needs to keep the request's drafts.",
+        how="Wrapper (zb_patch.versions.spec_fixes). Records the removed request's previous row on the batch before "
+        "the release's body drops it; the _prepare_input_ids wrapper reads the record once (every input "
+        "preparation) and keeps the drafts of the requests that are still alive." + (f" {forms}" if forms else ""),
+        upstream=("vllm#37159",),
+        remove_when=remove_when,
+    )
 
 
 def fill_returning_drafts(runner: Any, st: SavedDrafts, scheduler_output: Any, cu_num_tokens: Any) -> None:
