@@ -81,6 +81,7 @@ def make_call(original: Callable) -> Callable:
     context's runtime mode is PIECEWISE) runs the release's ``__call__`` with the module's ``torch`` rebound to a
     :class:`NoDrainTorch`, then the name is restored; every other call is the release's, unchanged."""
     namespace = original.__globals__  # vllm_ascend.compilation.acl_graph's module namespace
+    stand_ins: dict[int, NoDrainTorch] = {}  # one per torch module seen (built once, not per piece and step)
 
     def __call__(wrapper, *args, **kwargs):
         if getattr(wrapper.runtime_mode, "name", None) != PIECEWISE or not wants_no_drain(wrapper.vllm_config):
@@ -91,7 +92,10 @@ def make_call(original: Callable) -> Callable:
         torch = namespace["torch"]
         if mode != PIECEWISE or isinstance(torch, NoDrainTorch):
             return original(wrapper, *args, **kwargs)
-        namespace["torch"] = NoDrainTorch(torch)
+        stand_in = stand_ins.get(id(torch))
+        if stand_in is None:
+            stand_in = stand_ins[id(torch)] = NoDrainTorch(torch)
+        namespace["torch"] = stand_in
         try:
             return original(wrapper, *args, **kwargs)
         finally:
