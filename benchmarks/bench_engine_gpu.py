@@ -113,6 +113,12 @@ def main(argv: list[str]) -> int:
         "--drafters; no probes. Writes $OUT/selftest-<drafter>-k<k>.{json,md} and each engine's log in that folder",
     )
     ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
+    ap.add_argument(
+        "--graph-mode",
+        choices=("eager", "piecewise", "full_decode_only"),
+        default="eager",
+        help="the engine child's --graph-mode (ACL graphs as CUDA graphs: tests/support/npu_graphs_cuda.py)",
+    )
     ap.add_argument("--jobs", type=int, default=4, help="--selftest: k values run at a time (4 engines each)")
     ap.add_argument(
         "--write-models",
@@ -187,12 +193,14 @@ def main(argv: list[str]) -> int:
         write_models(models)
     runs_dir = os.path.join(args.out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
+    graph_flags = () if args.graph_mode == "eager" else ("--graph-mode", args.graph_mode)
+    report["graph_mode"] = args.graph_mode
     failures: list[str] = []
     if not args.no_warmup:
         # async+zb launches every Triton kernel the three runs use (the release's and zb-patch's): compiled into
         # Triton's cache here, not inside the measured runs
         small = Workload(num_requests=2, max_prompt=20, max_tokens=12, num_speculative_tokens=args.k)
-        warm = _run(run, "async+zb", models, runs_dir, small, ("--warmup",), timeout())
+        warm = _run(run, "async+zb", models, runs_dir, small, ("--warmup", *graph_flags), timeout())
         if warm.result is None:
             failures.append(f"warm-up {warm.tag} failed (rc {warm.returncode}): {warm.log[-3000:]}")
             return _finish(args.out, report, failures)
@@ -208,7 +216,7 @@ def main(argv: list[str]) -> int:
             os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
             os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
             os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
-            r = _run(run, name, models, rep_dir, wl, ("--bench",), timeout())
+            r = _run(run, name, models, rep_dir, wl, ("--bench", *graph_flags), timeout())
             label = f"{name} #{rep + 1}"
             if os.path.isfile(probe_path):
                 with open(probe_path) as fh:
@@ -266,12 +274,16 @@ def _selftest(run, wl, args, seconds: float) -> int:
     run.run_config = run_config_keeping_log
 
     def one(drafter: str, k: int) -> str:
-        keep = os.path.join(args.out, f"selftest-{drafter}-k{k}")
+        keep = os.path.join(
+            args.out, f"selftest-{drafter}-k{k}" + ("" if args.graph_mode == "eager" else f"-{args.graph_mode}")
+        )
         with tarfile.open(args.models) as tar:
             tar.extractall(keep, filter="data")
         started = time.monotonic()
         with open(os.path.join(keep, "progress.log"), "w") as log:
-            report = run.run_engine_selftest(wl, [k], parallel=len(run.CONFIGS), keep=keep, log=log, drafter=drafter)
+            report = run.run_engine_selftest(
+                wl, [k], parallel=len(run.CONFIGS), keep=keep, log=log, drafter=drafter, graph_mode=args.graph_mode
+            )
         report["seconds"] = round(time.monotonic() - started, 1)
         for ext, text in (("json", json.dumps(report, indent=2)), ("md", run.render(report))):
             with open(f"{keep}.{ext}", "w") as fh:
@@ -542,7 +554,7 @@ def child_main(argv: list[str]) -> int:
         after_build = _chain(_add_input_prep_wait, after_build)
     return child.main(
         rest,
-        llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
+        llm_overrides=npu_engine.llm_overrides(rest),
         after_build=after_build,
         device=_device,
     )

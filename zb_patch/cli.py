@@ -519,6 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave out the classic async run without zb-patch (reported beside the verdict, never judged)",
     )
+    eng.add_argument(
+        "--graph-mode",
+        choices=("eager", "piecewise", "full_decode_only"),
+        default="eager",
+        help="eager (default): enforce_eager; piecewise / full_decode_only: ACL graphs in that cudagraph_mode, the "
+        "release's own compilation otherwise; FAIL unless every judged run captured graphs in that mode",
+    )
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")

@@ -66,12 +66,17 @@ def main(argv: list[str]) -> int:
         plants.install(args.plant)
         return {"plant": args.plant, "plant_hits": plants.HITS, **started}  # a live Counter: filled while generating
 
-    return child.main(
+    rc = child.main(
         rest,
-        llm_overrides={"worker_cls": npu_engine.WORKER_CLS},
+        llm_overrides=npu_engine.llm_overrides(rest),
         after_build=after_build,
         device=lambda: EMULATED_DEVICE,
     )
+    if ON == "CUDA":
+        import npu_graphs_cuda
+
+        npu_graphs_cuda.check()  # an ExternalEvent wait that never saw its record: a hang on the NPU
+    return rc
 
 
 def _mla_rope_rows_copied() -> None:

@@ -63,7 +63,7 @@ def test_engine_wiring_on_cuda():
     """npu_engine.install() with NPU_STANDIN_DEVICE=cuda, in a fresh process (install() cannot be undone): the
     platform's device is CUDA, custom ops go to the CUDA dispatch key, pinned memory stays available, PrivateUse1 is
     left unnamed, torch.npu's streams / events are torch.cuda's, the release modules that need it see the CUDA
-    stand-in's doubles. Needs no CUDA device (nothing is allocated)."""
+    stand-in's doubles, torch.npu's graph names are npu_graphs_cuda's. Needs no CUDA device (nothing is allocated)."""
     probe = (
         "import json, sys, torch, npu_engine\n"
         "npu_engine.install()\n"
@@ -77,7 +77,8 @@ def test_engine_wiring_on_cuda():
         "  'unpinned_zeros': sorted(n.rsplit('.', 1)[1] for n in npu_engine.PROPOSERS_WITH_PINNED_DEVICE_ZEROS\n"
         "      if n in sys.modules and isinstance(sys.modules[n].torch, npu_engine._DeviceTensorsUnpinned)),\n"
         "  'rejection_guarded': hasattr(sys.modules['vllm_ascend.sample.rejection_sampler']\n"
-        "      .rejection_greedy_sample_with_triton, '__wrapped__')}))\n"
+        "      .rejection_greedy_sample_with_triton, '__wrapped__'),\n"
+        "  'graphs': torch.npu.NPUGraph is sys.modules['npu_graphs_cuda'].NPUGraph}))\n"
     )
     env = {**os.environ, runtime.DEVICE_ENV: "cuda", "PYTHONPATH": os.pathsep.join([SUPPORT, *sys.path])}
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
@@ -95,6 +96,7 @@ def test_engine_wiring_on_cuda():
         # the NPU's zeros ignores pin_memory for a device tensor (npu_engine): every proposer module that asks for it
         "unpinned_zeros": ["eagle_proposer", "llm_base_proposer"] if family == "0.23" else ["eagle_proposer"],
         "rejection_guarded": family == "0.13",  # 0.13's greedy rejection kernel reads before its counts
+        "graphs": True,  # ACL graphs as CUDA graphs (npu_graphs_cuda)
     }
 
 

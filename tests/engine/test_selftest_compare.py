@@ -352,3 +352,38 @@ def test_a_stopped_run_is_named_by_its_assertion_or_its_last_exception():
     cpu = "Traceback (most recent call last):\n  File x\nIndexError: index out of range in self\nEngineCore died\n"
     assert stop_reason(cpu) == "IndexError: index out of range in self"
     assert stop_reason("killed\n") == "killed"
+
+
+@pytest.mark.parametrize(
+    "graph_mode, change, expected",
+    [
+        ("eager", {}, []),
+        ("full_decode_only", {"cudagraph_mode": "CUDAGraphMode.FULL_DECODE_ONLY", "graphs_captured": 6}, []),
+        (
+            "full_decode_only",
+            {"cudagraph_mode": "CUDAGraphMode.PIECEWISE", "graphs_captured": 6},
+            ["ran with cudagraph_mode PIECEWISE, not FULL_DECODE_ONLY (--graph-mode full_decode_only)"],
+        ),
+        (
+            "piecewise",
+            {"cudagraph_mode": "CUDAGraphMode.PIECEWISE", "graphs_captured": 0},
+            ["--graph-mode piecewise captured no graph"],
+        ),
+        (
+            "piecewise",
+            {"cudagraph_mode": "CUDAGraphMode.NONE", "graphs_captured": 0},
+            ["ran with cudagraph_mode NONE, not PIECEWISE (--graph-mode piecewise)"],
+        ),
+    ],
+)
+def test_a_graph_mode_verdict_needs_graphs_in_that_mode(graph_mode, change, expected):
+    """A release that falls back to eager (or to another cudagraph mode) must not pass as tested in the mode asked
+    for: every judged run names its mode and its captured graphs; classic async, reported beside, is not checked."""
+    from zb_patch.check.engine.run import graph_mode_failures
+
+    runs = _runs()
+    for res in runs.values():
+        res.update({"cudagraph_mode": "CUDAGraphMode.NONE", "graphs_captured": 0} if graph_mode == "eager" else change)
+    runs["async"].update(cudagraph_mode="CUDAGraphMode.NONE", graphs_captured=0)  # beside: never judged
+    failures = graph_mode_failures(runs, graph_mode)
+    assert failures == [f"{name}: {e}" for name in ("sync", "async+fixes", "async+zb") for e in expected]

@@ -18,13 +18,48 @@ PROPOSERS_WITH_PINNED_DEVICE_ZEROS = (
     "vllm_ascend.spec_decode.llm_base_proposer",  # 0.23
 )
 
+# What of the release's compilation cannot run over the stand-in, turned off through its own configuration in a
+# graph mode (docs/e2e.md, "Graph modes on CUDA"): npugraph_ex compiles through torchair (needs CANN; 0.18 / 0.23
+# default on, 0.13 has no such key there); the fusion passes trace their patterns on example tensors on device "npu"
+# and replace them with fused NPU kernels (none matches the dense test models' graphs).
+GRAPH_MODE_CONFIG = {
+    "ascend_compilation_config": {
+        "enable_npugraph_ex": False,
+        "fuse_norm_quant": False,
+        "fuse_qknorm_rope": False,
+        "fuse_allreduce_rms": False,
+        "fuse_muls_add": False,
+    }
+}
+
 _installed = False
+
+
+def llm_overrides(child_argv: list[str]) -> dict:
+    """The engine child's ``LLM(...)`` overrides on the stand-in: the worker double; with ``--graph-mode`` other than
+    eager, :data:`GRAPH_MODE_CONFIG` as ``additional_config``."""
+    overrides: dict = {"worker_cls": WORKER_CLS}
+    mode = "eager"
+    for i, arg in enumerate(child_argv):
+        if arg.startswith("--graph-mode="):
+            mode = arg.split("=", 1)[1]
+        elif arg == "--graph-mode" and i + 1 < len(child_argv):
+            mode = child_argv[i + 1]
+    if mode != "eager":
+        overrides["additional_config"] = GRAPH_MODE_CONFIG
+    return overrides
 
 
 def install() -> None:
     global _installed
     if _installed:
         return
+    import os
+
+    # before torch is imported (it reads this at import): vllm-ascend's AscendCompiler hands aot_autograd an FX
+    # GraphModule, which the AOT-autograd cache of the torch here (newer than the releases' own) refuses to store
+    # ("expected OutputCode"). Only graph modes compile; the cache only saves recompiles.
+    os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
     import npu_standin
     from npu_standin import runtime
 
@@ -75,6 +110,16 @@ def install() -> None:
         NPUPlatform.device_type = NPUPlatform.device_name = "cuda"
         NPUPlatform.get_current_memory_usage = classmethod(_cuda_memory_usage)
     npu_ops.bind(torch_npu)
+    # Whether vllm-ascend's compiled custom ops load (they never do here: False), decided once and cached, as the
+    # first eager call does. In a graph mode torch.compile traces the callers, and cannot trace the failing import.
+    import vllm_ascend.utils
+
+    vllm_ascend.utils.enable_custom_op()
+    if device == "cuda":
+        # ACL graphs (graph modes): CUDA graphs with task groups, updates and ExternalEvents (npu_graphs_cuda)
+        import npu_graphs_cuda
+
+        npu_graphs_cuda.install()
     # torch_npu's Tensor.npu(): to the NPU, which is the stand-in's device (vllm-ascend's MLA builder moves its
     # context-chunk lengths with it)
     torch.Tensor.npu = lambda self, *args, **kwargs: self.to(device)

@@ -9,7 +9,9 @@ rejection sampler and proposer are the release's own code. Replaced (each listed
   -> skipped in ``__init__``; the build's own device type (``_build_info``) stays what the code branches on;
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
 - KV-cache memory profiling -> a fixed byte budget (the engine is sized by ``num_gpu_blocks_override``);
-- the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else).
+- the ATB matmul warm-up in ``compile_or_warm_up_model`` -> skipped (eager mode compiles nothing else; in a graph
+  mode, on CUDA only, the release's own ``compile_or_warm_up_model`` runs: compilation, warm-up and graph capture
+  through tests/support/npu_graphs_cuda).
 
 Release differences (0.13.0 / 0.18.0 / 0.23.0): what ``compile_or_warm_up_model`` returns (see there); 0.13 imports
 ``torch_npu._inductor`` in ``__init__`` (0.18 in ``_init_device``, replaced here), so the 0.13 stand-in declares that
@@ -70,7 +72,13 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         return KV_CACHE_BYTES
 
     def compile_or_warm_up_model(self):
-        assert self.model_config.enforce_eager, "the CPU worker double runs eager mode only"
+        if not self.model_config.enforce_eager:
+            if runtime.device() != "cuda":
+                raise NotImplementedError(
+                    "graph modes need ACL graphs: on CUDA only (NPU_STANDIN_DEVICE=cuda, tests/support/npu_graphs_cuda)"
+                )
+            with mock.patch.object(self, "_warm_up_atb", _no_atb):
+                return super().compile_or_warm_up_model()
         ascend_worker.set_random_seed(self.model_config.seed)
         # vLLM 0.23 collects CompilationTimes(language_model, encoder) from every worker; 0.13 / 0.18 a float (seconds)
         if hasattr(worker_base, "CompilationTimes"):

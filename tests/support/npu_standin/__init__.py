@@ -19,10 +19,11 @@ import importlib.util
 import os
 import re
 import sys
+import types
 from typing import Any
 
 from . import runtime, surface
-from ._core import HINT, StandinFinder, StandinModule
+from ._core import HINT, StandinFinder, new_module, undeclared
 
 __all__ = ["install", "is_installed", "active_family", "detect_family", "family_of", "accessed", "FAMILIES", "HINT"]
 
@@ -64,7 +65,7 @@ def family_of(ver: str, dist: str = "vllm-ascend") -> str:
     return fams[-1]
 
 
-def _on_create(module: StandinModule) -> None:
+def _on_create(module: types.ModuleType) -> None:
     """Side effects the real import has on torch itself, beyond the module's own attributes."""
     if _trace is not None:
         _trace.add((module.__name__, "<imported>"))
@@ -84,13 +85,19 @@ def _on_create(module: StandinModule) -> None:
         sys.modules["torch.npu"] = module
 
 
-class _TracingModule(StandinModule):
-    """NPU_STANDIN_TRACE=1: records every declared attribute that is read (to keep the surface minimal)."""
+class _TracingModule(types.ModuleType):
+    """NPU_STANDIN_TRACE=1: records every declared attribute that is read (to keep the surface minimal); an
+    undeclared one raises as in :func:`._core.new_module`."""
+
+    __npu_standin__ = True
 
     def __getattribute__(self, name: str) -> Any:
         if _trace is not None and not name.startswith("__"):
             _trace.add((object.__getattribute__(self, "__name__"), name))
         return super().__getattribute__(name)
+
+    def __getattr__(self, name: str) -> Any:
+        raise undeclared(self, name)
 
 
 def install(family: str | None = None) -> str:
@@ -121,10 +128,10 @@ def install(family: str | None = None) -> str:
             "(tests/conftest.py pytest_configure, or `python -m npu_standin <module>`)"
         )
     surface.check_consistency()
-    module_type = StandinModule
+    make_module = new_module
     if os.environ.get("NPU_STANDIN_TRACE"):
         _trace = set()
-        module_type = _TracingModule
+        make_module = _TracingModule
     modules = surface.modules_for(None if want == "all" else want)
     roots = surface.ROOTS
     if runtime.device() == "cuda" and importlib.util.find_spec("torchvision") is not None:
@@ -132,7 +139,7 @@ def install(family: str | None = None) -> str:
         # dist metadata there and imports names the stand-in does not declare).
         roots = tuple(r for r in roots if r != "torchvision")
         modules = {m: v for m, v in modules.items() if m != "torchvision" and not m.startswith("torchvision.")}
-    _finder = StandinFinder(modules, roots, on_create=_on_create, module_type=module_type)
+    _finder = StandinFinder(modules, roots, on_create=_on_create, make_module=make_module)
     sys.meta_path.insert(0, _finder)
     _family = want
     return want

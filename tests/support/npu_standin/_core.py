@@ -1,4 +1,4 @@
-"""Strict stand-in machinery: module type, attribute kinds, meta-path finder.
+"""Strict stand-in machinery: modules, attribute kinds, meta-path finder.
 
 Nothing here accepts arbitrary names. A stand-in module holds exactly the attributes that
 ``surface.py`` declares for the active vllm-ascend family; any other attribute raises
@@ -18,17 +18,23 @@ from typing import Any
 HINT = "add it explicitly in tests/support/npu_standin"
 
 
-class StandinModule(types.ModuleType):
-    """A module that knows only its declared attributes."""
+def undeclared(module: types.ModuleType, attr: str) -> AttributeError:
+    return AttributeError(f"NPU stand-in: {module.__name__} has no attribute {attr} ({HINT})", name=attr, obj=module)
 
-    __npu_standin__ = True
 
-    def __getattr__(self, name: str) -> Any:
+def new_module(name: str) -> types.ModuleType:
+    """A module that knows only its declared attributes: a plain ``ModuleType`` (``torch.compile`` traces an ``import``
+    inside a compiled function only when the result is exactly a module, and vllm-ascend's ops import torch_npu there)
+    whose missing names raise through a module-level ``__getattr__`` (PEP 562)."""
+    module = types.ModuleType(name)
+
+    def __getattr__(attr: str) -> Any:
         # Only called when normal lookup failed, i.e. the name was not declared.
-        raise AttributeError(f"NPU stand-in: {self.__name__} has no attribute {name} ({HINT})", name=name, obj=self)
+        raise undeclared(module, attr)
 
-    def __repr__(self) -> str:
-        return f"<NPU stand-in module {self.__name__!r}>"
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    module.__npu_standin__ = True  # type: ignore[attr-defined]
+    return module
 
 
 class Unavailable:
@@ -133,10 +139,10 @@ class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self,
         modules: dict[str, dict[str, Kind]],
         roots: frozenset[str],
-        on_create: Callable[[StandinModule], None],
-        module_type: type = StandinModule,
+        on_create: Callable[[types.ModuleType], None],
+        make_module: Callable[[str], types.ModuleType] = new_module,
     ):
-        self.module_type = module_type
+        self.make_module = make_module
         self.modules = modules
         self.roots = roots
         self.on_create = on_create
@@ -162,8 +168,8 @@ class StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     # -- loader ---------------------------------------------------------------------------------
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> StandinModule:
-        mod = self.module_type(spec.name)
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        mod = self.make_module(spec.name)
         if spec.submodule_search_locations is not None:
             mod.__path__ = []  # a package with no files: children come from this finder only
         return mod

@@ -1,9 +1,9 @@
-"""One engine configuration in this process: vLLM's offline ``LLM`` (eager, uni-process executor, EngineCore in
-this process) on the installed platform, the tiny target + draft of :mod:`.model`, the greedy workload of
-:mod:`.workload`; writes the run's result as JSON.
+"""One engine configuration in this process: vLLM's offline ``LLM`` (eager unless ``--graph-mode``, uni-process
+executor, EngineCore in this process) on the installed platform, the tiny target + draft of :mod:`.model`, the greedy
+workload of :mod:`.workload`; writes the run's result as JSON.
 
     python -m zb_patch.check.engine.child --models DIR --out result.json [--async] [--workload JSON]
-        [--drafter eagle|mtp]
+        [--drafter eagle|mtp|deepseek-mtp] [--graph-mode eager|piecewise|full_decode_only]
     python -m zb_patch.check.engine.child --check-device
 
 ``ZB_PATCH=1`` in the environment makes the zb-patch plugin apply its adapter (vLLM loads it as a general plugin).
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 DRAFTERS = ("eagle", "mtp", "deepseek-mtp")
+GRAPH_MODES = ("eager", "piecewise", "full_decode_only")
 
 
 def npu_device() -> dict:
@@ -66,6 +67,13 @@ def main(
         help="eagle: Llama target + EAGLE head (write_models); mtp: MiMo target, its own MTP layer (write_mtp_model); "
         "deepseek-mtp: DeepSeek-V3-style MLA target, its own MTP layer (write_deepseek_model)",
     )
+    ap.add_argument(
+        "--graph-mode",
+        choices=GRAPH_MODES,
+        default="eager",
+        help="eager: enforce_eager (no graphs); piecewise / full_decode_only: vLLM's compilation with that "
+        "cudagraph_mode (ACL graphs), the release's own configuration otherwise",
+    )
     args = ap.parse_args(argv)
     if args.check_device:
         report = device()
@@ -93,11 +101,13 @@ def main(
     from vllm.inputs import TokensPrompt
 
     target, speculative_config = _target_and_draft(args.models, args.drafter, wl.num_speculative_tokens)
+    graphs = {} if args.graph_mode == "eager" else {"compilation_config": {"cudagraph_mode": args.graph_mode.upper()}}
     llm = LLM(
         model=target,
         skip_tokenizer_init=True,
         dtype=DTYPE,
-        enforce_eager=True,
+        enforce_eager=args.graph_mode == "eager",
+        **graphs,
         seed=0,
         max_model_len=wl.max_model_len,
         max_num_seqs=wl.max_num_seqs,
@@ -132,6 +142,9 @@ def main(
         "zb_patch": os.environ.get("ZB_PATCH", ""),
         "zb_patch_status": _zb_patch_status(),
         "drafter": args.drafter,
+        "graph_mode": args.graph_mode,
+        "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
+        "graphs_captured": _graphs_captured(),
         "draft_model": type(runner.drafter.get_model()).__name__,
         **extra,
     }
@@ -147,6 +160,13 @@ def _target_and_draft(models: str, drafter: str, k: int) -> tuple[str, dict]:
         return os.path.join(models, name), {"method": "mtp", "num_speculative_tokens": k}
     draft = os.path.join(models, "eagle")
     return os.path.join(models, "target"), {"method": "eagle", "model": draft, "num_speculative_tokens": k}
+
+
+def _graphs_captured() -> int:
+    """Graphs captured in this process (vLLM's compilation counter; vllm-ascend's ACLGraphWrapper counts there)."""
+    from vllm.compilation.counter import compilation_counter
+
+    return compilation_counter.num_cudagraph_captured
 
 
 def _engine_core_elsewhere(llm) -> bool:
@@ -208,7 +228,8 @@ def _observe_scheduler() -> tuple[dict, dict, dict]:
     The third dict describes the scheduling itself: the scheduler's class, the steps that scheduled tokens, how many
     of them were scheduled while an earlier step's result was still outstanding (``overlapped``: async scheduling
     ran; 0 in a synchronous engine), and how many scheduled a request whose drafts were verified in the step before
-    (``after_drafts``: the steps whose inputs zero-bubble must correct on the device)."""
+    while that step's result was still outstanding (``after_drafts``: the steps whose inputs zero-bubble must correct
+    on the device; once the engine core has processed the result, the scheduler's counts are exact)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
@@ -225,17 +246,19 @@ def _observe_scheduler() -> tuple[dict, dict, dict]:
     step: dict[str, Any] = {}
     outstanding: set[int] = set()  # scheduler outputs with tokens whose result has not arrived
     previous_drafts: set[str] = set()
+    previous_step = 0  # id() of the scheduler output of the step before
 
     def schedule_and_count(self):
-        nonlocal previous_drafts
+        nonlocal previous_drafts, previous_step
         out = schedule(self)
         scheduling["scheduler"] = type(self).__name__
         if out.total_num_scheduled_tokens > 0:
             scheduling["steps"] += 1
             scheduling["overlapped"] += bool(outstanding)
-            scheduling["after_drafts"] += bool(previous_drafts & set(out.num_scheduled_tokens))
+            pending = previous_step in outstanding
+            scheduling["after_drafts"] += pending and bool(previous_drafts & set(out.num_scheduled_tokens))
             outstanding.add(id(out))
-            previous_drafts = set(out.scheduled_spec_decode_tokens)
+            previous_drafts, previous_step = set(out.scheduled_spec_decode_tokens), id(out)
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):

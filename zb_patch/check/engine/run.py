@@ -34,7 +34,7 @@ from zb_patch.detect import package
 from zb_patch.versions import adapters
 
 from .model import VOCAB, write_deepseek_model, write_models, write_mtp_model
-from .verdict import BESIDE, compare
+from .verdict import BESIDE, JUDGED, compare
 from .workload import Workload, divergences, summarize, table
 
 SCHEMA = "zb-patch-selftest-engine/1"
@@ -124,9 +124,11 @@ def run_engine_selftest(
     log: TextIO | None = None,
     drafter: str = "eagle",
     classic: bool = True,
+    graph_mode: str = "eager",
 ) -> dict:
     """The whole comparison for each k in ``ks``; returns the report (see :data:`SCHEMA`). ``classic=False`` leaves
-    out the classic async run (reported beside, never judged)."""
+    out the classic async run (reported beside, never judged). ``graph_mode``: the child's ``--graph-mode``; every
+    judged run must then show graphs captured in that mode (a verdict about graph mode needs graphs)."""
     names = [n for n in CONFIGS if classic or n != BESIDE]
     log = log or sys.stderr
     report: dict[str, Any] = {
@@ -134,6 +136,7 @@ def run_engine_selftest(
         "versions": _versions(),
         "workload": wl.to_json(),
         "drafter": drafter,
+        "graph_mode": graph_mode,
         "k": {},
     }
     device = check_device()
@@ -151,6 +154,8 @@ def run_engine_selftest(
     else:
         write_models(models)
         extra_args = ()
+    if graph_mode != "eager":
+        extra_args += ("--graph-mode", graph_mode)
     failures: list[str] = []
     for k in ks:
         wk = replace(wl, num_speculative_tokens=k)
@@ -169,6 +174,7 @@ def run_engine_selftest(
         else:
             results = {r.name: r.result for r in runs if r.result is not None}
             entry["failures"], notes = compare(results, wk, VOCAB)
+            entry["failures"] += graph_mode_failures(results, graph_mode)
             entry["notes"] = stopped + notes
             entry["rows"] = [summarize(n, res) for n, res in results.items()]
             entry["divergences"] = {n: len(divergences(results["sync"], res)) for n, res in results.items()}
@@ -186,6 +192,7 @@ def render(report: dict) -> str:
     """The human-readable report: one table per k, failures, notes, verdict."""
     lines = [f"versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}"]
     lines.append(f"drafter: {report['drafter']}")
+    lines.append(f"graph mode: {report.get('graph_mode', 'eager')}")
     lines.append(f"device: {report['device'].get('name') or report['device'].get('reason')}")
     wl = report["workload"]
     lines.append(
@@ -210,10 +217,33 @@ def run_cli(args) -> int:
     wl = Workload(**json.loads(args.workload)) if args.workload else Workload()
     ks = [int(k) for k in args.k.split(",")]
     report = run_engine_selftest(
-        wl, ks, parallel=args.jobs, keep=args.keep, log=sys.stderr, drafter=args.drafter, classic=not args.no_classic
+        wl,
+        ks,
+        parallel=args.jobs,
+        keep=args.keep,
+        log=sys.stderr,
+        drafter=args.drafter,
+        classic=not args.no_classic,
+        graph_mode=args.graph_mode,
     )
     print(json.dumps(report, indent=2) if args.json else render(report), file=args.out)
     return {"PASS": 0, "FAIL": 1}.get(report["verdict"], 2)
+
+
+def graph_mode_failures(results: dict[str, dict], graph_mode: str) -> list[str]:
+    """Each judged run ran in ``graph_mode``: the engine's cudagraph mode is the one asked for, and (outside eager)
+    it captured graphs. A release that falls back to another mode must not pass as tested in this one."""
+    want = "NONE" if graph_mode == "eager" else graph_mode.upper()
+    failures = []
+    for name, res in results.items():
+        if name not in JUDGED or "cudagraph_mode" not in res:
+            continue
+        mode, captured = res["cudagraph_mode"].rsplit(".", 1)[-1], res.get("graphs_captured", 0)
+        if mode != want:
+            failures.append(f"{name}: ran with cudagraph_mode {mode}, not {want} (--graph-mode {graph_mode})")
+        elif graph_mode != "eager" and not captured:
+            failures.append(f"{name}: --graph-mode {graph_mode} captured no graph")
+    return failures
 
 
 def _versions() -> dict[str, str]:

@@ -1,0 +1,296 @@
+"""ACL graphs with CUDA standing in (tests/support/npu_graphs_cuda.py): the capturable attention against a naive
+reference (any device), and on a CUDA device the contract of task groups, updates and ExternalEvents, including the
+hazard the release's host drain before a FULL replay guards against (vllm-ascend #4233), reproduced with real streams.
+
+The CUDA tests run on the GPU machine (benchmarks/gpu_engine_suite.sh's ``standin`` part); without a CUDA device they
+are skipped, and say so."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from test_npu_ops import BF16_TOL, HALF, MASK, _naive_attention, rnd
+
+npu_graphs_cuda = pytest.importorskip("npu_graphs_cuda")
+from npu_ops import attention  # noqa: E402
+
+N, KVN, D, BS, NBLOCKS = 4, 2, 8, 4, 12
+
+
+def _paged(device: str):
+    kc = rnd(NBLOCKS, BS, KVN, D, dtype=HALF).to(device)
+    vc = rnd(NBLOCKS, BS, KVN, D, dtype=HALF).to(device)
+    table = torch.tensor([[7, 2, 0], [1, 9, 4], [5, 3, 11], [0, 0, 0]], dtype=torch.int32, device=device)
+    return kc, vc, table
+
+
+def _reference(q, kc, vc, table, q_ends, kv_lens, scale):
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    start = 0
+    for b, (end, kl) in enumerate(zip(q_ends, kv_lens)):
+        if end > start:
+            keys = torch.stack([kc[table[b, j // BS], j % BS] for j in range(kl)]).cpu()
+            vals = torch.stack([vc[table[b, j // BS], j % BS] for j in range(kl)]).cpu()
+            out[start:end] = _naive_attention(q[start:end].cpu(), keys, vals, scale, N, KVN)
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_graph_attention_matches_the_naive_reference_with_padded_rows(device):
+    """A FULL_DECODE_ONLY batch: 3 requests of 3 query tokens (k = 2), a padded request (no query, no KV) and padded
+    query rows past the last end: the real rows match the loop, the padding is zero."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device: runs on the GPU machine")
+    kc, vc, table = _paged(device)
+    q_ends, kv_lens = [3, 6, 9, 9], [7, 10, 12, 0]
+    q = rnd(12, N, D, dtype=HALF).to(device)
+    out = npu_graphs_cuda.graph_attention(
+        q,
+        kc.view(NBLOCKS, BS, -1),
+        vc.view(NBLOCKS, BS, -1),
+        table,
+        torch.tensor(q_ends, dtype=torch.int32, device=device),
+        torch.tensor(kv_lens, dtype=torch.int32, device=device),
+        block_size=BS,
+        num_heads=N,
+        num_key_value_heads=KVN,
+        scale=0.25,
+    )
+    ref = _reference(q, kc, vc, table, q_ends, kv_lens, 0.25)
+    torch.testing.assert_close(out[:9].double().cpu(), ref[:9], **BF16_TOL)
+    assert out[9:].abs().sum() == 0
+
+
+def test_graph_attention_equals_the_eager_emulation():
+    kc, vc, table = _paged("cpu")
+    q_ends, kv_lens = [3, 4, 7], [7, 10, 6]
+    q = rnd(7, N, D, dtype=HALF)
+    kw = dict(block_size=BS, num_heads=N, num_key_value_heads=KVN, scale=0.3)
+    eager, _ = attention.npu_fused_infer_attention_score(
+        q,
+        kc.view(NBLOCKS, BS, -1),
+        vc.view(NBLOCKS, BS, -1),
+        atten_mask=MASK,
+        block_table=table,
+        input_layout="TND",
+        actual_seq_lengths=q_ends,
+        actual_seq_lengths_kv=kv_lens,
+        sparse_mode=3,
+        **kw,
+    )
+    graph = npu_graphs_cuda.graph_attention(
+        q,
+        kc.view(NBLOCKS, BS, -1),
+        vc.view(NBLOCKS, BS, -1),
+        table,
+        torch.tensor(q_ends, dtype=torch.int32),
+        torch.tensor(kv_lens, dtype=torch.int32),
+        **kw,
+    )
+    torch.testing.assert_close(graph, eager, atol=2e-3, rtol=2e-3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CUDA: graphs, task groups, updates, ExternalEvents
+# ----------------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs on the GPU machine")
+
+
+class Layer:
+    """vllm-ascend's FULL capture of one attention layer (0.18 attention_v1.full_graph_fia), on static buffers."""
+
+    def __init__(self):
+        import torch_npu
+
+        self.npu, self.torch_npu = torch.npu, torch_npu
+        self.kc, self.vc, self.table = _paged("cuda")
+        self.q = rnd(12, N, D, dtype=HALF).cuda()
+        self.out = torch.zeros_like(self.q)
+        self.graph = torch.npu.NPUGraph()
+        self.event = self.handle = None
+
+    def args(self, q_ends, kv_lens):
+        return dict(
+            query=self.q,
+            key=self.kc.view(NBLOCKS, BS, -1),
+            value=self.vc.view(NBLOCKS, BS, -1),
+            block_table=self.table,
+            atten_mask=MASK,
+            input_layout="TND",
+            block_size=BS,
+            actual_seq_lengths=q_ends,
+            actual_seq_lengths_kv=kv_lens,
+            num_key_value_heads=KVN,
+            num_heads=N,
+            scale=0.25,
+            sparse_mode=3,
+        )
+
+    def capture(self, q_ends, kv_lens):
+        with self.npu.graph(self.graph):
+            stream = self.npu.current_stream()
+            self.event = self.npu.ExternalEvent()
+            self.event.wait(stream)
+            self.event.reset(stream)
+            self.npu.graph_task_group_begin(stream)
+            self.torch_npu.npu_fused_infer_attention_score.out(
+                **self.args(q_ends, kv_lens), workspace=None, out=[self.out, torch.empty(1)]
+            )
+            self.handle = self.npu.graph_task_group_end(stream)
+
+    def update(self, stream, q_ends, kv_lens):
+        with self.npu.stream(stream):
+            self.npu.graph_task_update_begin(stream, self.handle)
+            self.torch_npu.npu_fused_infer_attention_score.out(
+                **self.args(q_ends, kv_lens), workspace=None, out=[self.out, torch.empty(1)]
+            )
+            self.npu.graph_task_update_end(stream)
+            self.event.record(stream)
+
+    def expected(self, q_ends, kv_lens):
+        return _reference(self.q, self.kc, self.vc, self.table, q_ends, kv_lens, 0.25)
+
+
+STEP1 = ([3, 6, 9, 9], [7, 10, 12, 0])
+STEP2 = ([3, 6, 9, 9], [8, 11, 12, 0])  # every request one KV token longer but the last
+
+
+@pytest.fixture
+def standin():
+    """The NPU stand-in on CUDA with the graph names bound (what npu_engine.install does for the engine)."""
+    import npu_standin
+    from npu_standin import runtime
+
+    if runtime.device() != "cuda":
+        pytest.skip("the NPU stand-in is on the CPU (NPU_STANDIN_DEVICE=cuda puts it on the CUDA device)")
+
+    npu_standin.install()
+    import torch_npu
+
+    import npu_ops
+
+    npu_ops.bind(torch_npu)
+    npu_graphs_cuda.install()
+    npu_graphs_cuda._timeouts().zero_()
+    yield
+    torch.cuda.synchronize()
+    # the test's graphs freed now: a CUDA graph destroyed by a later collection during the next test's capture would
+    # invalidate that capture
+    gc.collect()
+
+
+def _close(out, expected):
+    torch.testing.assert_close(out[:9].double().cpu(), expected[:9], **BF16_TOL)
+
+
+@cuda
+def test_a_replay_waits_for_the_update_issued_after_it(standin):
+    """The release's order: replay first, then the update and its record; the device is held back (a sleeping kernel)
+    so the replay is queued long before the update is issued. The captured wait holds the attention until the
+    record: each step reads its own lists."""
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    for step in (STEP1, STEP2, STEP1):
+        torch.cuda.current_stream().synchronize()  # the release's drain before a FULL replay
+        torch.cuda._sleep(50_000_000)
+        layer.graph.replay()
+        layer.update(update_stream, *step)
+        torch.cuda.synchronize()
+        _close(layer.out, layer.expected(*step))
+    npu_graphs_cuda.check()
+
+
+@cuda
+def test_the_captured_wait_blocks_until_a_record_issued_later(standin):
+    """The device reaches the captured wait first (idle device, replay queued at once), the host issues the update
+    only 50 ms later: the attention must run with the update's lists, and no wait may time out."""
+    import time
+
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    for step in (STEP2, STEP1, STEP2):
+        torch.cuda.synchronize()
+        layer.graph.replay()
+        time.sleep(0.05)
+        layer.update(update_stream, *step)
+        torch.cuda.synchronize()
+        _close(layer.out, layer.expected(*step))
+    npu_graphs_cuda.check()
+
+
+@cuda
+def test_a_replay_without_its_update_is_named(standin):
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    layer.graph.replay()
+    layer.update(update_stream, *STEP1)
+    layer.graph.replay()  # no update issued for it
+    with pytest.raises(npu_graphs_cuda.StaleTaskGroup, match=r"task group 0 of graph \d+ .*replay 2 .*without"):
+        layer.graph.replay()
+    layer.update(update_stream, *STEP1)  # let the waiting replay finish
+    torch.cuda.synchronize()
+
+
+@cuda
+def test_an_update_must_name_the_captured_tensors(standin):
+    layer = Layer()
+    layer.capture(*STEP1)
+    other = torch.zeros_like(layer.table)
+    with torch.npu.stream(torch.npu.Stream()):
+        torch.npu.graph_task_update_begin(torch.npu.current_stream(), layer.handle)
+        with pytest.raises(NotImplementedError, match="re-issued with other block_table"):
+            torch_npu_out(layer, block_table=other)
+    npu_graphs_cuda._STATE.updating = None
+
+
+def torch_npu_out(layer, **changed):
+    import torch_npu
+
+    torch_npu.npu_fused_infer_attention_score.out(
+        **{**layer.args(*STEP1), **changed}, workspace=None, out=[layer.out, torch.empty(1)]
+    )
+
+
+@cuda
+def test_without_the_full_drain_the_next_update_overtakes_a_replay(standin):
+    """vllm-ascend #4233's hazard on real streams: the device is busy (a sleeping kernel) when the host queues step
+    1's replay and update, then, without the drain, step 2's replay and update. The idle update stream runs both
+    updates at once: step 1's attention runs with step 2's lists (failure 1), and step 1's reset consumes step 2's
+    record, so step 2's wait never sees one (failure 2: on the NPU a hang; here a timed-out wait)."""
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    layer.graph.replay()
+    layer.update(update_stream, *STEP1)
+    step1 = layer.out.clone()  # queued on the main stream behind step 1's replay
+    layer.graph.replay()  # no drain before it
+    layer.update(update_stream, *STEP2)
+    torch.cuda.synchronize()
+    wrong = layer.expected(*STEP2)
+    torch.testing.assert_close(step1[:9].double().cpu(), wrong[:9], **BF16_TOL)  # step 2's lists in step 1
+    assert not torch.allclose(step1[:9].double().cpu(), layer.expected(*STEP1)[:9], atol=1e-2)
+    with pytest.raises(npu_graphs_cuda.DeviceHang, match="1 ExternalEvent waits never saw their record"):
+        npu_graphs_cuda.check()
+
+
+@cuda
+def test_with_the_full_drain_a_busy_device_keeps_every_step_exact(standin):
+    """The same sequence with the release's drain before each replay: each step reads its own lists."""
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    results = []
+    for step in (STEP1, STEP2):
+        torch.cuda.current_stream().synchronize()
+        torch.cuda._sleep(200_000_000)
+        layer.graph.replay()
+        layer.update(update_stream, *step)
+        results.append(layer.out.clone())
+    torch.cuda.synchronize()
+    for step, out in zip((STEP1, STEP2), results):
+        _close(out, layer.expected(*step))
+    npu_graphs_cuda.check()

@@ -1,0 +1,538 @@
+"""ACL graphs with a CUDA device standing in for the NPU (test-only; ``NPU_STANDIN_DEVICE=cuda``):
+``torch.npu.NPUGraph``, ``torch.npu.graph``, ``graph_pool_handle``, ``graph_task_group_begin/end``,
+``graph_task_update_begin/end``, ``torch.npu.ExternalEvent`` and the ``.out`` variant of
+``torch_npu.npu_fused_infer_attention_score`` that vllm-ascend captures in a task group. :func:`install` binds them
+on the NPU stand-in (npu_engine.install, on CUDA).
+
+The CPU double of the same contract is tests/support/npu_graphs.py (its docstring cites the torch_npu / CANN sources);
+this module keeps that contract on a real asynchronous device, so that the release's graph modes run with real
+capture, replay and two streams.
+
+Semantics
+---------
+* **Graphs** map to CUDA's: ``NPUGraph`` holds a ``torch.cuda.CUDAGraph``, ``torch.npu.graph(g, pool=, stream=)`` is
+  ``torch.cuda.graph`` (capture mode ``thread_local``), ``graph_pool_handle`` is ``torch.cuda.graph_pool_handle``.
+  As on the NPU, nothing runs while capturing; a replay re-issues the captured kernels, which read their tensors'
+  contents at replay time (static buffers) and keep every host argument they were captured with.
+* **Task groups.** The FIA ``.out`` call between ``graph_task_group_begin`` / ``graph_task_group_end`` is captured as
+  attention whose host parameters (``actual_seq_lengths``, ``actual_seq_lengths_kv``) live in device tensors owned by
+  the group (:func:`graph_attention`: fixed shapes, no host read, capturable). The capture leaves them unset: the
+  task keeps no parameters a replay may use until an update writes them.
+* **Updates.** ``graph_task_update_begin(stream, handle)``, the same op with this step's host lists, and
+  ``graph_task_update_end(stream)`` queue on ``stream`` (not capturing, not the capture stream) a copy of the lists
+  into the group's parameter tensors: asynchronous, stream-ordered, as ``aclmdlRICaptureTaskUpdateEnd``. The update
+  must name the tensors the group was captured with (same storage, shape and strides), the same number of requests,
+  and the same scalar arguments; anything else raises ``NotImplementedError`` naming what differs (a re-issue with
+  other tensors is not emulated).
+* **Which replay an update is for** (the stale-parameter bug class). vllm-ascend issues a replay, then the updates of
+  its groups. Each replay of a graph checks, on the host, that every task group of the graph was updated exactly once
+  for the graph's previous replay, and raises :class:`StaleTaskGroup` naming the group otherwise (that replay ran with
+  parameters issued for another step, or none).
+* **ExternalEvent** is a flag in device memory: ``record(stream)`` queues a kernel that sets it, ``reset(stream)`` one
+  that clears it, ``wait(stream)`` one that polls it until set (volatile loads). Captured on the capturing stream,
+  the wait and the reset are graph nodes: **the captured wait holds the graph's next kernel until the update's
+  record**, whenever that is issued -- the NPU's semantics, which ``torch.cuda.Event`` (a wait snapshots the last
+  record at issue time) does not have. A wait that polls for :data:`WAIT_TIMEOUT_POLLS` loads without seeing the flag
+  gives up and counts a timeout (a record that never comes: on the NPU, a device hang); :func:`report` returns the
+  count, and :func:`check` raises :class:`DeviceHang` when it is not zero.
+* ``_npu_fused_infer_attention_score_get_max_workspace`` returns an empty tensor (the workspace has no emulated
+  meaning); ``torch_npu._C._weak_ref_tensor`` / ``torch.ops._C_ascend.weak_ref_tensor`` return an alias (the CPU
+  double's).
+
+What it cannot show: ACL's implementation of task updates; torch_npu's task queue (a second host thread launching
+ops); anything of npugraph_ex / torchair; NPU kernel timing. The emulated attention inside graphs pads every request
+to the block table's width (fixed shapes): its cost is not the NPU op's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import traceback
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from npu_graphs import _define_c_ascend_weak_ref, _fia_workspace, _weak_ref_tensor, _write_attention
+
+# ~1 s of volatile loads on an H100 before a wait gives up (a record that never comes)
+WAIT_TIMEOUT_POLLS = 2_000_000
+# Debugging: wait for the device before each replay and after each graph's last update, naming the graph of a
+# device-side error (CUDA_LAUNCH_BLOCKING cannot serve: a blocking replay waits for an update issued after it)
+SYNC_DEBUG = os.environ.get("NPU_GRAPHS_CUDA_SYNC") == "1"
+
+
+class StaleTaskGroup(RuntimeError):
+    """A task group ran in a replay without an update issued for that replay."""
+
+
+class DeviceHang(RuntimeError):
+    """An ExternalEvent wait never saw its record (on the NPU the stream would wait forever)."""
+
+
+class GraphError(RuntimeError):
+    """A use of graphs / task groups / updates that the NPU runtime refuses."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# ExternalEvent: a device flag
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _wait_flag_kernel(flag_ptr, timeouts_ptr, max_polls):
+    seen = tl.load(flag_ptr, volatile=True)
+    polls = 0
+    while (seen == 0) & (polls < max_polls):
+        seen = tl.load(flag_ptr, volatile=True)
+        polls += 1
+    if seen == 0:
+        tl.atomic_add(timeouts_ptr, 1)
+
+
+FLAG_SLOTS = 1 << 16
+_TIMEOUTS: torch.Tensor | None = None
+_FLAGS: torch.Tensor | None = None
+_flags_taken = 0
+
+
+def _timeouts() -> torch.Tensor:
+    global _TIMEOUTS
+    if _TIMEOUTS is None:
+        _TIMEOUTS = torch.zeros(1, dtype=torch.int32, device="cuda")
+    return _TIMEOUTS
+
+
+class ExternalEvent:
+    """``torch.npu.ExternalEvent``: a flag in device memory set by ``record``, awaited by ``wait``, cleared by
+    ``reset`` (each a kernel on the given stream; captured when that stream captures)."""
+
+    def __init__(self) -> None:
+        global _flags_taken
+        # vllm-ascend creates its events inside the capture: a flag allocated and zeroed there would be a graph node
+        # that clears it at every replay, before the wait. The flags are slots of one buffer zeroed beforehand.
+        if _FLAGS is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise GraphError("an ExternalEvent created in a capture not begun through torch.npu.graph")
+            _prepare()
+        if _flags_taken == FLAG_SLOTS:
+            raise RuntimeError(f"npu_graphs_cuda: more than {FLAG_SLOTS} ExternalEvents")
+        self.flag = _FLAGS[_flags_taken : _flags_taken + 1]
+        _flags_taken += 1
+
+    def record(self, stream: Any = None) -> None:
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            self.flag.fill_(1)
+
+    def wait(self, stream: Any = None) -> None:
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            _wait_flag_kernel[(1,)](self.flag, _timeouts(), WAIT_TIMEOUT_POLLS)
+
+    def reset(self, stream: Any = None) -> None:
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            self.flag.zero_()
+
+
+def _prepare() -> None:
+    """Allocate the flags and compile the wait kernel, once, outside any capture (a module load is not capturable)."""
+    global _FLAGS
+    if _FLAGS is not None:
+        return
+    if not torch.cuda.is_available():
+        raise RuntimeError("npu_graphs_cuda needs a CUDA device (NPU_STANDIN_DEVICE=cuda)")
+    _FLAGS = torch.zeros(FLAG_SLOTS, dtype=torch.int32, device="cuda")
+    _timeouts()
+    event = ExternalEvent()
+    event.record()
+    event.wait()
+    torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Graphs, task groups, updates
+# ----------------------------------------------------------------------------------------------------
+
+
+def _site() -> str:
+    frame = sys._getframe(2)
+    path = "/".join(frame.f_code.co_filename.split("/")[-3:])
+    return f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+@dataclasses.dataclass
+class TaskGroup:
+    """A captured task group (the ``handle`` of ``graph_task_group_end``): the attention it holds and the device
+    tensors its host parameters live in."""
+
+    graph: NPUGraph
+    index: int
+    site: str
+    call: GroupCall | None = None
+    updated_for: list[int] = dataclasses.field(default_factory=list)  # replays an update was issued for
+
+    @property
+    def name(self) -> str:
+        return f"task group {self.index} of graph {self.graph.id} (captured at {self.site})"
+
+
+@dataclasses.dataclass
+class GroupCall:
+    """The attention captured in a task group: tensors (by storage), scalar arguments, parameter tensors."""
+
+    tensors: dict[str, tuple]  # name -> (data_ptr, shape, stride)
+    scalars: dict[str, Any]
+    q_ends: torch.Tensor  # int32 [requests]
+    kv_lens: torch.Tensor  # int32 [requests]
+    kwargs: dict | None = None  # the captured call's arguments (NPU_GRAPHS_CUDA_SYNC=1 checks)
+    lists: tuple | None = None  # the last update's host lists
+    result: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the attention of the last replay, in memory of its own
+
+    def check_against_eager(self, name: str) -> None:
+        """NPU_GRAPHS_CUDA_SYNC=1, after the replay ran: the attention it computed equals the eager emulation on the
+        same buffers and the update's lists (rows of real requests)."""
+        from npu_ops.attention import npu_fused_infer_attention_score
+
+        q_ends, kv_lens = self.lists
+        kw = {k: v for k, v in self.kwargs.items() if k not in ("actual_seq_lengths", "actual_seq_lengths_kv", "out")}
+        real = [i for i in range(len(q_ends)) if (q_ends[i] - (q_ends[i - 1] if i else 0)) and kv_lens[i]]
+        last = max(real) + 1 if real else 0
+        eager, _ = npu_fused_infer_attention_score(
+            actual_seq_lengths=q_ends[:last], actual_seq_lengths_kv=kv_lens[:last], **kw
+        )
+        rows = q_ends[last - 1] if last else 0
+        # not the output buffer: the graph's memory pool may hand it to a later tensor of the same graph
+        got = self.result.view(-1)[: eager.numel()].view_as(eager)[:rows].float()
+        diff = (got - eager[:rows].float()).abs().max().item() if rows else 0.0
+        if diff > 0.05:
+            raise RuntimeError(
+                f"npu_graphs_cuda: {name}: graph attention differs from the eager op by {diff:.3g} "
+                f"(q_ends {q_ends}, kv_lens {kv_lens})"
+            )
+
+
+_graph_ids = iter(range(1, 1 << 30))
+
+
+class NPUGraph:
+    """``torch.npu.NPUGraph``: a CUDA graph plus the task groups captured in it."""
+
+    def __init__(self) -> None:
+        self.id = next(_graph_ids)
+        self.cuda = torch.cuda.CUDAGraph()
+        self.groups: list[TaskGroup] = []
+        self.replays = 0  # replays the host has issued
+        self.site = ""  # the release's frames that captured it (innermost last)
+
+    def replay(self) -> None:
+        if SYNC_DEBUG:
+            _sync_or_name(f"before replay {self.replays + 1} of graph {self.id} (captured {self.site})")
+        if self.replays:
+            for group in self.groups:
+                if group.updated_for.count(self.replays) != 1 or group.updated_for[-1] != self.replays:
+                    raise StaleTaskGroup(
+                        f"{group.name}: replay {self.replays} of graph {self.id} ran without exactly one update "
+                        f"issued for it (updates issued for replays {group.updated_for[-4:]})"
+                    )
+        self.replays += 1
+        self.cuda.replay()
+
+    def __repr__(self) -> str:
+        return f"<npu_graphs_cuda NPUGraph {self.id}>"
+
+
+@dataclasses.dataclass
+class _State:
+    capturing: NPUGraph | None = None
+    open_group: TaskGroup | None = None
+    updating: tuple[Any, TaskGroup, list] | None = None  # (stream, group, calls)
+
+
+_STATE = _State()
+
+
+class graph:
+    """``torch.npu.graph(npu_graph, pool=None, stream=None)``: ``torch.cuda.graph`` around the block."""
+
+    def __init__(self, npu_graph: NPUGraph, pool: Any = None, stream: Any = None, **kwargs: Any) -> None:
+        if kwargs:
+            raise NotImplementedError(f"npu_graphs_cuda: torch.npu.graph arguments {sorted(kwargs)}")
+        self.npu_graph = npu_graph
+        self._cuda = torch.cuda.graph(npu_graph.cuda, pool=pool, stream=stream, capture_error_mode="thread_local")
+
+    def __enter__(self) -> graph:
+        if _STATE.capturing is not None:
+            raise GraphError("a graph capture inside another capture")
+        if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1":
+            # as vllm-ascend refuses ASCEND_LAUNCH_BLOCKING=1 with ACL graphs: a replay that blocks until done waits
+            # for the update the host issues after it, and every captured wait times out
+            raise GraphError("CUDA_LAUNCH_BLOCKING=1 cannot run ACL graphs (debugging: NPU_GRAPHS_CUDA_SYNC=1)")
+        _prepare()
+        self._cuda.__enter__()
+        _STATE.capturing = self.npu_graph
+        self.npu_graph.site = " < ".join(
+            f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(traceback.extract_stack()[-9:-1])
+        )
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        open_group = _STATE.open_group
+        _STATE.capturing, _STATE.open_group = None, None
+        self._cuda.__exit__(*exc)
+        if open_group is not None and exc[0] is None:
+            raise GraphError(f"capture ended inside an open task group ({open_group.name})")
+
+
+def graph_pool_handle() -> Any:
+    return torch.cuda.graph_pool_handle()
+
+
+def graph_task_group_begin(stream: Any) -> None:
+    if _STATE.capturing is None or not torch.cuda.current_stream() == stream:
+        raise GraphError("graph_task_group_begin on a stream that is not capturing")
+    if _STATE.open_group is not None:
+        raise GraphError(f"graph_task_group_begin inside an open task group ({_STATE.open_group.name})")
+    _STATE.open_group = TaskGroup(_STATE.capturing, len(_STATE.capturing.groups), _site())
+
+
+def graph_task_group_end(stream: Any) -> TaskGroup:
+    group = _STATE.open_group
+    if group is None or not torch.cuda.current_stream() == stream:
+        raise GraphError("graph_task_group_end without a task group open on this capturing stream")
+    if group.call is None:
+        raise GraphError(f"{group.name}: a task group holds one task (the attention's .out call)")
+    _STATE.open_group = None
+    group.graph.groups.append(group)
+    return group
+
+
+def graph_task_update_begin(stream: Any, handle: TaskGroup) -> None:
+    if not isinstance(handle, TaskGroup):
+        raise GraphError(f"graph_task_update_begin: {handle!r} is not a task group handle")
+    if torch.cuda.is_current_stream_capturing():
+        raise GraphError("graph_task_update_begin while capturing")
+    if _STATE.updating is not None:
+        raise GraphError(f"graph_task_update_begin inside an open update of {_STATE.updating[1].name}")
+    _STATE.updating = (stream, handle, [])
+
+
+def graph_task_update_end(stream: Any) -> None:
+    pending = _STATE.updating
+    if pending is None or pending[0] != stream:
+        raise GraphError("graph_task_update_end without graph_task_update_begin on this stream")
+    _STATE.updating = None
+    _, group, calls = pending
+    if len(calls) != 1:
+        raise GraphError(f"{group.name}: the update issues {len(calls)} ops, the group holds one")
+    q_ends, kv_lens = calls[0]
+    with torch.cuda.stream(stream):
+        # pinned staging: the copy is asynchronous; torch's host allocator keeps the block until the copy ran
+        group.call.q_ends.copy_(torch.tensor(q_ends, dtype=torch.int32).pin_memory(), non_blocking=True)
+        group.call.kv_lens.copy_(torch.tensor(kv_lens, dtype=torch.int32).pin_memory(), non_blocking=True)
+    group.updated_for.append(group.graph.replays)
+    group.call.lists = (q_ends, kv_lens)
+    if SYNC_DEBUG and group is group.graph.groups[-1]:
+        _sync_or_name(f"in replay {group.graph.replays} of graph {group.graph.id} (captured {group.graph.site})")
+        for g in group.graph.groups:
+            g.call.check_against_eager(g.name)
+
+
+def _sync_or_name(where: str) -> None:
+    """NPU_GRAPHS_CUDA_SYNC=1: wait for the device here, and name the place of a device-side error."""
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        raise RuntimeError(f"npu_graphs_cuda: device error {where}: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------------
+# The attention op's .out variant
+# ----------------------------------------------------------------------------------------------------
+
+_TENSOR_ARGS = ("query", "key", "value", "block_table")
+_SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
+
+
+def _describe(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+
+
+class FusedInferAttentionScore:
+    """``torch_npu.npu_fused_infer_attention_score``: the eager emulation when called, and its ``.out`` variant:
+    eager outside a task group; captured as :func:`graph_attention` inside one; re-issued by an update."""
+
+    def __init__(self, eager: Any) -> None:
+        self._eager = eager
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._eager(*args, **kwargs)
+
+    def out(self, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
+        if _STATE.updating is not None:
+            self._update(_STATE.updating, kwargs, out)
+        elif _STATE.open_group is not None:
+            self._capture(_STATE.open_group, kwargs, out)
+        elif torch.cuda.is_current_stream_capturing():
+            raise NotImplementedError(
+                "npu_graphs_cuda: npu_fused_infer_attention_score.out captured outside a task group"
+            )
+        else:
+            _write_attention(self._eager(**kwargs), out, kwargs)
+
+    @staticmethod
+    def _check_mode(kwargs: dict) -> None:
+        if kwargs.get("query_rope") is not None:
+            raise NotImplementedError("npu_graphs_cuda: npu_fused_infer_attention_score.out in MLA mode in a graph")
+        known = set(_TENSOR_ARGS) | set(_SCALAR_ARGS) | {"atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv"}
+        if set(kwargs) - known or kwargs.get("softmax_lse_flag"):
+            raise NotImplementedError(
+                f"npu_graphs_cuda: npu_fused_infer_attention_score.out with {sorted(set(kwargs) - known)}"
+            )
+        if kwargs.get("input_layout") != "TND" or kwargs.get("sparse_mode") != 3 or kwargs.get("block_table") is None:
+            raise NotImplementedError(
+                "npu_graphs_cuda: npu_fused_infer_attention_score.out in a graph: only TND, sparse_mode=3, paged"
+            )
+
+    def _capture(self, group: TaskGroup, kwargs: dict, out: list) -> None:
+        self._check_mode(kwargs)
+        if group.call is not None:
+            raise GraphError(f"{group.name}: a second op in one task group")
+        requests = len(kwargs["actual_seq_lengths"])
+        if len(kwargs["actual_seq_lengths_kv"]) != requests:
+            raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
+        device = kwargs["query"].device
+        # allocated in the capture's pool; left unset: only an update gives the task parameters
+        call = GroupCall(
+            tensors={name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])},
+            scalars={name: kwargs[name] for name in _SCALAR_ARGS},
+            q_ends=torch.empty(requests, dtype=torch.int32, device=device),
+            kv_lens=torch.empty(requests, dtype=torch.int32, device=device),
+        )
+        call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
+        group.call = call
+        result = graph_attention(
+            kwargs["query"],
+            kwargs["key"],
+            kwargs["value"],
+            kwargs["block_table"],
+            call.q_ends,
+            call.kv_lens,
+            block_size=kwargs["block_size"],
+            num_heads=kwargs["num_heads"],
+            num_key_value_heads=kwargs["num_key_value_heads"],
+            scale=kwargs["scale"],
+        )
+        out[0].view(-1)[: result.numel()].copy_(result.reshape(-1))
+        if SYNC_DEBUG:
+            call.result = result.clone()  # allocated in the capture, kept alive by the group: the pool keeps it
+
+    def _update(self, pending: tuple, kwargs: dict, out: list) -> None:
+        self._check_mode(kwargs)
+        _, group, calls = pending
+        captured = group.call
+        now = {name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])}
+        differ = [name for name in now if now[name] != captured.tensors[name]]
+        differ += [name for name in _SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
+        q_ends, kv_lens = list(kwargs["actual_seq_lengths"]), list(kwargs["actual_seq_lengths_kv"])
+        if len(q_ends) != captured.q_ends.numel() or len(kv_lens) != captured.kv_lens.numel():
+            differ.append(f"requests ({len(q_ends)} / {len(kv_lens)} vs {captured.q_ends.numel()})")
+        if differ:
+            raise NotImplementedError(
+                f"npu_graphs_cuda: {group.name} re-issued with other {', '.join(differ)} than captured"
+            )
+        calls.append(([int(x) for x in q_ends], [int(x) for x in kv_lens]))
+
+
+def graph_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_table: torch.Tensor,
+    q_ends: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """FIA's paged TND attention with ``sparse_mode=3`` (the semantics of npu_ops/attention.py), with the host
+    parameters read from device tensors: ``q_ends [B]`` cumulative query ends, ``kv_lens [B]`` KV lengths. Fixed shapes
+    and no host read, so that it can be captured: every request gathers the block table's full width of KV, and a
+    query row ``t`` belongs to request ``b`` with ``q_ends[b-1] <= t < q_ends[b]``. Rows past the last request, and
+    rows that attend nothing, are zero (the eager emulation leaves rows past the last request zero too)."""
+    tokens, heads, head_dim = query.shape
+    kv_heads = num_key_value_heads or num_heads
+    requests = q_ends.numel()
+    width = block_table.shape[1] * block_size
+    rows = torch.arange(tokens, device=query.device, dtype=torch.int32)
+    request = torch.searchsorted(q_ends, rows, right=True)  # [T], == requests past the last end
+    valid = request < requests
+    request = request.clamp(max=requests - 1)
+    q_start = torch.where(request > 0, q_ends[(request - 1).clamp(min=0)], 0)
+    q_len = q_ends[request] - q_start
+    kv_len = kv_lens[request]
+    limit = kv_len - q_len + (rows - q_start)  # last KV position row t attends (right-down causal)
+    blocks = block_table[:requests].long()  # [B, W/bs]
+    k = key.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
+    v = value.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
+    group = num_heads // kv_heads
+    k = k.float().repeat_interleave(group, dim=2)[request]  # [T, W, N, D]
+    v = v.float().repeat_interleave(group, dim=2)[request]
+    scores = torch.einsum("tnd,twnd->tnw", query.float(), k) * scale
+    positions = torch.arange(width, device=query.device)
+    allowed = (positions[None, :] <= limit[:, None]) & (positions[None, :] < kv_len[:, None]) & valid[:, None]
+    scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row that attends nothing: all -inf -> zeros
+    return torch.einsum("tnw,twnd->tnd", probs, v).to(query.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Installation
+# ----------------------------------------------------------------------------------------------------
+
+NPU_NAMES = {
+    "NPUGraph": NPUGraph,
+    "graph": graph,
+    "graph_pool_handle": graph_pool_handle,
+    "graph_task_group_begin": graph_task_group_begin,
+    "graph_task_group_end": graph_task_group_end,
+    "graph_task_update_begin": graph_task_update_begin,
+    "graph_task_update_end": graph_task_update_end,
+    "ExternalEvent": ExternalEvent,
+}
+
+
+def install() -> None:
+    """Bind the names on the NPU stand-in (``torch_npu.npu`` is ``torch.npu``); CUDA only. Graph capture also reads
+    the device's memory (vLLM's ``capture_model``: ``torch.cuda.mem_get_info``, which vllm-ascend maps to
+    ``torch.npu.mem_get_info``; ``torch.accelerator.empty_cache``, which it routes to ``torch.npu.empty_cache``):
+    torch.cuda's own functions, taken before vllm-ascend rebinds the torch.cuda names."""
+    import torch_npu
+
+    _define_c_ascend_weak_ref()
+    for name, value in NPU_NAMES.items():
+        setattr(torch_npu.npu, name, value)
+    torch_npu.npu.mem_get_info = torch.cuda.mem_get_info
+    torch_npu.npu.empty_cache = torch.cuda.empty_cache
+    torch_npu.npu_fused_infer_attention_score = FusedInferAttentionScore(torch_npu.npu_fused_infer_attention_score)
+    torch_npu._npu_fused_infer_attention_score_get_max_workspace = _fia_workspace
+    torch_npu._C._weak_ref_tensor = _weak_ref_tensor
+
+
+def report() -> dict:
+    """The ExternalEvent waits that timed out so far (0 when no graph was captured)."""
+    if _FLAGS is None:
+        return {"external_event_wait_timeouts": 0}
+    torch.cuda.synchronize()
+    return {"external_event_wait_timeouts": int(_timeouts().item())}
+
+
+def check() -> None:
+    timeouts = report()["external_event_wait_timeouts"]
+    if timeouts:
+        raise DeviceHang(
+            f"{timeouts} ExternalEvent waits never saw their record (on the NPU the stream would wait forever)"
+        )
