@@ -355,9 +355,9 @@ def test_a_stopped_run_is_named_by_its_assertion_or_its_last_exception():
 
 
 @pytest.mark.parametrize(
-    "graph_mode, change, expected",
+    "graph_mode, ran, expected",
     [
-        ("eager", {}, []),
+        ("eager", {"cudagraph_mode": "CUDAGraphMode.NONE", "graphs_captured": 0}, []),
         ("full_decode_only", {"cudagraph_mode": "CUDAGraphMode.FULL_DECODE_ONLY", "graphs_captured": 6}, []),
         (
             "full_decode_only",
@@ -376,14 +376,12 @@ def test_a_stopped_run_is_named_by_its_assertion_or_its_last_exception():
         ),
     ],
 )
-def test_a_graph_mode_verdict_needs_graphs_in_that_mode(graph_mode, change, expected):
-    """A release that falls back to eager (or to another cudagraph mode) must not pass as tested in the mode asked
-    for: every judged run names its mode and its captured graphs; classic async, reported beside, is not checked."""
-    from zb_patch.check.engine.run import graph_mode_failures
-
+def test_a_graph_mode_verdict_needs_graphs_in_that_mode(graph_mode, ran, expected):
+    """Rule 6: a release that falls back to eager (or to another cudagraph mode) must not pass as tested in the mode
+    asked for; classic async, reported beside, is not checked."""
     runs = _runs()
     for res in runs.values():
-        res.update({"cudagraph_mode": "CUDAGraphMode.NONE", "graphs_captured": 0} if graph_mode == "eager" else change)
+        res.update(graph_mode=graph_mode, **ran)
     runs["async"].update(cudagraph_mode="CUDAGraphMode.NONE", graphs_captured=0)  # beside: never judged
-    failures = graph_mode_failures(runs, graph_mode)
+    failures, _ = compare(runs, WL, VOCAB)
     assert failures == [f"{name}: {e}" for name in ("sync", "async+fixes", "async+zb") for e in expected]

@@ -32,9 +32,13 @@ Semantics
   that clears it, ``wait(stream)`` one that polls it until set (volatile loads). Captured on the capturing stream,
   the wait and the reset are graph nodes: **the captured wait holds the graph's next kernel until the update's
   record**, whenever that is issued -- the NPU's semantics, which ``torch.cuda.Event`` (a wait snapshots the last
-  record at issue time) does not have. A wait that polls for :data:`WAIT_TIMEOUT_POLLS` loads without seeing the flag
+  record at issue time) does not have. The flags are slots of one buffer zeroed before the first capture (vllm-ascend
+  creates its events inside captures). A wait that polls for :data:`WAIT_TIMEOUT_POLLS` loads without seeing the flag
   gives up and counts a timeout (a record that never comes: on the NPU, a device hang); :func:`report` returns the
   count, and :func:`check` raises :class:`DeviceHang` when it is not zero.
+* **Refused**: ``CUDA_LAUNCH_BLOCKING=1`` with a capture (a blocking replay would wait for an update issued after it;
+  vllm-ascend refuses ``ASCEND_LAUNCH_BLOCKING=1`` with ACL graphs likewise); FIA ``.out`` in a graph in MLA mode,
+  unpaged, or in another layout / sparse mode; a task group with more than one op.
 * ``_npu_fused_infer_attention_score_get_max_workspace`` returns an empty tensor (the workspace has no emulated
   meaning); ``torch_npu._C._weak_ref_tensor`` / ``torch.ops._C_ascend.weak_ref_tensor`` return an alias (the CPU
   double's).

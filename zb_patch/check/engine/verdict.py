@@ -67,6 +67,7 @@ def compare(runs: dict[str, dict], wl: Workload, vocab: int) -> tuple[list[str],
         failures.append("sync: no draft token was verified (speculative decoding did not run)")
     failures += scheduling_failures(runs)
     failures += zero_bubble_failures(runs)
+    failures += graph_mode_failures(runs)
     for name in ("async+fixes", "async+zb"):
         f, n = async_vs_sync(sync, runs[name], wl, vocab, name)
         failures += f
@@ -77,6 +78,25 @@ def compare(runs: dict[str, dict], wl: Workload, vocab: int) -> tuple[list[str],
     if BESIDE in runs:
         notes += classic_async_notes(runs, wl, vocab)
     return failures, notes
+
+
+def graph_mode_failures(runs: dict[str, dict]) -> list[str]:
+    """Rule 6: each judged run ran in the graph mode it was asked for (``graph_mode``, the child's ``--graph-mode``):
+    that ``cudagraph_mode``, and outside eager at least one captured graph. A release that falls back to another mode
+    must not pass as tested in this one."""
+    failures = []
+    for name in JUDGED:
+        res = runs[name]
+        if "cudagraph_mode" not in res:
+            continue
+        asked = res.get("graph_mode", "eager")
+        want = "NONE" if asked == "eager" else asked.upper()
+        mode = res["cudagraph_mode"].rsplit(".", 1)[-1]
+        if mode != want:
+            failures.append(f"{name}: ran with cudagraph_mode {mode}, not {want} (--graph-mode {asked})")
+        elif asked != "eager" and not res.get("graphs_captured"):
+            failures.append(f"{name}: --graph-mode {asked} captured no graph")
+    return failures
 
 
 def async_vs_sync(sync: dict, other: dict, wl: Workload, vocab: int, name: str) -> tuple[list[str], list[str]]:
