@@ -93,6 +93,15 @@ def test_graph_attention_equals_the_eager_emulation():
     torch.testing.assert_close(graph, eager, atol=2e-3, rtol=2e-3)
 
 
+def test_graph_attention_refuses_the_dtypes_the_npu_refuses():
+    kc, vc, table = _paged("cpu")
+    ends = torch.tensor([3], dtype=torch.int32)
+    args = (kc.view(NBLOCKS, BS, -1), vc.view(NBLOCKS, BS, -1), table, ends, torch.tensor([7], dtype=torch.int32))
+    kw = dict(block_size=BS, num_heads=N, num_key_value_heads=KVN, scale=0.3)
+    with pytest.raises(NotImplementedError, match="npu_fused_infer_attention_score"):
+        npu_graphs_cuda.graph_attention(rnd(3, N, D), *args, **kw)  # float32 query
+
+
 # ----------------------------------------------------------------------------------------------------
 # CUDA: graphs, task groups, updates, ExternalEvents
 # ----------------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from npu_graphs import _define_c_ascend_weak_ref, _fia_workspace, _weak_ref_tensor, _write_attention
+from npu_ops._check import HALF, dtypes
 
 # ~1 s of volatile loads on an H100 before a wait gives up (a record that never comes)
 WAIT_TIMEOUT_POLLS = 2_000_000
@@ -466,7 +467,9 @@ def graph_attention(
     parameters read from device tensors: ``q_ends [B]`` cumulative query ends, ``kv_lens [B]`` KV lengths. Fixed shapes
     and no host read, so that it can be captured: every request gathers the block table's full width of KV, and a
     query row ``t`` belongs to request ``b`` with ``q_ends[b-1] <= t < q_ends[b]``. Rows past the last request, and
-    rows that attend nothing, are zero (the eager emulation leaves rows past the last request zero too)."""
+    rows that attend nothing, are zero (the eager emulation leaves rows past the last request zero too). Query, key
+    and value are float16 or bfloat16, one dtype, as the NPU op takes them."""
+    dtypes("npu_fused_infer_attention_score", HALF, query=query, key=key, value=value)
     tokens, heads, head_dim = query.shape
     kv_heads = num_key_value_heads or num_heads
     requests = q_ends.numel()
