@@ -36,8 +36,8 @@ from test_tiny_model import (  # noqa: E402
     DTYPE,
     FAULT_STEPS,
     MARGIN_FLOOR,
+    MARGIN_WORKLOADS,
     NOISE_RATIO,
-    WORKLOADS,
     _decode,
     _draft_chains,
     _margins,
@@ -114,7 +114,7 @@ def drafts(drafter, sequences):  # noqa: F811
     return out
 
 
-@pytest.mark.parametrize("name", WORKLOADS)
+@pytest.mark.parametrize("name", MARGIN_WORKLOADS)
 def test_every_greedy_choice_wins_by_a_wide_margin(sequences, noise, drafts, name):  # noqa: F811
     """(c) for the DeepSeek target and its MTP layer."""
     rows = sequences[name]

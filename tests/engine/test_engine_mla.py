@@ -179,7 +179,7 @@ def test_mla_sync_tokens_equal_transformers_greedy(sweep, tmp_path_factory):
     """The engine's tokens (the release's MLA backend over the emulated ops) equal transformers' DeepseekV3, greedy,
     on the same checkpoint."""
     import transformers
-    from test_tiny_model import reference_tokens
+    from greedy_reference import reference_tokens
 
     model_dir = tiny_model.write_deepseek_model(str(tmp_path_factory.mktemp("reference_deepseek")))
     model = transformers.DeepseekV3ForCausalLM.from_pretrained(model_dir, dtype=tiny_model.DTYPE).eval()

@@ -7,24 +7,33 @@ transformers' own Llama / Qwen2 on the written weights (no vLLM, no NPU emulatio
     position;
 (c) every greedy choice (target and drafts) wins by the constructed logit margin (LOGIT_MARGIN, less bfloat16's
     rounding: at least MARGIN_FLOOR) and by at least NOISE_RATIO times the largest change of any logit between batch
-    compositions / chunkings of the same tokens.
+    compositions / chunkings of the same tokens (measured on CI's workload; E2E_BIG=1: on BIG too).
 
 Everything runs in the engine's dtype (``model.DTYPE``, bfloat16), on the checkpoints as written.
 """
 
 from __future__ import annotations
 
+import os
+from importlib.metadata import version
+
 import pytest
 import torch
 
 from zb_patch.check.engine import model as tiny_model
-from zb_patch.check.engine.workload import BIG, CI, Workload
+from zb_patch.check.engine.workload import BIG, CI
 
 transformers = pytest.importorskip(
     "transformers", reason="the tiny-model reference needs transformers (va013-e2e / va018-e2e / va023-e2e envs)"
 )
 
+if version("vllm-ascend") != "0.18.0" and not os.environ.get("E2E_BIG"):
+    pytest.skip("the model does not depend on the release: CI checks it in va018-e2e", allow_module_level=True)
+
 WORKLOADS = {"ci": CI, "big": BIG}
+# (c)'s logit noise feeds every request one token at a time: minutes on BIG per model on two cores, so CI measures
+# it on CI's workload and E2E_BIG=1 on both
+MARGIN_WORKLOADS = WORKLOADS if os.environ.get("E2E_BIG") else {"ci": CI}
 DTYPE = getattr(torch, tiny_model.DTYPE)  # what the engine computes in
 MARGIN_FLOOR = 0.95 * tiny_model.LOGIT_MARGIN  # bfloat16 rounds the constructed 10.0 to 9.81-9.88 (docs/e2e.md)
 NOISE_RATIO = 100
@@ -120,18 +129,6 @@ def drafter(request, dirs, mtp_dir, target):
     return request.param, model, step_input
 
 
-def greedy(model, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
-        )
-    return out[0, len(prompt) :].tolist()
-
-
-def reference_tokens(model, wl: Workload) -> dict[str, list[int]]:
-    return {str(i): greedy(model, p, n) for i, (p, n) in enumerate(wl.requests(tiny_model.VOCAB))}
-
-
 @pytest.fixture(scope="module")
 def sequences(target):
     """Per workload: (prompt + greedy output, prompt length, target logits, final hidden states) per request. The
@@ -186,10 +183,10 @@ def _logit_noise(target, rows) -> float:
 
 @pytest.fixture(scope="module")
 def noise(target, sequences):
-    return {name: _logit_noise(target, rows) for name, rows in sequences.items()}
+    return {name: _logit_noise(target, sequences[name]) for name in MARGIN_WORKLOADS}
 
 
-@pytest.mark.parametrize("name", WORKLOADS)
+@pytest.mark.parametrize("name", MARGIN_WORKLOADS)
 def test_every_greedy_choice_wins_by_a_wide_margin(sequences, noise, drafter, drafts, name):
     """(c): the smallest top-1 / top-2 logit gap over all greedy choices of the workload -- the target's at every
     output position, the drafter's at every draft position of every chain -- against the logit noise of
