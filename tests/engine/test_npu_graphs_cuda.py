@@ -139,9 +139,12 @@ class Layer:
             sparse_mode=3,
         )
 
-    def capture(self, q_ends, kv_lens):
+    def capture(self, q_ends, kv_lens, scratch: bool = False):
         with self.npu.graph(self.graph):
             stream = self.npu.current_stream()
+            if scratch:  # a model's earlier intermediates: a block of the graph's pool, written, then freed
+                tmp = torch.full((64,), 7, dtype=torch.int32, device="cuda")
+                del tmp
             self.event = self.npu.ExternalEvent()
             self.event.wait(stream)
             self.event.reset(stream)
@@ -226,6 +229,24 @@ def test_the_captured_wait_blocks_until_a_record_issued_later(standin):
         layer.graph.replay()
         time.sleep(0.05)
         layer.update(update_stream, *step)
+        torch.cuda.synchronize()
+        _close(layer.out, layer.expected(*step))
+    npu_graphs_cuda.check()
+
+
+@cuda
+def test_an_update_that_lands_before_the_graph_runs_is_kept(standin):
+    """The device is held back, so the update's copy (on the idle update stream) lands before the replay's first
+    kernel runs. A block the graph writes and frees before the attention (the model's earlier intermediates) must not
+    be where the task group's parameters live: the graph's write would replace the update's lists."""
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1, scratch=True)
+    for step in (STEP2, STEP1):
+        torch.cuda.current_stream().synchronize()
+        torch.cuda._sleep(100_000_000)
+        layer.graph.replay()
+        layer.update(update_stream, *step)
+        update_stream.synchronize()  # the lists are in place while the replay still waits behind the sleep
         torch.cuda.synchronize()
         _close(layer.out, layer.expected(*step))
     npu_graphs_cuda.check()

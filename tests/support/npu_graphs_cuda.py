@@ -15,9 +15,10 @@ Semantics
   As on the NPU, nothing runs while capturing; a replay re-issues the captured kernels, which read their tensors'
   contents at replay time (static buffers) and keep every host argument they were captured with.
 * **Task groups.** The FIA ``.out`` call between ``graph_task_group_begin`` / ``graph_task_group_end`` is captured as
-  attention whose host parameters (``actual_seq_lengths``, ``actual_seq_lengths_kv``) live in device tensors owned by
-  the group (:func:`graph_attention`: fixed shapes, no host read, capturable). The capture leaves them unset: the
-  task keeps no parameters a replay may use until an update writes them.
+  attention whose host parameters (``actual_seq_lengths``, ``actual_seq_lengths_kv``) live in device tensors of the
+  group (:func:`graph_attention`: fixed shapes, no host read, capturable): slots of one buffer allocated before any
+  capture, never memory of a graph's pool, which the graph's own earlier kernels may write while an update's copy
+  lands. The capture leaves them unset: the task keeps no parameters a replay may use until an update writes them.
 * **Updates.** ``graph_task_update_begin(stream, handle)``, the same op with this step's host lists, and
   ``graph_task_update_end(stream)`` queue on ``stream`` (not capturing, not the capture stream) a copy of the lists
   into the group's parameter tensors: asynchronous, stream-ordered, as ``aclmdlRICaptureTaskUpdateEnd``. The update
@@ -68,6 +69,8 @@ WAIT_TIMEOUT_POLLS = 2_000_000
 # Debugging: wait for the device before each replay and after each graph's last update, naming the graph of a
 # device-side error (CUDA_LAUNCH_BLOCKING cannot serve: a blocking replay waits for an update issued after it)
 SYNC_DEBUG = os.environ.get("NPU_GRAPHS_CUDA_SYNC") == "1"
+# Debugging: one stderr line per replay and per update (graph, replay, the update's host lists)
+TRACE = os.environ.get("NPU_GRAPHS_CUDA_TRACE") == "1"
 
 
 class StaleTaskGroup(RuntimeError):
@@ -141,14 +144,35 @@ class ExternalEvent:
             self.flag.zero_()
 
 
+# The task groups' host parameters (request ends, KV lengths) live in slots of one buffer allocated outside every
+# capture: memory of a graph's pool is also written by the graph's own earlier kernels (a block freed during the
+# capture and handed to a later tensor keeps its first owner's writes in the graph), and an update's copy runs beside
+# those kernels, before the graph's wait.
+PARAM_SLOTS = 1 << 20
+_PARAMS: torch.Tensor | None = None
+_params_taken = 0
+
+
+def _param_slots(n: int) -> torch.Tensor:
+    """``n`` int32 slots of the parameter buffer, for one task group's list."""
+    global _params_taken
+    if _params_taken + n > PARAM_SLOTS:
+        raise RuntimeError(f"npu_graphs_cuda: more than {PARAM_SLOTS} task-group parameters")
+    slots = _PARAMS[_params_taken : _params_taken + n]
+    _params_taken += n
+    return slots
+
+
 def _prepare() -> None:
-    """Allocate the flags and compile the wait kernel, once, outside any capture (a module load is not capturable)."""
-    global _FLAGS
+    """Allocate the flags and the parameter buffer and compile the wait kernel, once, outside any capture (a module
+    load is not capturable)."""
+    global _FLAGS, _PARAMS
     if _FLAGS is not None:
         return
     if not torch.cuda.is_available():
         raise RuntimeError("npu_graphs_cuda needs a CUDA device (NPU_STANDIN_DEVICE=cuda)")
     _FLAGS = torch.zeros(FLAG_SLOTS, dtype=torch.int32, device="cuda")
+    _PARAMS = torch.zeros(PARAM_SLOTS, dtype=torch.int32, device="cuda")
     _timeouts()
     event = ExternalEvent()
     event.record()
@@ -194,6 +218,7 @@ class GroupCall:
     kwargs: dict | None = None  # the captured call's arguments (NPU_GRAPHS_CUDA_SYNC=1 checks)
     lists: tuple | None = None  # the last update's host lists
     result: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the attention of the last replay, in memory of its own
+    query: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the query of the last replay, in memory of its own
 
     def check_against_eager(self, name: str) -> None:
         """NPU_GRAPHS_CUDA_SYNC=1, after the replay ran: the attention it computed equals the eager emulation on the
@@ -201,11 +226,13 @@ class GroupCall:
         from npu_ops.attention import npu_fused_infer_attention_score
 
         q_ends, kv_lens = self.lists
-        kw = {k: v for k, v in self.kwargs.items() if k not in ("actual_seq_lengths", "actual_seq_lengths_kv", "out")}
+        drop = ("actual_seq_lengths", "actual_seq_lengths_kv", "out", "query")
+        kw = {k: v for k, v in self.kwargs.items() if k not in drop}
         real = [i for i in range(len(q_ends)) if (q_ends[i] - (q_ends[i - 1] if i else 0)) and kv_lens[i]]
         last = max(real) + 1 if real else 0
+        # the query as the replay saw it: the captured query tensor's memory may be reused later in the same graph
         eager, _ = npu_fused_infer_attention_score(
-            actual_seq_lengths=q_ends[:last], actual_seq_lengths_kv=kv_lens[:last], **kw
+            query=self.query, actual_seq_lengths=q_ends[:last], actual_seq_lengths_kv=kv_lens[:last], **kw
         )
         rows = q_ends[last - 1] if last else 0
         # not the output buffer: the graph's memory pool may hand it to a later tensor of the same graph
@@ -214,7 +241,8 @@ class GroupCall:
         if diff > 0.05:
             raise RuntimeError(
                 f"npu_graphs_cuda: {name}: graph attention differs from the eager op by {diff:.3g} "
-                f"(q_ends {q_ends}, kv_lens {kv_lens})"
+                f"(q_ends {q_ends}, kv_lens {kv_lens}; in the group's device tensors now: {self.q_ends.tolist()}, "
+                f"{self.kv_lens.tolist()})"
             )
 
 
@@ -242,6 +270,8 @@ class NPUGraph:
                         f"issued for it (updates issued for replays {group.updated_for[-4:]})"
                     )
         self.replays += 1
+        if TRACE:
+            print(f"npu_graphs_cuda: replay {self.replays} of graph {self.id} ({self.site})", file=sys.stderr)
         self.cuda.replay()
 
     def __repr__(self) -> str:
@@ -338,6 +368,11 @@ def graph_task_update_end(stream: Any) -> None:
         group.call.kv_lens.copy_(torch.tensor(kv_lens, dtype=torch.int32).pin_memory(), non_blocking=True)
     group.updated_for.append(group.graph.replays)
     group.call.lists = (q_ends, kv_lens)
+    if TRACE:
+        print(
+            f"npu_graphs_cuda: update of {group.name} for replay {group.graph.replays}: {q_ends} {kv_lens}",
+            file=sys.stderr,
+        )
     if SYNC_DEBUG and group is group.graph.groups[-1]:
         _sync_or_name(f"in replay {group.graph.replays} of graph {group.graph.id} (captured {group.graph.site})")
         for g in group.graph.groups:
@@ -407,15 +442,16 @@ class FusedInferAttentionScore:
         requests = len(kwargs["actual_seq_lengths"])
         if len(kwargs["actual_seq_lengths_kv"]) != requests:
             raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
-        device = kwargs["query"].device
-        # allocated in the capture's pool; left unset: only an update gives the task parameters
+        # outside the capture's pool (_param_slots); left unset: only an update gives the task parameters
         call = GroupCall(
             tensors={name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])},
             scalars={name: kwargs[name] for name in _SCALAR_ARGS},
-            q_ends=torch.empty(requests, dtype=torch.int32, device=device),
-            kv_lens=torch.empty(requests, dtype=torch.int32, device=device),
+            q_ends=_param_slots(requests),
+            kv_lens=_param_slots(requests),
         )
         call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
+        if SYNC_DEBUG:
+            call.query = kwargs["query"].clone()  # a graph node: each replay copies its query here
         group.call = call
         result = graph_attention(
             kwargs["query"],
