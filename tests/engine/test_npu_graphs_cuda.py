@@ -122,12 +122,12 @@ class Layer:
         self.graph = torch.npu.NPUGraph()
         self.event = self.handle = None
 
-    def args(self, q_ends, kv_lens):
+    def args(self, q_ends, kv_lens, table=None):
         return dict(
             query=self.q,
             key=self.kc.view(NBLOCKS, BS, -1),
             value=self.vc.view(NBLOCKS, BS, -1),
-            block_table=self.table,
+            block_table=self.table if table is None else table,
             atten_mask=MASK,
             input_layout="TND",
             block_size=BS,
@@ -154,17 +154,17 @@ class Layer:
             )
             self.handle = self.npu.graph_task_group_end(stream)
 
-    def update(self, stream, q_ends, kv_lens):
+    def update(self, stream, q_ends, kv_lens, table=None):
         with self.npu.stream(stream):
             self.npu.graph_task_update_begin(stream, self.handle)
             self.torch_npu.npu_fused_infer_attention_score.out(
-                **self.args(q_ends, kv_lens), workspace=None, out=[self.out, torch.empty(1)]
+                **self.args(q_ends, kv_lens, table), workspace=None, out=[self.out, torch.empty(1)]
             )
             self.npu.graph_task_update_end(stream)
             self.event.record(stream)
 
-    def expected(self, q_ends, kv_lens):
-        return _reference(self.q, self.kc, self.vc, self.table, q_ends, kv_lens, 0.25)
+    def expected(self, q_ends, kv_lens, table=None):
+        return _reference(self.q, self.kc, self.vc, self.table if table is None else table, q_ends, kv_lens, 0.25)
 
 
 STEP1 = ([3, 6, 9, 9], [7, 10, 12, 0])
@@ -253,6 +253,29 @@ def test_an_update_that_lands_before_the_graph_runs_is_kept(standin):
 
 
 @cuda
+def test_an_update_may_name_another_block_table_and_more_requests(standin):
+    """vllm-ascend's merged EAGLE draft graph updates a later draft step with another block table and one request per
+    query row (captured with the batch's request count). The graph reads that table's rows when it runs, as the NPU
+    op does, not when the update is issued: here they are written on the device after the update was issued."""
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    q_ends, kv_lens = list(range(1, 10)), [3, 5, 7, 9, 11, 12, 4, 6, 8]
+    rows = torch.tensor([[5, 3, 11], [1, 9, 4], [0, 2, 7], [8, 6, 10], [4, 4, 4], [11, 0, 1], [2, 2, 2], [9, 8, 7],
+                         [3, 5, 6]], dtype=torch.int32)  # fmt: skip
+    source, table = rows.cuda(), torch.zeros_like(rows, device="cuda")
+    torch.cuda.current_stream().synchronize()
+    torch.cuda._sleep(100_000_000)
+    table.copy_(source)  # queued behind the sleep, before the replay
+    layer.graph.replay()
+    layer.update(update_stream, q_ends, kv_lens, table)
+    update_stream.synchronize()
+    assert not torch.cuda.current_stream().query()  # the update has run; the table is not written yet
+    torch.cuda.synchronize()
+    _close(layer.out, layer.expected(q_ends, kv_lens, rows))
+    npu_graphs_cuda.check()
+
+
+@cuda
 def test_a_replay_without_its_update_is_named(standin):
     layer, update_stream = Layer(), torch.npu.Stream()
     layer.capture(*STEP1)
@@ -269,11 +292,11 @@ def test_a_replay_without_its_update_is_named(standin):
 def test_an_update_must_name_the_captured_tensors(standin):
     layer = Layer()
     layer.capture(*STEP1)
-    other = torch.zeros_like(layer.table)
+    other = torch.zeros_like(layer.kc).view(NBLOCKS, BS, -1)
     with torch.npu.stream(torch.npu.Stream()):
         torch.npu.graph_task_update_begin(torch.npu.current_stream(), layer.handle)
-        with pytest.raises(NotImplementedError, match="re-issued with other block_table"):
-            torch_npu_out(layer, block_table=other)
+        with pytest.raises(NotImplementedError, match="re-issued with other key"):
+            torch_npu_out(layer, key=other)
     npu_graphs_cuda._STATE.updating = None
 
 

@@ -144,35 +144,37 @@ class ExternalEvent:
             self.flag.zero_()
 
 
-# The task groups' host parameters (request ends, KV lengths) live in slots of one buffer allocated outside every
-# capture: memory of a graph's pool is also written by the graph's own earlier kernels (a block freed during the
-# capture and handed to a later tensor keeps its first owner's writes in the graph), and an update's copy runs beside
-# those kernels, before the graph's wait.
-PARAM_SLOTS = 1 << 20
-_PARAMS: torch.Tensor | None = None
-_params_taken = 0
+# The task groups' host parameters (request ends, KV lengths, the block table's address) and their block-table rows
+# live in slots of buffers allocated outside every capture: memory of a graph's pool is also written by the graph's own
+# earlier kernels (a block freed during the capture and handed to a later tensor keeps its first owner's writes in the
+# graph), and an update's copy runs beside those kernels, before the graph's wait.
+PARAM_SLOTS = 1 << 22
+_PARAMS: torch.Tensor | None = None  # int32
+_ADDRS: torch.Tensor | None = None  # int64: block-table addresses
+_taken = {"int32": 0, "int64": 0}
 
 
-def _param_slots(n: int) -> torch.Tensor:
-    """``n`` int32 slots of the parameter buffer, for one task group's list."""
-    global _params_taken
-    if _params_taken + n > PARAM_SLOTS:
-        raise RuntimeError(f"npu_graphs_cuda: more than {PARAM_SLOTS} task-group parameters")
-    slots = _PARAMS[_params_taken : _params_taken + n]
-    _params_taken += n
+def _param_slots(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """``n`` slots of the int32 (or int64) parameter buffer, for one task group."""
+    name, buffer = ("int64", _ADDRS) if dtype == torch.int64 else ("int32", _PARAMS)
+    if _taken[name] + n > buffer.numel():
+        raise RuntimeError(f"npu_graphs_cuda: more than {buffer.numel()} {name} task-group parameters")
+    slots = buffer[_taken[name] : _taken[name] + n]
+    _taken[name] += n
     return slots
 
 
 def _prepare() -> None:
     """Allocate the flags and the parameter buffer and compile the wait kernel, once, outside any capture (a module
     load is not capturable)."""
-    global _FLAGS, _PARAMS
+    global _FLAGS, _PARAMS, _ADDRS
     if _FLAGS is not None:
         return
     if not torch.cuda.is_available():
         raise RuntimeError("npu_graphs_cuda needs a CUDA device (NPU_STANDIN_DEVICE=cuda)")
     _FLAGS = torch.zeros(FLAG_SLOTS, dtype=torch.int32, device="cuda")
     _PARAMS = torch.zeros(PARAM_SLOTS, dtype=torch.int32, device="cuda")
+    _ADDRS = torch.zeros(FLAG_SLOTS, dtype=torch.int64, device="cuda")
     _timeouts()
     event = ExternalEvent()
     event.record()
@@ -213,10 +215,13 @@ class GroupCall:
 
     tensors: dict[str, tuple]  # name -> (data_ptr, shape, stride)
     scalars: dict[str, Any]
-    q_ends: torch.Tensor  # int32 [requests]
-    kv_lens: torch.Tensor  # int32 [requests]
+    q_ends: torch.Tensor  # int32 [capacity]: an update's request ends, padded with the last
+    kv_lens: torch.Tensor  # int32 [capacity]: an update's KV lengths, padded with 0
+    table_source: torch.Tensor  # int64 [1]: the address of the update's block table
+    table_shape: torch.Tensor  # int32 [2]: its rows and row stride
+    table: torch.Tensor  # int32 [capacity, width]: its rows, gathered by the graph after the wait
     kwargs: dict | None = None  # the captured call's arguments (NPU_GRAPHS_CUDA_SYNC=1 checks)
-    lists: tuple | None = None  # the last update's host lists
+    lists: tuple | None = None  # the last update's host lists and block table
     result: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the attention of the last replay, in memory of its own
     query: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the query of the last replay, in memory of its own
 
@@ -225,9 +230,9 @@ class GroupCall:
         same buffers and the update's lists (rows of real requests)."""
         from npu_ops.attention import npu_fused_infer_attention_score
 
-        q_ends, kv_lens = self.lists
-        drop = ("actual_seq_lengths", "actual_seq_lengths_kv", "out", "query")
-        kw = {k: v for k, v in self.kwargs.items() if k not in drop}
+        q_ends, kv_lens, block_table = self.lists
+        drop = ("actual_seq_lengths", "actual_seq_lengths_kv", "out", "query", "block_table")
+        kw = {k: v for k, v in self.kwargs.items() if k not in drop} | {"block_table": block_table}
         real = [i for i in range(len(q_ends)) if (q_ends[i] - (q_ends[i - 1] if i else 0)) and kv_lens[i]]
         last = max(real) + 1 if real else 0
         # the query as the replay saw it: the captured query tensor's memory may be reused later in the same graph
@@ -361,13 +366,21 @@ def graph_task_update_end(stream: Any) -> None:
     _, group, calls = pending
     if len(calls) != 1:
         raise GraphError(f"{group.name}: the update issues {len(calls)} ops, the group holds one")
-    q_ends, kv_lens = calls[0]
+    q_ends, kv_lens, block_table = calls[0]
+    call, pad = group.call, group.call.q_ends.numel() - len(q_ends)
+    host = {
+        call.q_ends: q_ends + [q_ends[-1] if q_ends else 0] * pad,
+        call.kv_lens: kv_lens + [0] * pad,
+        call.table_shape: [block_table.shape[0], block_table.stride(0)],
+        call.table_source: [block_table.data_ptr()],
+    }
     with torch.cuda.stream(stream):
-        # pinned staging: the copy is asynchronous; torch's host allocator keeps the block until the copy ran
-        group.call.q_ends.copy_(torch.tensor(q_ends, dtype=torch.int32).pin_memory(), non_blocking=True)
-        group.call.kv_lens.copy_(torch.tensor(kv_lens, dtype=torch.int32).pin_memory(), non_blocking=True)
+        # host values, as a task update takes them; pinned staging: the copy is asynchronous, and torch's host
+        # allocator keeps the block until the copy ran. The block table's rows are read by the graph, after its wait.
+        for device, values in host.items():
+            device.copy_(torch.tensor(values, dtype=device.dtype).pin_memory(), non_blocking=True)
     group.updated_for.append(group.graph.replays)
-    group.call.lists = (q_ends, kv_lens)
+    call.lists = (q_ends, kv_lens, block_table)
     if TRACE:
         print(
             f"npu_graphs_cuda: update of {group.name} for replay {group.graph.replays}: {q_ends} {kv_lens}",
@@ -391,7 +404,7 @@ def _sync_or_name(where: str) -> None:
 # The attention op's .out variant
 # ----------------------------------------------------------------------------------------------------
 
-_TENSOR_ARGS = ("query", "key", "value", "block_table")
+_TENSOR_ARGS = ("query", "key", "value")  # an update names the captured ones; the block table may be another
 _SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
 
 
@@ -425,7 +438,8 @@ class FusedInferAttentionScore:
     def _check_mode(kwargs: dict) -> None:
         if kwargs.get("query_rope") is not None:
             raise NotImplementedError("npu_graphs_cuda: npu_fused_infer_attention_score.out in MLA mode in a graph")
-        known = set(_TENSOR_ARGS) | set(_SCALAR_ARGS) | {"atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv"}
+        known = set(_TENSOR_ARGS) | set(_SCALAR_ARGS)
+        known |= {"block_table", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv"}
         if set(kwargs) - known or kwargs.get("softmax_lse_flag"):
             raise NotImplementedError(
                 f"npu_graphs_cuda: npu_fused_infer_attention_score.out with {sorted(set(kwargs) - known)}"
@@ -439,25 +453,37 @@ class FusedInferAttentionScore:
         self._check_mode(kwargs)
         if group.call is not None:
             raise GraphError(f"{group.name}: a second op in one task group")
-        requests = len(kwargs["actual_seq_lengths"])
-        if len(kwargs["actual_seq_lengths_kv"]) != requests:
-            raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
-        # outside the capture's pool (_param_slots); left unset: only an update gives the task parameters
+        _check_lists(kwargs)
+        table = _check_block_table(kwargs["block_table"])
+        # as many requests as query rows (an update may name more requests than the capture: vllm-ascend's merged
+        # EAGLE draft graph captures its later steps with the batch's request count, and updates them with one
+        # request per query row); outside the capture's pool (_param_slots); left unset: only an update gives the
+        # task its parameters
+        capacity = max(len(kwargs["actual_seq_lengths"]), kwargs["query"].shape[0])
+        width = table.shape[1]
         call = GroupCall(
             tensors={name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])},
             scalars={name: kwargs[name] for name in _SCALAR_ARGS},
-            q_ends=_param_slots(requests),
-            kv_lens=_param_slots(requests),
+            q_ends=_param_slots(capacity),
+            kv_lens=_param_slots(capacity),
+            table_source=_param_slots(1, torch.int64),
+            table_shape=_param_slots(2),
+            table=_param_slots(capacity * width).view(capacity, width),
         )
         call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
         if SYNC_DEBUG:
             call.query = kwargs["query"].clone()  # a graph node: each replay copies its query here
         group.call = call
+        # graph nodes: the block table's rows read where the last update points, when the graph runs (as the NPU op
+        # reads its block table), then the attention
+        _gather_rows_kernel[(capacity,)](
+            call.table_source, call.table_shape, call.table, width, BLOCK=triton.next_power_of_2(width)
+        )
         result = graph_attention(
             kwargs["query"],
             kwargs["key"],
             kwargs["value"],
-            kwargs["block_table"],
+            call.table,
             call.q_ends,
             call.kv_lens,
             block_size=kwargs["block_size"],
@@ -476,14 +502,53 @@ class FusedInferAttentionScore:
         now = {name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])}
         differ = [name for name in now if now[name] != captured.tensors[name]]
         differ += [name for name in _SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
-        q_ends, kv_lens = list(kwargs["actual_seq_lengths"]), list(kwargs["actual_seq_lengths_kv"])
-        if len(q_ends) != captured.q_ends.numel() or len(kv_lens) != captured.kv_lens.numel():
-            differ.append(f"requests ({len(q_ends)} / {len(kv_lens)} vs {captured.q_ends.numel()})")
         if differ:
             raise NotImplementedError(
                 f"npu_graphs_cuda: {group.name} re-issued with other {', '.join(differ)} than captured"
             )
-        calls.append(([int(x) for x in q_ends], [int(x) for x in kv_lens]))
+        _check_lists(kwargs)
+        table = _check_block_table(kwargs["block_table"])
+        q_ends, kv_lens = (
+            [int(x) for x in kwargs["actual_seq_lengths"]],
+            [int(x) for x in kwargs["actual_seq_lengths_kv"]],
+        )
+        capacity, width = captured.table.shape
+        # requests past the block table's rows must read no KV (vllm-ascend 0.13 pads its lists with KV length 0)
+        unread = any(kv_lens[table.shape[0] :])
+        if len(q_ends) > capacity or table.shape[1] != width or unread:
+            raise NotImplementedError(
+                f"npu_graphs_cuda: {group.name} re-issued with {len(q_ends)} requests and a block table of "
+                f"{tuple(table.shape)} (captured: at most {capacity} requests, block table width {width})"
+            )
+        calls.append((q_ends, kv_lens, table))
+
+
+def _check_lists(kwargs: dict) -> None:
+    if len(kwargs["actual_seq_lengths"]) != len(kwargs["actual_seq_lengths_kv"]):
+        raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
+
+
+def _check_block_table(table: torch.Tensor) -> torch.Tensor:
+    if table.dtype != torch.int32 or table.dim() != 2 or table.stride(1) != 1:
+        raise NotImplementedError(
+            f"npu_graphs_cuda: a block table in a graph: only int32 rows of contiguous entries "
+            f"(got {table.dtype}, shape {tuple(table.shape)}, strides {table.stride()})"
+        )
+    return table
+
+
+@triton.jit
+def _gather_rows_kernel(source_ptr, shape_ptr, table_ptr, width, BLOCK: tl.constexpr):
+    """Row ``pid`` of the block table at the address in ``source_ptr`` (rows and row stride in ``shape_ptr``) into
+    ``table``; rows past the source's are zero."""
+    row = tl.program_id(0)
+    rows = tl.load(shape_ptr)
+    stride = tl.load(shape_ptr + 1)
+    source = tl.load(source_ptr).to(tl.pointer_type(tl.int32))
+    cols = tl.arange(0, BLOCK)
+    keep = (cols < width) & (row < rows)
+    values = tl.load(source + row * stride + cols, mask=keep, other=0)
+    tl.store(table_ptr + row * width + cols, values, mask=cols < width)
 
 
 def graph_attention(
@@ -518,7 +583,10 @@ def graph_attention(
     q_len = q_ends[request] - q_start
     kv_len = kv_lens[request]
     limit = kv_len - q_len + (rows - q_start)  # last KV position row t attends (right-down causal)
+    # rows of padded requests are gathered but never attended: any block id past the cache reads block 0 instead
     blocks = block_table[:requests].long()  # [B, W/bs]
+    num_blocks = key.numel() // (block_size * kv_heads * head_dim)
+    blocks = torch.where((blocks >= 0) & (blocks < num_blocks), blocks, 0)
     k = key.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
     v = value.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
     group = num_heads // kv_heads
