@@ -114,6 +114,12 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
     ap.add_argument(
+        "--plants",
+        default="",
+        help="--selftest: after each report, these planted mistakes (tests/engine/plants.py, comma-separated), each "
+        "one async+zb run in the same mode; $OUT/selftest-...-plants.md lists each one's divergences from sync",
+    )
+    ap.add_argument(
         "--graph-mode",
         choices=("eager", "piecewise", "full_decode_only"),
         default="eager",
@@ -288,6 +294,8 @@ def _selftest(run, wl, args, seconds: float) -> int:
         for ext, text in (("json", json.dumps(report, indent=2)), ("md", run.render(report))):
             with open(f"{keep}.{ext}", "w") as fh:
                 fh.write(text + "\n")
+        if args.plants:
+            _plants(run, wl, k, drafter, args, keep)
         return f"{drafter} k={k}: {report['verdict']} ({report['seconds']:.0f} s)"
 
     jobs = [(d, int(k)) for d in args.drafters.split(",") for k in args.selftest.split(",")]
@@ -296,6 +304,34 @@ def _selftest(run, wl, args, seconds: float) -> int:
         for f in futures:
             print(f.result(timeout=max(1.0, seconds)), flush=True)
     return 0
+
+
+def _plants(run, wl, k: int, drafter: str, args, keep: str) -> None:
+    """Each planted mistake as one async+zb run beside the selftest's (same models, mode and workload); its first
+    divergence from the selftest's sync run, or none."""
+    from dataclasses import replace
+
+    from zb_patch.check.engine.workload import divergences
+
+    wk = replace(wl, num_speculative_tokens=k)
+    mode = ["--graph-mode", args.graph_mode] if args.graph_mode != "eager" else []
+    draft = ["--drafter", drafter] if drafter != "eagle" else []
+    suffix = "-".join(a.lstrip("-") for a in draft + mode) or "plain"
+    with open(os.path.join(keep, f"sync-k{k}-{suffix}.json")) as fh:
+        sync = json.load(fh)
+    lines = [f"# planted mistakes, {drafter} k = {k}, {args.graph_mode}: async+zb with the plant vs sync", ""]
+    for plant in args.plants.split(","):
+        r = run.run_config("async+zb", os.path.join(keep, "models"), keep, wk, [*draft, *mode, "--plant", plant])
+        with open(os.path.join(keep, f"{r.tag}.log"), "w") as fh:
+            fh.write(r.log)
+        if r.result is None:
+            lines.append(f"- {plant}: stopped (rc {r.returncode}): {r.log.strip().splitlines()[-1:]}")
+            continue
+        found = divergences(sync, r.result)
+        hits = dict(r.result.get("plant_hits", {}))
+        lines.append(f"- {plant}: hits {hits}; " + ("; ".join(found[:3]) if found else "no divergence from sync"))
+    with open(f"{keep}-plants.md", "w") as fh:
+        fh.write("\n".join(lines) + "\n")
 
 
 def _write_models_archive(archive: str) -> int:
