@@ -15,16 +15,20 @@ Semantics
   As on the NPU, nothing runs while capturing; a replay re-issues the captured kernels, which read their tensors'
   contents at replay time (static buffers) and keep every host argument they were captured with.
 * **Task groups.** The FIA ``.out`` call between ``graph_task_group_begin`` / ``graph_task_group_end`` is captured as
-  attention whose host parameters (``actual_seq_lengths``, ``actual_seq_lengths_kv``) live in device tensors of the
-  group (:func:`graph_attention`: fixed shapes, no host read, capturable): slots of one buffer allocated before any
-  capture, never memory of a graph's pool, which the graph's own earlier kernels may write while an update's copy
-  lands. The capture leaves them unset: the task keeps no parameters a replay may use until an update writes them.
+  a gather of the block table's rows from the address the last update named, then attention
+  (:func:`graph_attention`: fixed shapes, no host read, capturable) whose host parameters (``actual_seq_lengths``,
+  ``actual_seq_lengths_kv``) live in device tensors of the group, sized for as many requests as query rows: slots of
+  buffers allocated before any capture, never memory of a graph's pool, which the graph's own earlier kernels may
+  write while an update's copy lands. The capture leaves them unset: the task keeps no parameters a replay may use
+  until an update writes them.
 * **Updates.** ``graph_task_update_begin(stream, handle)``, the same op with this step's host lists, and
   ``graph_task_update_end(stream)`` queue on ``stream`` (not capturing, not the capture stream) a copy of the lists
-  into the group's parameter tensors: asynchronous, stream-ordered, as ``aclmdlRICaptureTaskUpdateEnd``. The update
-  must name the tensors the group was captured with (same storage, shape and strides), the same number of requests,
-  and the same scalar arguments; anything else raises ``NotImplementedError`` naming what differs (a re-issue with
-  other tensors is not emulated).
+  (padded: request ends with the last, KV lengths with 0) and of the block table's address, rows and row stride into
+  the group's parameter tensors: asynchronous, stream-ordered, as ``aclmdlRICaptureTaskUpdateEnd``; the table's rows
+  are read when the graph runs, as the NPU op reads them. The update may name another block table (int32, the
+  captured width) and another number of requests, up to the capacity, where requests past the table's rows read no
+  KV (vllm-ascend's merged EAGLE draft graph updates its later steps so); it must name the captured query, key,
+  value and output and the same scalar arguments; anything else raises ``NotImplementedError`` naming what differs.
 * **Which replay an update is for** (the stale-parameter bug class). vllm-ascend issues a replay, then the updates of
   its groups. Each replay of a graph checks, on the host, that every task group of the graph was updated exactly once
   for the graph's previous replay, and raises :class:`StaleTaskGroup` naming the group otherwise (that replay ran with
