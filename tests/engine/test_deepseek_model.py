@@ -6,7 +6,7 @@ properties test_tiny_model.py shows for the Llama target:
 (a) the next token is read through the (MLA) KV cache: one decode step with an unwritten slot, a sequence length one
     short or one long changes the continuation of every request;
 (b) the MTP layer's drafts agree with the target 20-80 % of the time at k = 1..3, differently per request and per
-    draft position;
+    draft position (on CI's workload; E2E_BIG=1: on BIG);
 (c) every greedy choice (target and MTP drafts) wins by the constructed logit margin (at least MARGIN_FLOOR) and by
     at least NOISE_RATIO times the largest change of any logit between batch compositions / chunkings.
 
@@ -28,6 +28,8 @@ transformers = pytest.importorskip(
 # the machinery of test_tiny_model.py, driven by this module's target / drafter fixtures; importing it skips this
 # module where it skips (outside va018-e2e unless E2E_BIG=1: the model does not depend on the release)
 from test_tiny_model import (  # noqa: E402
+    ACCEPTANCE_WORKLOAD,
+    DRAFTED_WORKLOADS,
     DTYPE,
     FAULT_STEPS,
     MARGIN_FLOOR,
@@ -101,9 +103,9 @@ def drafts(drafter, sequences):  # noqa: F811
     """Per workload and request: (sequence, prompt length, k = max(K) draft chains from every output position's
     start, their smallest logit margin)."""
     out = {}
-    for name, rows in sequences.items():
+    for name in DRAFTED_WORKLOADS:
         out[name] = []
-        for seq, n, _, hidden in rows:
+        for seq, n, _, hidden in sequences[name]:
             starts = list(range(n - 1, len(seq) - 1))
             out[name].append((seq, n, *_draft_chains(drafter, seq, hidden, starts, max(K))))
     return out
@@ -152,7 +154,7 @@ def test_one_faulty_decode_step_changes_the_continuation(target, sequences, faul
 @pytest.mark.parametrize("k", K)
 def test_mtp_drafts_are_partly_right_varying_per_request(drafts, k):
     """(b): overall acceptance 20-80 % and differing between requests."""
-    per_request = [_spec_decode(seq, n, chains, k) for seq, n, chains, _ in drafts["big"]]
+    per_request = [_spec_decode(seq, n, chains, k) for seq, n, chains, _ in drafts[ACCEPTANCE_WORKLOAD]]
     drafted, accepted = sum(d for d, _ in per_request), sum(a for _, a in per_request)
     rates = [a / d for d, a in per_request if d >= 10]
     rate = accepted / drafted
@@ -165,7 +167,7 @@ def test_mtp_agreement_differs_per_draft_position(drafts):
     """(b): a draft position's agreement given the earlier drafts were right: the first draft reads the previous
     token's class from the target's hidden state, later ones fall back to SUCCESSOR[0]."""
     hits, trials = [0] * max(K), [0] * max(K)
-    for seq, _, chains, _ in drafts["big"]:
+    for seq, _, chains, _ in drafts[ACCEPTANCE_WORKLOAD]:
         for q, chain in chains.items():
             for j, token in enumerate(chain):
                 if q + 2 + j >= len(seq):
