@@ -188,6 +188,8 @@ def standin():
     npu_ops.bind(torch_npu)
     npu_graphs_cuda.install()
     npu_graphs_cuda._timeouts().zero_()
+    # cuBLAS's handle is created at its first use, which a capture cannot hold (the engine's warm-up makes that use)
+    torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")
     yield
     torch.cuda.synchronize()
     # the test's graphs freed now: a CUDA graph destroyed by a later collection during the next test's capture would
