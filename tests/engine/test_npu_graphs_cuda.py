@@ -102,6 +102,18 @@ def test_graph_attention_refuses_the_dtypes_the_npu_refuses():
         npu_graphs_cuda.graph_attention(rnd(3, N, D), *args, **kw)  # float32 query
 
 
+def test_block_table_rows_are_gathered_from_the_address_an_update_names():
+    """The kernel a task group runs before its attention (CPU: Triton's interpreter): the rows of the table at the
+    address in the group's parameters, with their row stride, and zero rows past the source's, against a loop."""
+    source = torch.randint(0, 1000, (4, 7), dtype=torch.int32)[:, :5]  # 4 rows of 5, row stride 7
+    table = torch.full((6, 5), -7, dtype=torch.int32)
+    address = torch.tensor([source.data_ptr()], dtype=torch.int64)
+    shape = torch.tensor([source.shape[0], source.stride(0)], dtype=torch.int32)
+    npu_graphs_cuda._gather_rows_kernel[(6,)](address, shape, table, 5, BLOCK=8)
+    expected = [[int(source[r, c]) if r < 4 else 0 for c in range(5)] for r in range(6)]
+    assert table.tolist() == expected
+
+
 # ----------------------------------------------------------------------------------------------------
 # CUDA: graphs, task groups, updates, ExternalEvents
 # ----------------------------------------------------------------------------------------------------
