@@ -81,7 +81,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sync-debug", choices=("warn", "error"), default="warn")
     ap.add_argument("--profile-from", type=int, default=30, help="first profiled step (earlier steps: host timing)")
     ap.add_argument("--profile-steps", type=int, default=30)
-    ap.add_argument("--configs", default="sync,async,async+zb")
+    ap.add_argument(
+        "--configs",
+        default="sync,async,async+zb",
+        help="configurations (zb_patch.check.engine.run.CONFIGS), comma-separated; NAME~ID runs NAME with "
+        "ZB_PATCH_DISABLE=ID (e.g. async+zb~piecewise-replay-without-host-drain: zb-patch with the release's drain)",
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -217,12 +222,16 @@ def main(argv: list[str]) -> int:
         rep_dir = os.path.join(runs_dir, f"r{rep}")
         os.makedirs(rep_dir, exist_ok=True)
         for name in configs:
+            base, _, disabled = name.partition("~")
+            run_dir = os.path.join(rep_dir, disabled) if disabled else rep_dir  # same tag as NAME: its own folder
+            os.makedirs(run_dir, exist_ok=True)
             probe_path = os.path.join(rep_dir, f"{name}-probe.json")
             os.environ[PROBE_ENV] = probe_path
             os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
             os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
             os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
-            r = _run(run, name, models, rep_dir, wl, ("--bench", *graph_flags), timeout())
+            env = {"ZB_PATCH_DISABLE": disabled} if disabled else None
+            r = _run(run, base, models, run_dir, wl, ("--bench", *graph_flags), timeout(), env)
             label = f"{name} #{rep + 1}"
             if os.path.isfile(probe_path):
                 with open(probe_path) as fh:
@@ -237,14 +246,18 @@ def main(argv: list[str]) -> int:
                 failures += [f"{label} vs #1: {d}" for d in repeats[label]]
             else:
                 results[name] = r.result
+                # greedy: every configuration generates what the first one did
+                first = next(iter(results))
+                failures += [f"{name} vs {first}: {d}" for d in divergences(results[first], r.result, ("tokens",))]
             _finish(args.out, dict(report, partial=True), failures, quiet=True)  # what is there if the call is cut off
 
     reference = (
         {} if args.no_reference else _reference_tokens(models, wl, os.path.join(runs_dir, "reference.json"), timeout())
     )
     report["reference"] = {k: v for k, v in reference.items() if k != "tokens"}
-    if set(results) == set(run.CONFIGS):
-        fails, notes = verdict.compare(results, wl, VOCAB)
+    if set(run.CONFIGS) <= set(results):
+        judged = {n: results[n] for n in run.CONFIGS}  # the verdict's configurations (NAME~ID runs: reported only)
+        fails, notes = verdict.compare(judged, wl, VOCAB)
         failures += fails
         report["notes"] = notes
         report["rows"] = [summarize(n, res) for n, res in results.items()]
@@ -346,10 +359,10 @@ def _write_models_archive(archive: str) -> int:
     return 0
 
 
-def _run(run, name, models, runs_dir, wl, flags, timeout):
+def _run(run, name, models, runs_dir, wl, flags, timeout, env=None):
     """run.run_config, the engine's log saved beside its result; a timeout is a failed run."""
     try:
-        r = run.run_config(name, models, runs_dir, wl, flags, timeout=timeout)
+        r = run.run_config(name, models, runs_dir, wl, flags, timeout=timeout, env_overrides=env)
     except subprocess.TimeoutExpired as exc:
         err = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
         r = run.Run(
@@ -656,6 +669,7 @@ class Probes:
         self.phase = "idle"
         self.thread = threading.get_ident()
         self.other_threads: collections.Counter = collections.Counter()
+        self.other_sites: collections.Counter = collections.Counter()  # "phase: site" of syncs outside prep
         self.runner_error = ""
         self.profiler = None
         self.trace_path = os.path.splitext(path)[0] + "-trace.json"
@@ -738,6 +752,8 @@ class Probes:
             step["syncs"][self.phase] += 1
             if self.phase == "prep":
                 step["prep_sites"].append(_site(traceback.extract_stack()))
+            else:
+                self.other_sites[f"{self.phase}: {_site(traceback.extract_stack())}"] += 1
         return None
 
     # -- wrappers -----------------------------------------------------------------------------------------------
@@ -896,6 +912,7 @@ class Probes:
             "by_phase": {p: sum(s["syncs"][p] for s in steps) for p in PHASES},
             "other_per_step": sum(s["syncs"][p] for s in steps for p in PHASES if p != "prep") / n,
             "other_threads": dict(self.other_threads.most_common(5)),
+            "other_sites": dict(self.other_sites.most_common(5)),
         }
         waits = [w for s in steps for w in s["waits"]]
         by_site = collections.Counter(f"{phase}:{name}" for phase, name, _ in waits)
@@ -982,7 +999,8 @@ def device_idle(trace_path: str) -> dict:
 
 def _site(stack) -> str:
     """The innermost frames of the engine's code (vLLM, vllm-ascend, zb-patch, the emulation) of a stack."""
-    keep = [f for f in stack if any(k in f.filename for k in ("vllm", "zb_patch", "npu_ops", "npu_standin"))]
+    engine = ("vllm", "zb_patch", "npu_ops", "npu_standin", "npu_graphs")
+    keep = [f for f in stack if any(k in f.filename for k in engine)]
     keep = [f for f in keep if not f.filename.endswith("bench_engine_gpu.py")][-3:]
     return " < ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(keep)) or "?"
 

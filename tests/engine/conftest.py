@@ -1,6 +1,39 @@
-"""tests/engine: the tiny-model / workload modules beside the tests, the emulation under tests/support."""
+"""tests/engine: the tiny-model / workload modules beside the tests, the emulation under tests/support; one engine
+zygote per session on the CPU (tests/support/engine_zygote.py: the launchers' engine processes are forked from one
+interpreter that imported vLLM once). ``ZB_TEST_ENGINE_ZYGOTE=off``: every engine process starts on its own."""
 
 import os
 import sys
+import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
+
+import engine_zygote  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_zygote_for_the_session():
+    import importlib.util
+
+    if (
+        os.environ.get(engine_zygote.ZYGOTE_ENV) == "off"
+        or os.environ.get("NPU_STANDIN_DEVICE") == "cuda"  # the GPU machine: real streams, fresh processes
+        or importlib.util.find_spec("vllm_ascend") is None
+    ):
+        yield
+        return
+    path = os.path.join(tempfile.mkdtemp(prefix="zbz"), "engine.sock")
+    proc = engine_zygote.start(path)
+    if proc is None:
+        yield
+        return
+    os.environ[engine_zygote.ZYGOTE_ENV] = path
+    try:
+        yield
+    finally:
+        del os.environ[engine_zygote.ZYGOTE_ENV]
+        engine_zygote.stop(proc)

@@ -111,4 +111,7 @@ def _output_ready_early() -> None:
 
 
 if __name__ == "__main__":
+    import engine_zygote
+
+    engine_zygote.delegate(__file__)  # forked from the tests' pre-imported interpreter when one serves
     sys.exit(main(sys.argv[1:]))

@@ -102,6 +102,16 @@ def test_graph_attention_refuses_the_dtypes_the_npu_refuses():
         npu_graphs_cuda.graph_attention(rnd(3, N, D), *args, **kw)  # float32 query
 
 
+def test_window_bounds_are_taken_only_where_they_bound_nothing():
+    """vllm-ascend 0.23 passes pre_tokens / next_tokens: at 2147483647 (no sliding window) a graph takes them; a
+    window it cannot compute is refused, naming the argument."""
+    kw = dict(input_layout="TND", sparse_mode=3, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    npu_graphs_cuda.FusedInferAttentionScore._check_mode({**kw, "pre_tokens": 2147483647, "next_tokens": 2147483647})
+    for window in ({"pre_tokens": 128, "next_tokens": 0}, {"pre_tokens": 2147483647, "next_tokens": 0}):
+        with pytest.raises(NotImplementedError, match="next_tokens"):
+            npu_graphs_cuda.FusedInferAttentionScore._check_mode({**kw, **window})
+
+
 def test_block_table_rows_are_gathered_from_the_address_an_update_names():
     """The kernel a task group runs before its attention (CPU: Triton's interpreter): the rows of the table at the
     address in the group's parameters, with their row stride, and zero rows past the source's, against a loop."""

@@ -408,6 +408,7 @@ def _sync_or_name(where: str) -> None:
 # The attention op's .out variant
 # ----------------------------------------------------------------------------------------------------
 
+_NO_WINDOW = 2147483647  # pre_tokens / next_tokens that bound nothing (the op's defaults)
 _TENSOR_ARGS = ("query", "key", "value")  # an update names the captured ones; the block table may be another
 _SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
 
@@ -444,6 +445,8 @@ class FusedInferAttentionScore:
             raise NotImplementedError("npu_graphs_cuda: npu_fused_infer_attention_score.out in MLA mode in a graph")
         known = set(_TENSOR_ARGS) | set(_SCALAR_ARGS)
         known |= {"block_table", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv"}
+        # vllm-ascend 0.23 passes the window bounds; at their maximum (no sliding window) they bound nothing
+        known |= {name for name in ("pre_tokens", "next_tokens") if kwargs.get(name) == _NO_WINDOW}
         if set(kwargs) - known or kwargs.get("softmax_lse_flag"):
             raise NotImplementedError(
                 f"npu_graphs_cuda: npu_fused_infer_attention_score.out with {sorted(set(kwargs) - known)}"

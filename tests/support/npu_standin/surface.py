@@ -66,7 +66,17 @@ def module(name: str, families, why: str, **attrs: Entry) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # torch_npu (needs CANN: libhccl.so, libascendcl.so, ... and a +cpu torch of its own version)
-module("torch_npu", ALL, "vllm_ascend/utils.py top-level `import torch_npu` (every vllm_ascend module goes through it)")
+module(
+    "torch_npu",
+    ALL,
+    "vllm_ascend/utils.py top-level `import torch_npu` (every vllm_ascend module goes through it)",
+    __version__=E(
+        value("2.10.0.post4"),
+        {F23},
+        "compilation/compiler_interface.py:244 (0.23) hashes it into the compile cache key when vLLM's compilation "
+        "runs (graph modes, run time); 2.10.0.post4 is vllm-ascend 0.23.0's torch-npu pin",
+    ),
+)
 module(
     "torch_npu._C",
     ALL,
