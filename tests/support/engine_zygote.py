@@ -1,9 +1,10 @@
 """Engine processes forked from one pre-imported interpreter (the CPU engine tests: tests/engine).
 
-Every engine process of the e2e envs starts by importing torch, vLLM, vllm-ascend and the NPU emulation: about 20
-CPU-seconds of a tiny run's 50, in each of some sixty processes per env. The zygote does that once and forks a copy
-per engine process; the fork runs the launcher script as ``python SCRIPT ARGS`` would (argv, environment, working
-directory and the caller's stdin / stdout / stderr), and its exit status is the caller's.
+Every engine process of the e2e envs starts by installing the NPU emulation, which imports torch, vLLM and
+vllm-ascend: a two-request run takes 21 s on its own and 11.5 s forked (vllm-ascend 0.18, one core, warm caches), in
+each of the thirty-odd engine processes of va018-e2e. The zygote does that once and forks a copy per engine process;
+the fork runs the launcher script as ``python SCRIPT ARGS`` would (argv, environment, working directory and the
+caller's stdin / stdout / stderr), and its exit status is the caller's.
 
 Who uses it: the launchers (tests/engine/run_engine.py, run_defect_engine.py) call :func:`delegate` first. When
 ``ZB_TEST_ENGINE_ZYGOTE`` names a serving zygote, the launcher process sends its request and waits; otherwise (no
@@ -114,6 +115,10 @@ def serve(path: str, preload: bool, env_at_start: dict[str, str]) -> None:
         preload_engine()
     if threading.active_count() != 1:
         raise SystemExit(f"engine_zygote: {threading.active_count()} threads after the imports: cannot fork safely")
+    try:  # a fork is watched through its pidfd (Linux 5.3+)
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        raise SystemExit(f"engine_zygote: no pidfd_open here ({exc})") from None
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".binding")
     server.listen(16)
@@ -131,7 +136,12 @@ def serve(path: str, preload: bool, env_at_start: dict[str, str]) -> None:
                 return
             if what == "accept":
                 conn, _ = server.accept()
-                started = _start(conn, env_at_start, server, sel)
+                try:
+                    started = _start(conn, env_at_start, server, sel)
+                except (OSError, ValueError, KeyError) as exc:  # a malformed request: its caller runs itself
+                    print(f"engine_zygote: request not served ({exc!r})", file=sys.stderr)
+                    conn.close()
+                    continue
                 if started is not None:
                     pid, pidfd = started
                     running[pid] = (conn, pidfd)
@@ -202,19 +212,18 @@ def _run(request: dict, fds: list[int]) -> None:
     import atexit
     import runpy
 
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.environ.pop(ZYGOTE_ENV, None)  # the launcher runs here; the processes it starts are its own
-    script = request["script"]
-    sys.argv = [script, *request["argv"]]
-    sys.path[0] = os.path.dirname(script)  # as the interpreter sets it for a script
     code = 0
     try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.pop(ZYGOTE_ENV, None)  # the launcher runs here; the processes it starts are its own
+        script = request["script"]
+        sys.argv = [script, *request["argv"]]
+        sys.path[0] = os.path.dirname(script)  # as the interpreter sets it for a script
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None:
@@ -259,16 +268,18 @@ def start(path: str, preload: bool = True, timeout: float = 600.0):
 
 
 def stop(proc) -> None:
+    import subprocess
+
     proc.stdin.close()
     try:
         proc.wait(timeout=30)
-    except Exception:
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
 
 
 if __name__ == "__main__":
-    ENV_AT_START = dict(os.environ)  # before anything here can set a variable (argparse sets COLUMNS / LINES)
+    ENV_AT_START = dict(os.environ)  # before anything here could change it
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
