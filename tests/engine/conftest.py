@@ -3,6 +3,7 @@ zygote per session on the CPU (tests/support/engine_zygote.py: the launchers' en
 interpreter that imported vLLM once). ``ZB_TEST_ENGINE_ZYGOTE=off``: every engine process starts on its own."""
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -26,14 +27,17 @@ def engine_zygote_for_the_session():
     ):
         yield
         return
-    path = os.path.join(tempfile.mkdtemp(prefix="zbz"), "engine.sock")
-    proc = engine_zygote.start(path)
-    if proc is None:
-        yield
-        return
-    os.environ[engine_zygote.ZYGOTE_ENV] = path
+    folder = tempfile.mkdtemp(prefix="zbz")  # short: a Unix socket path has at most 107 bytes
+    proc = engine_zygote.start(os.path.join(folder, "engine.sock"))
     try:
-        yield
+        if proc is None:
+            yield
+            return
+        os.environ[engine_zygote.ZYGOTE_ENV] = os.path.join(folder, "engine.sock")
+        try:
+            yield
+        finally:
+            del os.environ[engine_zygote.ZYGOTE_ENV]
+            engine_zygote.stop(proc)
     finally:
-        del os.environ[engine_zygote.ZYGOTE_ENV]
-        engine_zygote.stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
