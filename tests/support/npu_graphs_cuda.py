@@ -67,6 +67,7 @@ import triton.language as tl
 
 from npu_graphs import _define_c_ascend_weak_ref, _fia_workspace, _weak_ref_tensor, _write_attention
 from npu_ops._check import HALF, dtypes
+from npu_ops.attention import _INT_MAX as _NO_WINDOW  # pre_tokens / next_tokens that bound nothing (the defaults)
 
 # ~1 s of volatile loads on an H100 before a wait gives up (a record that never comes)
 WAIT_TIMEOUT_POLLS = 2_000_000
@@ -408,7 +409,6 @@ def _sync_or_name(where: str) -> None:
 # The attention op's .out variant
 # ----------------------------------------------------------------------------------------------------
 
-_NO_WINDOW = 2147483647  # pre_tokens / next_tokens that bound nothing (the op's defaults)
 _TENSOR_ARGS = ("query", "key", "value")  # an update names the captured ones; the block table may be another
 _SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
 
