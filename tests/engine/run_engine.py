@@ -31,12 +31,6 @@ def main(argv: list[str]) -> int:
         "async-output thread is removed, so the output is made inline): the engine core then processes each step's "
         "output before it schedules the next -- the side of the race the async-output thread wins now and then",
     )
-    ap.add_argument(
-        "--mla-rope-rows-copied",
-        action="store_true",
-        help="vllm-ascend 0.18's MLA decode metadata gets its own copy of the RoPE rows (cos / sin) instead of views "
-        "of the one static buffer every later build overwrites (docs/e2e.md, Findings 8): diagnostic",
-    )
     args, rest = ap.parse_known_args(argv)
 
     # before install() imports vLLM: the child needs the EngineCore in this process (the emulation lives here)
@@ -46,8 +40,6 @@ def main(argv: list[str]) -> int:
     npu_engine.install()
     if args.output_ready_early:
         _output_ready_early()
-    if args.mla_rope_rows_copied:
-        _mla_rope_rows_copied()
     from zb_patch.check.engine import child
 
     def after_build() -> dict:
@@ -77,22 +69,6 @@ def main(argv: list[str]) -> int:
 
         npu_graphs_cuda.check()  # an ExternalEvent wait that never saw its record: a hang on the NPU
     return rc
-
-
-def _mla_rope_rows_copied() -> None:
-    """``get_cos_and_sin_mla(positions, use_cache=True)`` as vllm-ascend's MLA builder calls it for decode metadata
-    (0.18: ``_cos_mla[:n] = rows``, then the views ``_cos_mla[:n]`` / ``_sin_mla[:n]``): the same rows, written to the
-    buffer as before, returned as copies, so a later build (the MTP drafter builds every draft position's metadata
-    before its model runs) no longer changes an earlier one's."""
-    import vllm_ascend.attention.mla_v1 as mla_v1
-
-    release = mla_v1.get_cos_and_sin_mla
-
-    def get_cos_and_sin_mla(positions, use_cache=False):
-        cos, sin = release(positions, use_cache)
-        return (cos.clone(), sin.clone()) if use_cache else (cos, sin)
-
-    mla_v1.get_cos_and_sin_mla = get_cos_and_sin_mla
 
 
 def _output_ready_early() -> None:

@@ -115,6 +115,9 @@ EXPECTED = {
                 "stale-draft-placeholders",
                 "stale-draft-placeholders-rows",
                 "draft-seq-lens-max-model-len",
+                "mla-draft-rope-rows",
+                "mla-draft-rope-rows-propose",
+                "mla-draft-rope-rows-dummy-run",
                 "piecewise-replay-without-host-drain",
             }
         ),

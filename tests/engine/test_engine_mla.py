@@ -7,9 +7,10 @@ releases' own defects only), ``async+zb`` (``ZB_PATCH=1``); with E2E_BIG=1 also 
 (reported, not judged: on 0.13 at k = 3 it stops on vLLM #37159's stale ``-1`` placeholder, docs/e2e.md "Findings" 3).
 
 Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` in every recorded field. On 0.18 the
-runs are repeated with the MLA decode metadata's RoPE rows copied (``run_engine.py --mla-rope-rows-copied``,
-docs/e2e.md "Findings" 8): then the whole verdict passes. ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 2 minutes
-on two cores on 0.18: six engine processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3.
+fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings" 8), and
+the whole verdict passes; the runs are repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's shared
+rows). ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 3 minutes on two cores on 0.18: six engine processes, two at a
+time); E2E_BIG=1 runs k = 1, 2, 3.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from test_engine import LAUNCHER, _decode_verifications  # noqa: E402
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
 from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.run import CONFIGS as RUN_CONFIGS  # noqa: E402
 from zb_patch.check.engine.verdict import BESIDE, JUDGED, STRICT_FIELDS, compare  # noqa: E402
 from zb_patch.check.engine.workload import Workload, divergences  # noqa: E402
 
@@ -46,7 +48,17 @@ DRAFTER = ("--drafter", "deepseek-mtp")
 DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP"}[RELEASE]
 # configuration -> (run.CONFIGS name, environment, extra launcher arguments): the verdict's judged runs
 CONFIGS = {name: (name, {}, ()) for name in JUDGED}
-ROWS_COPIED = ("--mla-rope-rows-copied",)
+ROPE_ROWS_FIX = "mla-draft-rope-rows"
+# 0.18: the same runs with the fix of the shared RoPE rows left out (every other fix, and zero-bubble, as configured)
+SHARED_ROWS = {
+    name: (
+        name,
+        {"ZB_PATCH": "1", "ZB_PATCH_DISABLE": ",".join(filter(None, (env.get("ZB_PATCH_DISABLE"), ROPE_ROWS_FIX)))},
+        (),
+    )
+    for name in JUDGED
+    for env in [RUN_CONFIGS[name][1]]
+}
 FIA = {"0.18.0": "npu_fused_infer_attention_score_v2", "0.13.0": "npu_fused_infer_attention_score"}[RELEASE]
 # what the eager forward calls while generating (npu_ops.mla.CALLS by mode, reported by run_engine.py)
 MLA_OPS = (
@@ -61,14 +73,14 @@ MLA_OPS = (
 )
 
 
-def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict, extra: tuple[str, ...] = ()) -> dict:
+def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict) -> dict:
     """{k: {configuration: result}}, two engine processes at a time; a run that stops is None (its log printed)."""
     jobs, keys = [], []
     for k, wl in wls.items():
         for name, (config, env, args) in configs.items():
             folder = os.path.join(out, f"k{k}-{name}")
             os.makedirs(folder, exist_ok=True)
-            argv = (*DRAFTER, *args, *extra)
+            argv = (*DRAFTER, *args)
             jobs.append(lambda c=config, f=folder, w=wl, a=argv, e=env: run_config(c, models, f, w, a, env_overrides=e))
             keys.append((k, name))
     res: dict[int, dict] = {k: {} for k in wls}
@@ -81,7 +93,7 @@ def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict, extra:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """{"released" / "rows copied" (0.18): {k: {configuration: result}}}."""
+    """{"fixed" / "rows shared" (0.18: mla-draft-rope-rows left out): {k: {configuration: result}}}."""
     old = os.environ.get(CHILD_ENV)
     os.environ[CHILD_ENV] = LAUNCHER
     try:
@@ -90,9 +102,9 @@ def sweep(tmp_path_factory):
         tiny_model.write_deepseek_model(models)
         wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
         configs = {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS
-        done = {"released": _runs(os.path.join(out, "released"), models, wls, configs)}
+        done = {"fixed": _runs(os.path.join(out, "fixed"), models, wls, configs)}
         if ON_018:
-            done["rows copied"] = _runs(os.path.join(out, "rows_copied"), models, wls, CONFIGS, ROWS_COPIED)
+            done["rows shared"] = _runs(os.path.join(out, "rows_shared"), models, wls, SHARED_ROWS)
     finally:
         if old is None:
             os.environ.pop(CHILD_ENV, None)
@@ -160,8 +172,9 @@ COUNT_FAILURE = re.compile(
 
 def test_mla_verdict(sweep):
     """The operators' verdict (verdict.compare) on each k's runs: PASS with one draft pass (k = 1) and, on 0.18, with
-    the RoPE rows copied; as released at k >= 2 (0.18: "Findings" 8; 0.13: "Observed, not explained") its failures are
-    all drafted / accepted counts against sync, none about tokens, zero-bubble or zb vs async+fixes."""
+    the fixes (mla-draft-rope-rows among them); at k >= 2 with the RoPE rows shared (0.18: "Findings" 8) and on 0.13
+    ("Observed, not explained") its failures are all drafted / accepted counts against sync, none about tokens,
+    zero-bubble or zb vs async+fixes."""
     for variant, k, runs in _each(sweep):
         wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k})
         failures, notes = compare({n: r for n, r in runs.items() if r is not None}, wl, tiny_model.VOCAB)
@@ -169,7 +182,7 @@ def test_mla_verdict(sweep):
             f"\n{variant}, k = {k}: {len(failures)} failures, {len(notes)} notes"
             + "".join(f"\n  {f}" for f in failures)
         )
-        if k == 1 or variant == "rows copied":
+        if k == 1 or (ON_018 and variant == "fixed"):
             assert failures == [], (variant, k)
         else:
             assert all(COUNT_FAILURE.match(f) for f in failures), (variant, k, failures)
@@ -201,25 +214,32 @@ def test_mla_acceptance_is_partial_and_varies(sweep):
 
 
 @pytest.mark.skipif(not ON_018, reason="vllm-ascend 0.18's MTP drafter builds every draft position before its model")
-def test_018_later_draft_builds_overwrite_the_rope_rows(sweep):
-    """docs/e2e.md "Findings" 8: with the RoPE rows copied, every draft position is accepted at times, below the one
-    before (and the verdict passes: test_mla_verdict); as released, the rows change the
-    drafts from k = 2 on (at k = 3 the last position is never accepted), and at k = 1 (one draft pass, nothing
-    built after it) the released and the copied runs are the same."""
+def test_018_draft_positions_keep_their_rope_rows_with_the_fix(sweep):
+    """docs/e2e.md "Findings" 8: with mla-draft-rope-rows (applied in every run of the fixed variant, left out of every
+    run of the other), every draft position is accepted at times, below the one before (and the verdict passes:
+    test_mla_verdict); with the rows shared as released, the drafts change from k = 2 on (at k = 3 the last position
+    is never accepted), and at k = 1 (one draft pass, nothing built after it) the two variants are the same."""
     for k in KS:
-        released, copied = sweep["released"][k], sweep["rows copied"][k]
-        by_pos = [a / d for a, d in zip(copied["sync"]["accepted_per_pos"], copied["sync"]["drafted_per_pos"])]
+        fixed, shared = sweep["fixed"][k], sweep["rows shared"][k]
+        assert all(ROPE_ROWS_FIX in _applied(fixed[name]) for name in JUDGED), k
+        assert not any(ROPE_ROWS_FIX in _applied(shared[name]) for name in JUDGED), k
+        by_pos = [a / d for a, d in zip(fixed["sync"]["accepted_per_pos"], fixed["sync"]["drafted_per_pos"])]
         assert all(by_pos[i] > by_pos[i + 1] > 0 for i in range(k - 1)), (k, by_pos)
         per_pos = {
             v: (r["sync"]["accepted_per_pos"], r["sync"]["drafted_per_pos"])
-            for v, r in (("released", released), ("rows copied", copied))
+            for v, r in (("fixed", fixed), ("rows shared", shared))
         }
         if k == 1:
-            assert per_pos["released"] == per_pos["rows copied"], per_pos
+            assert per_pos["fixed"] == per_pos["rows shared"], per_pos
         else:
-            assert per_pos["released"] != per_pos["rows copied"], (k, per_pos)
+            assert per_pos["fixed"] != per_pos["rows shared"], (k, per_pos)
         if k >= 3:
-            assert {r["accepted_per_pos"][-1] for r in released.values() if r} == {0}, k
+            assert {r["accepted_per_pos"][-1] for r in shared.values() if r} == {0}, k
+
+
+def _applied(result: dict) -> set[str]:
+    items = result["zb_patch_status"].get("report", {}).get("items", [])
+    return {i["id"] for i in items if i["verdict"] == "applied"}
 
 
 # planted mistakes of tests/engine/plants.py on this model (E2E_BIG=1): async + ZB_PATCH=1 at k = 3 with the plant on
@@ -250,7 +270,7 @@ def test_mla_token_plants_diverge_at_request_0(sweep, tmp_path_factory):
             os.environ.pop(CHILD_ENV, None)
         else:
             os.environ[CHILD_ENV] = old
-    reference = sweep["released"][3]["async+zb"]
+    reference = sweep["fixed"][3]["async+zb"]
     for plant, run in zip(TOKEN_PLANTS, done):
         assert run.result is not None, (plant, run.log[-2000:])
         assert run.result["plant_hits"].get(plant, 0) > 0, plant

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -333,3 +334,71 @@ def mask_draft_lengths(common: Any, previous: Any, rows: int, max_model_len: int
             continue
         host = before[:rows] + 1
         after[:rows] = torch.where(host > max_model_len, torch.ones_like(host), host)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vllm-ascend 0.18, MLA + MTP / EAGLE, k >= 2: every draft position's decode RoPE rows are views of one buffer
+# ----------------------------------------------------------------------------------------------------------------
+
+ROPE_ROWS_ATTR = "_zb_patch_rope_rows"  # per-proposer: [(cos rows, sin rows)] by draft position
+_DRAFTING = threading.local()  # .call: the proposer call in progress on this thread (a _DraftCall) or None
+
+
+@dataclasses.dataclass
+class _DraftCall:
+    rows: list  # the proposer's buffers, by draft position
+    positions: int  # num_speculative_tokens: builds past that many keep the release's rows
+    built: int = 0  # decode RoPE builds so far in this call
+
+
+def make_drafting(original: Callable) -> Callable:
+    """Wrap a proposer method that builds the metadata of its draft positions in order (``_propose`` at run time,
+    ``dummy_run`` for FULL-graph capture): while it runs, the n-th decode RoPE build of this thread is draft
+    position n's (:func:`make_get_cos_and_sin_mla`)."""
+
+    @functools.wraps(original)
+    def drafting(proposer, *args, **kwargs):
+        outer = getattr(_DRAFTING, "call", None)
+        rows = proposer.__dict__.setdefault(ROPE_ROWS_ATTR, [])
+        _DRAFTING.call = _DraftCall(rows, proposer.num_speculative_tokens)
+        try:
+            return original(proposer, *args, **kwargs)
+        finally:
+            _DRAFTING.call = outer
+
+    return drafting
+
+
+def make_get_cos_and_sin_mla(original: Callable) -> Callable:
+    """Wrap ``rotary_embedding.get_cos_and_sin_mla``: inside a proposer call (:func:`make_drafting`), the decode
+    rows (``use_cache=True``) of draft position n are returned from a static buffer of position n's own.
+
+    The release writes the rows into the one static buffer ``_cos_mla`` / ``_sin_mla`` and returns views of it; the
+    proposer builds the metadata of every draft position before its model runs, so each later build rewrites the
+    rows an earlier position reads. The wrapper lets the release write and then copies the rows it wrote into
+    position n's buffer, allocated once like the shared one: every position keeps its rows, at the same address at
+    every build, at capture and at run time (a captured FULL graph reads what the next build writes). Outside a
+    proposer call (the target's builds), for rows of another layout, and past the k-th build of one call, the
+    release's result is returned unchanged."""
+
+    @functools.wraps(original)
+    def get_cos_and_sin_mla(positions, use_cache=False):
+        cos, sin = original(positions, use_cache)
+        call = getattr(_DRAFTING, "call", None)
+        if not use_cache or call is None:
+            return cos, sin
+        from vllm_ascend.ops import rotary_embedding as rope
+
+        shared_cos, shared_sin = rope._cos_mla, rope._sin_mla
+        if call.built >= call.positions or cos.untyped_storage().data_ptr() != shared_cos.untyped_storage().data_ptr():
+            return cos, sin
+        if call.built == len(call.rows):
+            call.rows.append((shared_cos.new_empty(shared_cos.shape), shared_sin.new_empty(shared_sin.shape)))
+        own_cos, own_sin = call.rows[call.built]
+        call.built += 1
+        n = cos.shape[0]
+        own_cos[:n].copy_(cos)
+        own_sin[:n].copy_(sin)
+        return own_cos[:n], own_sin[:n]
+
+    return get_cos_and_sin_mla

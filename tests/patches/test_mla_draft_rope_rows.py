@@ -1,0 +1,85 @@
+"""``mla-draft-rope-rows`` (ascend-0.18) on the release's own ``get_cos_and_sin_mla`` and its buffers: each draft
+position of one proposer call gets rows of its own, at the same address in every call (what a captured FULL graph
+needs), with the release's values; the target's builds (outside a proposer call) are the release's. The
+engine-level effect (acceptance per draft position, the verdict) is tests/engine/test_engine_mla.py's; the
+bookkeeping-level one test_runner_parity.py's."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+if npu_standin.detect_family() != "0.18":
+    pytest.skip("mla-draft-rope-rows is ascend-0.18's", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from zb_patch.versions import spec_fixes  # noqa: E402
+
+K = 3
+
+
+@pytest.fixture
+def rope(cpu_worker, monkeypatch):
+    """The release's rotary module with its caches as the MLA model sets them up (rows of 64 per position, the
+    decode buffers allocated once for 16 tokens); the release's function wrapped as the patch wraps it."""
+    from vllm_ascend.ops import rotary_embedding
+
+    positions = torch.arange(100, dtype=torch.float32)[:, None]
+    monkeypatch.setattr(rotary_embedding, "_cos_cache", torch.cos(positions * torch.linspace(0.01, 1, 64)))
+    monkeypatch.setattr(rotary_embedding, "_sin_cache", torch.sin(positions * torch.linspace(0.01, 1, 64)))
+    monkeypatch.setattr(rotary_embedding, "_cos_mla", torch.ones(16, 1, 1, 64))
+    monkeypatch.setattr(rotary_embedding, "_sin_mla", torch.zeros(16, 1, 1, 64))
+    return rotary_embedding, spec_fixes.make_get_cos_and_sin_mla(rotary_embedding.get_cos_and_sin_mla)
+
+
+def _propose(build_positions):
+    """A proposer call (the patch's ``make_drafting`` around a body that builds each position's rows in order)."""
+    proposer = types.SimpleNamespace(num_speculative_tokens=K)
+    call = spec_fixes.make_drafting(lambda _proposer, body: body())
+    return proposer, lambda: call(proposer, build_positions)
+
+
+def _ptr(t):
+    return t.untyped_storage().data_ptr()
+
+
+def test_each_draft_position_keeps_its_rows_at_one_address(rope):
+    module, get_cos_and_sin_mla = rope
+    built = []
+
+    def build_positions():
+        built.clear()
+        for step in range(K + 1):  # one build past k: the release's rows
+            positions = torch.tensor([10 * step + 1, 10 * step + 2, 10 * step + 3])
+            built.append((positions, *get_cos_and_sin_mla(positions, use_cache=True)))
+
+    _, propose = _propose(build_positions)
+    propose()
+    first = [(_ptr(cos), _ptr(sin)) for _, cos, sin in built]
+    # every position's rows are still the ones built for it after the later builds (the release: all the last's)
+    for positions, cos, sin in built[:K]:
+        assert torch.equal(cos[:, 0, 0], module._cos_cache[positions]) and torch.equal(
+            sin[:, 0, 0], module._sin_cache[positions]
+        )
+    assert len({c for c, _ in first[:K]}) == K and _ptr(module._cos_mla) not in {c for c, _ in first[:K]}
+    assert first[K] == (_ptr(module._cos_mla), _ptr(module._sin_mla))  # past k: the shared buffer, as released
+    propose()  # the next proposal (or the run after a capture): the same buffer per position
+    assert [(_ptr(cos), _ptr(sin)) for _, cos, sin in built] == first
+
+
+def test_outside_a_proposer_call_the_release_answers(rope):
+    module, get_cos_and_sin_mla = rope
+    positions = torch.tensor([5, 6])
+    cos, sin = get_cos_and_sin_mla(positions, use_cache=True)  # a target build
+    assert (_ptr(cos), _ptr(sin)) == (_ptr(module._cos_mla), _ptr(module._sin_mla))
+    assert torch.equal(cos[:, 0, 0], module._cos_cache[positions])
+    # prefill rows (no cache) are fresh tensors in the release; inside a proposer call too
+    built = []
+    _, propose = _propose(lambda: built.append(get_cos_and_sin_mla(positions)))
+    propose()
+    assert _ptr(built[0][0]) != _ptr(module._cos_mla) and torch.equal(
+        built[0][0][:, 0, 0], module._cos_cache[positions]
+    )
