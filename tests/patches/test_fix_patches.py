@@ -52,6 +52,8 @@ APPLIED_ON = {
     "draft-seq-lens-max-model-len": {"0.19.1rc1"},
 }
 ADVISORY_ON = {
+    # no release of the adapter's range gives the draft positions RoPE rows of their own
+    "mla-draft-rope-rows-shared": ALL_RELEASES,
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
     # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
     "stale-accepted-counts": {

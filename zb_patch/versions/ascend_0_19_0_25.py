@@ -419,6 +419,21 @@ ADVISORIES = (
         "affected.",
         upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
     ),
+    Advisory(
+        id="mla-draft-rope-rows-shared",
+        target="vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla",
+        affected={
+            "vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, "
+            "0.25.1rc1": "d2a862ac42765291",
+        },
+        message="MLA / SFA models (DeepSeek-style) with MTP or EAGLE at num_speculative_tokens >= 2: the proposer "
+        "builds the metadata of every draft position before the draft model runs, and the decode RoPE rows are views "
+        "of one buffer (get_cos_and_sin_mla(use_cache=True)), so every position reads the last position's rows: "
+        "lower acceptance from the second draft position on (tokens are not affected). Read in these releases' "
+        "sources, not run; on vllm-ascend 0.18.0 zb-patch fixes it (mla-draft-rope-rows, docs/e2e.md Findings 8). "
+        "No upstream fix; k = 1 is not affected.",
+        upstream=("vllm-ascend#5940", "vllm-ascend#5277"),
+    ),
 )
 
 GUARDS = (
