@@ -118,6 +118,7 @@ EXPECTED = {
                 "mla-draft-rope-rows",
                 "mla-draft-rope-rows-propose",
                 "mla-draft-rope-rows-dummy-run",
+                "cudagraph-batch-sizes-after-rounding",
                 "piecewise-replay-without-host-drain",
             }
         ),

@@ -404,6 +404,28 @@ MLA_DRAFT_ROPE_ROWS_DUMMY_RUN = Patch(
     upstream=("vllm-ascend#5940",),
     remove_when=MLA_DRAFT_ROPE_ROWS.remove_when,
 )
+CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
+    id="cudagraph-batch-sizes-after-rounding",
+    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._check_and_update_cudagraph_mode",
+    make=spec_fixes.make_check_and_update_cudagraph_mode,
+    fingerprints={"vllm-ascend 0.18.0": "5b1da76d6d0eed17"},
+    why="(vllm-ascend #6860, in 0.19.1rc1) NPUModelRunner.__init__ sets cudagraph_batch_sizes from the configured "
+    "capture sizes; _check_and_update_cudagraph_mode then lets vLLM round them up to multiples of 1 + k for FULL "
+    "decode graphs with speculative decoding (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode: [1, 2, 4, 8, "
+    "16] -> [3, 6, 9] at k = 2) and builds the dispatcher's padding table from the rounded list, but the runner's "
+    "list is never refreshed. The EAGLE proposer pads `num_tokens <= cudagraph_batch_sizes[-1]` through that table "
+    "(eagle_proposer.py:533-534): a draft batch of 10-16 tokens indexes past it, IndexError (sync) or a device-side "
+    "assert (async), whenever the largest capture size is not a multiple of 1 + k (EAGLE k = 2 with the default "
+    "sizes; MTP under async scheduling runs its drafter without graphs and is not affected).",
+    how="Wrapper (zb_patch.versions.spec_fixes). After the release's body, cudagraph_batch_sizes is recomputed by "
+    "the constructor's own rule (sorted capture sizes unless the mode is NONE) from the configuration the "
+    "dispatcher was just initialised from, so the drafter's lookup stays within the table and sizes past the largest "
+    "graph run without padding, as the dispatcher itself decides for them. cudagraph_batch_sizes has no other reader "
+    "in vLLM 0.18 or vllm-ascend 0.18.0. Any graph mode, with or without speculative decoding (unchanged where nothing was adjusted). "
+    "#6860 instead replaced the lookup with the dispatcher's dispatch (with its merged MTP graph).",
+    upstream=("vllm-ascend#6860",),
+    remove_when=_REMOVE_WHEN,
+)
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
 
 PATCHES: tuple = (
@@ -420,6 +442,7 @@ PATCHES: tuple = (
     MLA_DRAFT_ROPE_ROWS,
     MLA_DRAFT_ROPE_ROWS_PROPOSE,
     MLA_DRAFT_ROPE_ROWS_DUMMY_RUN,
+    CUDAGRAPH_SIZES_AFTER_ROUNDING,
     PIECEWISE_NO_DRAIN,
 )
 

@@ -402,3 +402,32 @@ def make_get_cos_and_sin_mla(original: Callable) -> Callable:
         return own_cos[:n], own_sin[:n]
 
     return get_cos_and_sin_mla
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vllm-ascend 0.18, FULL decode graphs + EAGLE: the runner's capture sizes are not the dispatcher's after rounding
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_check_and_update_cudagraph_mode(original: Callable) -> Callable:
+    """Wrap ``NPUModelRunner._check_and_update_cudagraph_mode``: afterwards ``cudagraph_batch_sizes`` is the list the
+    dispatcher was just initialised from.
+
+    The runner sets ``cudagraph_batch_sizes`` from the configured capture sizes in its constructor; this method then
+    lets vLLM resolve the graph mode and adjust the sizes (rounded up to multiples of 1 + k for FULL decode graphs
+    with speculative decoding, capped for Mamba caches) before the dispatcher builds its padding table from them.
+    The drafter pads ``num_tokens <= cudagraph_batch_sizes[-1]`` through that table, so a stale list larger than the
+    table's last size indexes past it. The list is recomputed by the constructor's own rule from the adjusted
+    configuration."""
+
+    @functools.wraps(original)
+    def _check_and_update_cudagraph_mode(runner, *args, **kwargs):
+        result = original(runner, *args, **kwargs)
+        from vllm.config import CUDAGraphMode
+
+        config = runner.compilation_config
+        sizes = config.cudagraph_capture_sizes
+        runner.cudagraph_batch_sizes = sorted(sizes) if sizes and config.cudagraph_mode != CUDAGraphMode.NONE else []
+        return result
+
+    return _check_and_update_cudagraph_mode

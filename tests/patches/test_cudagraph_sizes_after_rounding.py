@@ -1,0 +1,114 @@
+"""``cudagraph-batch-sizes-after-rounding`` (ascend-0.18, vllm-ascend #6860) on a real ``NPUModelRunner``: FULL decode
+graphs, EAGLE k = 2, the default-style capture sizes [1, 2, 4, 8, 16]. vLLM rounds them to multiples of 1 + k for the
+dispatcher ([3, 6, 9]); the release's runner keeps the unrounded list, and the drafter's padding lookup
+(``eagle_proposer.py:533-534``, ``num_tokens <= cudagraph_batch_sizes[-1]`` then the dispatcher's table) indexes past
+the table for 10-16 draft tokens (on the GPU machine: IndexError in the sync engine run, docs/e2e.md "Graph modes on
+CUDA"). Here the lookup is the release's expression on the runner's state, without and with the wrapper."""
+
+from __future__ import annotations
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+if npu_standin.detect_family() != "0.18":
+    pytest.skip("cudagraph-batch-sizes-after-rounding is ascend-0.18's", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from zb_patch.versions import spec_fixes  # noqa: E402
+
+SIZES = [1, 2, 4, 8, 16]
+
+
+@pytest.fixture(scope="module")
+def vllm_config(cpu_worker, tmp_path_factory):
+    import transformers
+    from vllm import ModelRegistry
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+    from vllm_ascend.ascend_config import init_ascend_config
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    for name, layers, arch in (("target", 2, "LlamaForCausalLM"), ("eagle", 1, "EagleLlamaForCausalLM")):
+        cfg = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            torch_dtype="float32",
+        )
+        cfg.architectures = [arch]
+        cfg.save_pretrained(root / name)
+    # both architectures inspected in this process (no subprocess without the NPU stand-in)
+    ModelRegistry.register_model("LlamaForCausalLM", LlamaForCausalLM)
+    ModelRegistry.register_model("EagleLlamaForCausalLM", EagleLlamaForCausalLM)
+    vc = EngineArgs(
+        model=str(root / "target"),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=256,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        async_scheduling=True,
+        speculative_config={"method": "eagle", "model": str(root / "eagle"), "num_speculative_tokens": 2},
+    ).create_engine_config()
+    init_ascend_config(vc)
+    return vc
+
+
+def _runner_after_graph_setup(vllm_config, check_and_update):
+    """A runner built for FULL_DECODE_ONLY with ``SIZES`` (vLLM's CPU platform of tests/patches/conftest.py turns
+    graphs off in the config; they are set back as an NPU host has them), then the runner's graph-mode resolution as
+    ``initialize_kv_cache`` calls it (one full-attention KV-cache group on the release's attention backend)."""
+    from vllm.config import CUDAGraphMode, set_current_vllm_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+    from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    cc = vllm_config.compilation_config
+    cc.cudagraph_mode, cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = (
+        CUDAGraphMode.FULL_DECODE_ONLY,
+        list(SIZES),
+        max(SIZES),
+    )
+    vllm_config.scheduler_config.async_scheduling = True
+    with set_current_vllm_config(vllm_config):
+        runner = NPUModelRunner(vllm_config, torch.device("cpu"))
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=16, dtype=torch.float32)
+        check_and_update(runner, [{AscendAttentionBackend}], [KVCacheGroupSpec(["layer"], spec)])
+    return runner
+
+
+def _draft_padding(runner, num_tokens):
+    """eagle_proposer.py:533-534 (0.18.0) with use_cuda_graph on."""
+    if num_tokens <= runner.cudagraph_batch_sizes[-1]:
+        return runner.cudagraph_dispatcher._bs_to_padded_graph_size[num_tokens]
+    return num_tokens
+
+
+def test_the_release_pads_past_the_dispatchers_table(vllm_config):
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    runner = _runner_after_graph_setup(vllm_config, NPUModelRunner._check_and_update_cudagraph_mode)
+    assert vllm_config.compilation_config.cudagraph_capture_sizes == [3, 6, 9]
+    assert runner.cudagraph_batch_sizes == SIZES
+    assert [_draft_padding(runner, n) for n in range(1, 10)] == [3, 3, 3, 6, 6, 6, 9, 9, 9]
+    for n in range(10, 17):
+        with pytest.raises(IndexError):
+            _draft_padding(runner, n)
+
+
+def test_with_the_fix_the_lookup_follows_the_dispatcher(vllm_config):
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    fixed = spec_fixes.make_check_and_update_cudagraph_mode(NPUModelRunner._check_and_update_cudagraph_mode)
+    runner = _runner_after_graph_setup(vllm_config, fixed)
+    assert runner.cudagraph_batch_sizes == [3, 6, 9]
+    # up to the largest graph: padded to a captured size; past it: no padding (the dispatcher runs those eagerly)
+    assert [_draft_padding(runner, n) for n in range(1, 17)] == [3, 3, 3, 6, 6, 6, 9, 9, 9, *range(10, 17)]
