@@ -19,3 +19,55 @@ def cpu_worker():
     from cpu_worker import setup_cpu_worker
 
     return setup_cpu_worker()
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle_config(cpu_worker):
+    """The function :func:`_tiny_eagle_engine_config` (vLLM's worker state set up first)."""
+    return _tiny_eagle_engine_config
+
+
+def _tiny_eagle_engine_config(root, **engine_args):
+    """vLLM's engine configuration (``create_engine_config``, then vllm-ascend's ``init_ascend_config``) for a tiny
+    Llama target with a one-layer EAGLE head, written as configs only under ``root`` (dummy weights): async
+    scheduling, EAGLE k = 2, float32; ``engine_args`` add to / override the ``EngineArgs``."""
+    import transformers
+    from vllm import ModelRegistry
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+    from vllm_ascend.ascend_config import init_ascend_config
+
+    for name, layers, arch in (("target", 2, "LlamaForCausalLM"), ("eagle", 1, "EagleLlamaForCausalLM")):
+        cfg = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            torch_dtype="float32",
+        )
+        cfg.architectures = [arch]
+        cfg.save_pretrained(root / name)
+    # inspect the two architectures in this process (vLLM would start a subprocess per architecture, which
+    # has no NPU stand-in and would cost ~20 s each)
+    ModelRegistry.register_model("LlamaForCausalLM", LlamaForCausalLM)
+    ModelRegistry.register_model("EagleLlamaForCausalLM", EagleLlamaForCausalLM)
+    args = {
+        "model": str(root / "target"),
+        "skip_tokenizer_init": True,
+        "load_format": "dummy",
+        "dtype": "float32",
+        "max_model_len": 256,
+        "block_size": 16,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "async_scheduling": True,
+        "speculative_config": {"method": "eagle", "model": str(root / "eagle"), "num_speculative_tokens": 2},
+        **engine_args,
+    }
+    vc = EngineArgs(**args).create_engine_config()
+    init_ascend_config(vc)
+    return vc

@@ -21,45 +21,8 @@ SIZES = [1, 2, 4, 8, 16]
 
 
 @pytest.fixture(scope="module")
-def vllm_config(cpu_worker, tmp_path_factory):
-    import transformers
-    from vllm import ModelRegistry
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models.llama import LlamaForCausalLM
-    from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM
-    from vllm_ascend.ascend_config import init_ascend_config
-
-    root = tmp_path_factory.mktemp("tiny-models")
-    for name, layers, arch in (("target", 2, "LlamaForCausalLM"), ("eagle", 1, "EagleLlamaForCausalLM")):
-        cfg = transformers.LlamaConfig(
-            vocab_size=256,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            torch_dtype="float32",
-        )
-        cfg.architectures = [arch]
-        cfg.save_pretrained(root / name)
-    # both architectures inspected in this process (no subprocess without the NPU stand-in)
-    ModelRegistry.register_model("LlamaForCausalLM", LlamaForCausalLM)
-    ModelRegistry.register_model("EagleLlamaForCausalLM", EagleLlamaForCausalLM)
-    vc = EngineArgs(
-        model=str(root / "target"),
-        skip_tokenizer_init=True,
-        load_format="dummy",
-        dtype="float32",
-        max_model_len=256,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        async_scheduling=True,
-        speculative_config={"method": "eagle", "model": str(root / "eagle"), "num_speculative_tokens": 2},
-    ).create_engine_config()
-    init_ascend_config(vc)
-    return vc
+def vllm_config(tiny_eagle_config, tmp_path_factory):
+    return tiny_eagle_config(tmp_path_factory.mktemp("tiny-models"))
 
 
 def _runner_after_graph_setup(vllm_config, check_and_update):
