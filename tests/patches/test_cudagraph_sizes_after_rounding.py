@@ -25,6 +25,18 @@ def vllm_config(tiny_eagle_config, tmp_path_factory):
     return tiny_eagle_config(tmp_path_factory.mktemp("tiny-models"))
 
 
+@pytest.fixture(autouse=True)
+def _backend_selection_left_as_found():
+    """The runner's constructor asks vLLM for the attention backend and vLLM caches the answer per shape: here (vLLM's
+    CPU platform) the CPU backend, which later tests of this process must not inherit (the runner harness's platform
+    answers with vllm-ascend's backend for the same shape)."""
+    from vllm.v1.attention import selector
+
+    selector._cached_get_attn_backend.cache_clear()
+    yield
+    selector._cached_get_attn_backend.cache_clear()
+
+
 def _runner_after_graph_setup(vllm_config, check_and_update):
     """A runner built for FULL_DECODE_ONLY with ``SIZES`` (vLLM's CPU platform of tests/patches/conftest.py turns
     graphs off in the config; they are set back as an NPU host has them), then the runner's graph-mode resolution as
