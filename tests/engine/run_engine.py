@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
         # the emulated MLA ops' calls by mode while generating (a live Counter; empty for a dense model)
         mla.CALLS.clear()
         started["mla_op_calls"] = mla.CALLS
+        started["dummy_batches"] = _count_dummy_batches()
         if not args.plant:
             return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)
@@ -69,6 +70,22 @@ def main(argv: list[str]) -> int:
 
         npu_graphs_cuda.check()  # an ExternalEvent wait that never saw its record: a hang on the NPU
     return rc
+
+
+def _count_dummy_batches() -> dict:
+    """A live count of the engine core's dummy batches while generating (data parallelism: a rank without work
+    runs one whenever another rank still steps)."""
+    from vllm.v1.engine.core import EngineCore
+
+    count = {"calls": 0}
+    original = EngineCore.execute_dummy_batch
+
+    def execute_dummy_batch(self, *args, **kwargs):
+        count["calls"] += 1
+        return original(self, *args, **kwargs)
+
+    EngineCore.execute_dummy_batch = execute_dummy_batch
+    return count
 
 
 def _output_ready_early() -> None:

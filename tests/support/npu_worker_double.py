@@ -3,8 +3,10 @@
 Only what cannot exist without an NPU is replaced; the model runner, model, attention backend, sampler,
 rejection sampler and proposer are the release's own code. Replaced (each listed in docs/e2e.md):
 - device set-up (``torch.npu.set_device``, memory snapshot, HCCL world) -> the CPU (or ``cuda:0`` with
-  ``NPU_STANDIN_DEVICE=cuda``), gloo world of one built with vLLM's own ``GroupCoordinator`` (vllm-ascend's
-  replacement builds HCCL groups);
+  ``NPU_STANDIN_DEVICE=cuda``), a gloo world built with vLLM's own ``GroupCoordinator`` (vllm-ascend's
+  replacement builds HCCL groups): of one process, or of the data-parallel ranks when vLLM's data-parallel
+  environment is set (vLLM sizes the world and picks the rendezvous), with vLLM's base device communicator for
+  groups of more than one rank (vllm-ascend's opens HCCL) and the CPU as the device of gloo's barriers;
 - ATB extension registration (a CANN library load) and the SoC check (``torch_npu.npu.get_soc_version``)
   -> skipped in ``__init__``; the build's own device type (``_build_info``) stays what the code branches on;
 - the Triton device properties (core counts from the NPU driver) -> an Atlas A2's counts;
@@ -29,6 +31,7 @@ import vllm.v1.worker.worker_base as worker_base
 import vllm_ascend.ops.triton.triton_utils as triton_utils
 import vllm_ascend.worker.worker as ascend_worker
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
+from vllm.platforms import current_platform
 
 from npu_standin import runtime
 
@@ -57,7 +60,11 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
             port = s.getsockname()[1]
         # vllm-ascend's GroupCoordinator builds HCCL process groups; a world of one on gloo uses vLLM's own.
         patched = parallel_state.GroupCoordinator
-        with mock.patch.object(parallel_state, "GroupCoordinator", patched.__mro__[1]):
+        with (
+            mock.patch.object(parallel_state, "GroupCoordinator", patched.__mro__[1]),
+            mock.patch.object(torch._C, "_get_accelerator", lambda: device),
+            mock.patch.object(type(current_platform), "get_device_communicator_cls", classmethod(_gloo_communicator)),
+        ):
             init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
             ensure_model_parallel_initialized(1, 1)
             ascend_worker.init_ascend_model_parallel(self.parallel_config)
@@ -84,6 +91,12 @@ class CpuNPUWorker(ascend_worker.NPUWorker):
         if hasattr(worker_base, "CompilationTimes"):
             return worker_base.CompilationTimes(language_model=0.0, encoder=0.0)
         return 0.0
+
+
+def _gloo_communicator(cls) -> str:
+    """vLLM's base device communicator (torch.distributed on the group's own backend, gloo here) for groups of more
+    than one rank (data parallelism), where vllm-ascend's NPUCommunicator would open HCCL."""
+    return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 
 
 def _no_atb() -> None:

@@ -1,0 +1,89 @@
+"""Data parallelism 2 (the DeepSeek tutorial's topology, one engine per rank) on the vllm-ascend 0.18 platform: two
+engine processes of the operators' command with vLLM's data-parallel environment (``VLLM_DP_RANK`` / ``VLLM_DP_SIZE``
+/ ``VLLM_DP_MASTER_*``, as vLLM's offline data-parallel example starts them), the DeepSeek-style MLA target drafting
+with its MTP layer at k = 3, rank 1 with less work than rank 0 so that it runs dummy batches while rank 0 still
+generates (vLLM's ``LLMEngine.step`` -> ``execute_dummy_batch`` -> the release's ``_dummy_run``, which joins the
+ranks' batch-size all-reduce). The ranks share one gloo world (tests/support/npu_worker_double.py).
+
+Synchronous scheduling with ``ZB_PATCH=1`` (zb-patch applied on both ranks; zero-bubble itself needs async
+scheduling): both ranks finish, each with transformers' greedy tokens. Async scheduling with data parallelism does not
+finish in this in-process engine, with and without zb-patch (docs/e2e.md, "Data parallelism 2"): not run here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from importlib.metadata import version
+
+import pytest
+
+pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va0XX-e2e envs)")
+if version("vllm-ascend") != "0.18.0":
+    pytest.skip(
+        "data parallelism 2: vllm-ascend 0.18.0 (the MLA + MTP tutorial's release here)", allow_module_level=True
+    )
+
+from test_engine import LAUNCHER  # noqa: E402
+
+from zb_patch.check.engine import model as tiny_model  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.workload import Workload  # noqa: E402
+
+K = 3
+# rank 0: six requests up to 60 output tokens; rank 1: two short ones (done early: dummy batches after)
+RANK_WORKLOADS = (
+    Workload(num_requests=6, max_prompt=60, max_tokens=60, max_model_len=256, limit_every=0, num_speculative_tokens=K),
+    Workload(num_requests=2, max_prompt=30, max_tokens=20, max_model_len=256, limit_every=0, num_speculative_tokens=K),
+)
+
+
+def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
+    import transformers
+    from greedy_reference import reference_tokens
+
+    models = str(tmp_path / "models")
+    target = tiny_model.write_deepseek_model(models)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    old = os.environ.get(CHILD_ENV)
+    os.environ[CHILD_ENV] = LAUNCHER
+    try:
+        jobs = []
+        for rank, wl in enumerate(RANK_WORKLOADS):
+            env = {
+                "VLLM_DP_RANK": str(rank),
+                "VLLM_DP_RANK_LOCAL": str(rank),
+                "VLLM_DP_SIZE": "2",
+                "VLLM_DP_MASTER_IP": "127.0.0.1",
+                "VLLM_DP_MASTER_PORT": str(port),
+                "ZB_TEST_ENGINE_ZYGOTE": "off",  # the data-parallel environment is set before vLLM is imported
+            }
+            folder = str(tmp_path / f"rank{rank}")
+            os.makedirs(folder)
+            jobs.append(
+                lambda f=folder, w=wl, e=env: run_config(
+                    "sync", models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
+                )
+            )
+        done = run_all(jobs, parallel=2)
+    finally:
+        if old is None:
+            os.environ.pop(CHILD_ENV, None)
+        else:
+            os.environ[CHILD_ENV] = old
+    model = transformers.DeepseekV3ForCausalLM.from_pretrained(target, dtype=tiny_model.DTYPE).eval()
+    for rank, (wl, run) in enumerate(zip(RANK_WORKLOADS, done)):
+        assert run.result is not None, (rank, run.log[-3000:])
+        res = run.result
+        assert res["zb_patch_status"]["state"] == "applied", (rank, res["zb_patch_status"])
+        assert sum(res["drafted"].values()) > 0, rank
+        assert res["tokens"] == reference_tokens(model, wl), rank
+        print(
+            f"\nrank {rank}: {sum(len(t) for t in res['tokens'].values())} tokens, drafted "
+            f"{sum(res['drafted'].values())}, accepted {sum(res['accepted'].values())}, dummy batches "
+            f"{res['dummy_batches']['calls']}, {run.seconds:.0f} s"
+        )
+    # rank 1 ran out of work first and stepped with dummy batches until rank 0 was done; rank 0 never idled
+    assert done[1].result["dummy_batches"]["calls"] > 0 and done[0].result["dummy_batches"]["calls"] == 0
