@@ -8,9 +8,9 @@ releases' own defects only), ``async+zb`` (``ZB_PATCH=1``); with E2E_BIG=1 also 
 
 Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` in every recorded field. On 0.18 the
 fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings" 8), and
-the whole verdict passes; the runs are repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's shared
-rows). ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 3 minutes on two cores on 0.18: six engine processes, two at a
-time); E2E_BIG=1 runs k = 1, 2, 3.
+the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's shared
+rows; E2E_BIG=1 repeats all three). ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 2 minutes on two cores on 0.18:
+four engine processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3.
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP"}[RELEASE]
 # configuration -> (run.CONFIGS name, environment, extra launcher arguments): the verdict's judged runs
 CONFIGS = {name: (name, {}, ()) for name in JUDGED}
 ROPE_ROWS_FIX = "mla-draft-rope-rows"
-# 0.18: the same runs with the fix of the shared RoPE rows left out (every other fix, and zero-bubble, as configured)
+# 0.18: the same runs with the fix of the shared RoPE rows left out (every other fix, and zero-bubble, as configured);
+# CI runs its sync run only (the defect's signature; E2E_BIG=1 all three, the async count differences too)
 SHARED_ROWS = {
     name: (
         name,
         {"ZB_PATCH": "1", "ZB_PATCH_DISABLE": ",".join(filter(None, (env.get("ZB_PATCH_DISABLE"), ROPE_ROWS_FIX)))},
         (),
     )
-    for name in JUDGED
+    for name in (JUDGED if BIG else ("sync",))
     for env in [RUN_CONFIGS[name][1]]
 }
 FIA = {"0.18.0": "npu_fused_infer_attention_score_v2", "0.13.0": "npu_fused_infer_attention_score"}[RELEASE]
@@ -129,8 +130,15 @@ def sweep(tmp_path_factory):
     return done
 
 
-def _each(sweep):
-    return [(variant, k, runs) for variant, by_k in sweep.items() for k, runs in by_k.items()]
+def _each(sweep, complete=False):
+    """(variant, k, runs); ``complete``: only variants that ran every judged configuration (in CI the rows-shared
+    variant runs sync only)."""
+    return [
+        (variant, k, runs)
+        for variant, by_k in sweep.items()
+        for k, runs in by_k.items()
+        if not complete or set(JUDGED) <= set(runs)
+    ]
 
 
 def test_mla_runs_finish_on_the_mla_backend_with_every_mla_op(sweep):
@@ -151,7 +159,7 @@ def test_mla_tokens_identical_and_zero_bubble_equals_classic_async(sweep):
     """Tokens identical in every run (classic async too, where it finishes); async + ZB_PATCH=1 equal to classic
     async with the same fixes in every recorded field (every verification's position, drafted / accepted per request
     and per draft position, preemptions); zero-bubble applied and correcting steps in the async+zb run only."""
-    for variant, k, runs in _each(sweep):
+    for variant, k, runs in _each(sweep, complete=True):
         sync, fixes, zb = runs["sync"], runs["async+fixes"], runs["async+zb"]
         for name, res in runs.items():
             if res is not None:
@@ -175,7 +183,7 @@ def test_mla_verdict(sweep):
     the fixes (mla-draft-rope-rows among them); at k >= 2 with the RoPE rows shared (0.18: "Findings" 8) and on 0.13
     ("Observed, not explained") its failures are all drafted / accepted counts against sync, none about tokens,
     zero-bubble or zb vs async+fixes."""
-    for variant, k, runs in _each(sweep):
+    for variant, k, runs in _each(sweep, complete=True):
         wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k})
         failures, notes = compare({n: r for n, r in runs.items() if r is not None}, wl, tiny_model.VOCAB)
         print(
@@ -222,7 +230,7 @@ def test_018_draft_positions_keep_their_rope_rows_with_the_fix(sweep):
     for k in KS:
         fixed, shared = sweep["fixed"][k], sweep["rows shared"][k]
         assert all(ROPE_ROWS_FIX in _applied(fixed[name]) for name in JUDGED), k
-        assert not any(ROPE_ROWS_FIX in _applied(shared[name]) for name in JUDGED), k
+        assert not any(ROPE_ROWS_FIX in _applied(r) for r in shared.values()), k
         by_pos = [a / d for a, d in zip(fixed["sync"]["accepted_per_pos"], fixed["sync"]["drafted_per_pos"])]
         assert all(by_pos[i] > by_pos[i + 1] > 0 for i in range(k - 1)), (k, by_pos)
         per_pos = {
