@@ -24,10 +24,10 @@ if version("vllm-ascend") != "0.18.0":
         "data parallelism 2: vllm-ascend 0.18.0 (the MLA + MTP tutorial's release here)", allow_module_level=True
     )
 
-from test_engine import LAUNCHER  # noqa: E402
+from test_engine import emulated_child  # noqa: E402, F401 (a module-wide fixture: the tests' launcher)
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
-from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
+from zb_patch.check.engine.run import run_all, run_config  # noqa: E402
 from zb_patch.check.engine.workload import Workload  # noqa: E402
 
 K = 3
@@ -47,32 +47,24 @@ def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    old = os.environ.get(CHILD_ENV)
-    os.environ[CHILD_ENV] = LAUNCHER
-    try:
-        jobs = []
-        for rank, wl in enumerate(RANK_WORKLOADS):
-            env = {
-                "VLLM_DP_RANK": str(rank),
-                "VLLM_DP_RANK_LOCAL": str(rank),
-                "VLLM_DP_SIZE": "2",
-                "VLLM_DP_MASTER_IP": "127.0.0.1",
-                "VLLM_DP_MASTER_PORT": str(port),
-                "ZB_TEST_ENGINE_ZYGOTE": "off",  # the data-parallel environment is set before vLLM is imported
-            }
-            folder = str(tmp_path / f"rank{rank}")
-            os.makedirs(folder)
-            jobs.append(
-                lambda f=folder, w=wl, e=env: run_config(
-                    "sync", models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
-                )
+    jobs = []
+    for rank, wl in enumerate(RANK_WORKLOADS):
+        env = {
+            "VLLM_DP_RANK": str(rank),
+            "VLLM_DP_RANK_LOCAL": str(rank),
+            "VLLM_DP_SIZE": "2",
+            "VLLM_DP_MASTER_IP": "127.0.0.1",
+            "VLLM_DP_MASTER_PORT": str(port),
+            "ZB_TEST_ENGINE_ZYGOTE": "off",  # the data-parallel environment is set before vLLM is imported
+        }
+        folder = str(tmp_path / f"rank{rank}")
+        os.makedirs(folder)
+        jobs.append(
+            lambda f=folder, w=wl, e=env: run_config(
+                "sync", models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
             )
-        done = run_all(jobs, parallel=2)
-    finally:
-        if old is None:
-            os.environ.pop(CHILD_ENV, None)
-        else:
-            os.environ[CHILD_ENV] = old
+        )
+    done = run_all(jobs, parallel=2)
     model = transformers.DeepseekV3ForCausalLM.from_pretrained(target, dtype=tiny_model.DTYPE).eval()
     for rank, (wl, run) in enumerate(zip(RANK_WORKLOADS, done)):
         assert run.result is not None, (rank, run.log[-3000:])

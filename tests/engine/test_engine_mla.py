@@ -23,11 +23,11 @@ import pytest
 
 pytest.importorskip("vllm_ascend", reason="the engine tests need vllm-ascend (va013-e2e / va018-e2e envs)")
 
-from test_engine import LAUNCHER, _decode_verifications  # noqa: E402
+from test_engine import _decode_verifications, emulated_child  # noqa: E402, F401 (a module-wide fixture)
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
-from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
 from zb_patch.check.engine.run import CONFIGS as RUN_CONFIGS  # noqa: E402
+from zb_patch.check.engine.run import run_all, run_config  # noqa: E402
 from zb_patch.check.engine.verdict import BESIDE, JUDGED, STRICT_FIELDS, compare  # noqa: E402
 from zb_patch.check.engine.workload import Workload, divergences  # noqa: E402
 
@@ -95,22 +95,14 @@ def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict) -> dic
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """{"fixed" / "rows shared" (0.18: mla-draft-rope-rows left out): {k: {configuration: result}}}."""
-    old = os.environ.get(CHILD_ENV)
-    os.environ[CHILD_ENV] = LAUNCHER
-    try:
-        out = str(tmp_path_factory.mktemp("mla"))
-        models = os.path.join(out, "models")
-        tiny_model.write_deepseek_model(models)
-        wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
-        configs = {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS
-        done = {"fixed": _runs(os.path.join(out, "fixed"), models, wls, configs)}
-        if ON_018:
-            done["rows shared"] = _runs(os.path.join(out, "rows_shared"), models, wls, SHARED_ROWS)
-    finally:
-        if old is None:
-            os.environ.pop(CHILD_ENV, None)
-        else:
-            os.environ[CHILD_ENV] = old
+    out = str(tmp_path_factory.mktemp("mla"))
+    models = os.path.join(out, "models")
+    tiny_model.write_deepseek_model(models)
+    wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
+    configs = {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS
+    done = {"fixed": _runs(os.path.join(out, "fixed"), models, wls, configs)}
+    if ON_018:
+        done["rows shared"] = _runs(os.path.join(out, "rows_shared"), models, wls, SHARED_ROWS)
     for variant, by_k in done.items():
         for k, runs in by_k.items():
             lines = []
@@ -263,21 +255,13 @@ def test_mla_token_plants_diverge_at_request_0(sweep, tmp_path_factory):
     models = os.path.join(out, "models")
     tiny_model.write_deepseek_model(models)
     wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": 3})
-    old = os.environ.get(CHILD_ENV)
-    os.environ[CHILD_ENV] = LAUNCHER
-    try:
-        jobs = [
-            lambda p=p: run_config("async+zb", models, os.path.join(out, p), wl, (*DRAFTER, "--plant", p))
-            for p in TOKEN_PLANTS
-        ]
-        for p in TOKEN_PLANTS:
-            os.makedirs(os.path.join(out, p))
-        done = run_all(jobs, parallel=2)
-    finally:
-        if old is None:
-            os.environ.pop(CHILD_ENV, None)
-        else:
-            os.environ[CHILD_ENV] = old
+    jobs = [
+        lambda p=p: run_config("async+zb", models, os.path.join(out, p), wl, (*DRAFTER, "--plant", p))
+        for p in TOKEN_PLANTS
+    ]
+    for p in TOKEN_PLANTS:
+        os.makedirs(os.path.join(out, p))
+    done = run_all(jobs, parallel=2)
     reference = sweep["fixed"][3]["async+zb"]
     for plant, run in zip(TOKEN_PLANTS, done):
         assert run.result is not None, (plant, run.log[-2000:])

@@ -1,9 +1,10 @@
-"""Fixes of upstream async-scheduling + speculative-decoding defects, shared by the adapters of the releases that have
-them (written once, declared by each adapter with its own fingerprints).
+"""Fixes of upstream speculative-decoding defects (most of them async-scheduling ones), shared by the adapters of the
+releases that have them (written once, declared by each adapter with its own fingerprints).
 
-These are *fixes*, not zero-bubble: each applies whenever its defect can bite (async scheduling with speculative
-decoding on, whatever zero-bubble decides for the runner), and each is its own patch id, so ``ZB_PATCH=1
-ZB_PATCH_DISABLE=<the zero-bubble patches>`` gives the release's classic async path with only the fixes.
+These are *fixes*, not zero-bubble: each applies whenever its defect can bite (speculative decoding on, with async
+scheduling where the defect needs it, whatever zero-bubble decides for the runner), and each is its own patch id,
+so ``ZB_PATCH=1 ZB_PATCH_DISABLE=<the zero-bubble patches>`` gives the release's classic async path with only the
+fixes.
 
 Every fix here is worker-side: zb-patch applies an adapter's patch set in a process once all of its target modules
 are imported, and the scheduler (EngineCore process) and the runner (worker processes, with the multiprocess or Ray
