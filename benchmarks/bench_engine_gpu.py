@@ -107,8 +107,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--models",
         metavar="ARCHIVE",
-        help="the tiny models (target + EAGLE head, MiMo + MTP) as a .tar.xz written by --write-models (the GPU host "
-        "has no scipy, which writing the constructed model needs); by default they are written here",
+        help="the tiny models (target + EAGLE head, MiMo + MTP, DeepSeek-V3-style + MTP) as a .tar.xz written by "
+        "--write-models (the GPU host has no scipy, which writing the constructed model needs); by default they are "
+        "written here",
     )
     ap.add_argument(
         "--selftest",
@@ -134,8 +135,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--write-models",
         metavar="ARCHIVE",
-        help="write the tiny models (zb_patch.check.engine.model.write_models, write_mtp_model) into ARCHIVE (.tar.xz) "
-        "and stop: run where scipy is installed (a va0XX tox env), carry the archive to the GPU machine",
+        help="write the tiny models (zb_patch.check.engine.model.write_models, write_mtp_model, "
+        "write_deepseek_model) into ARCHIVE (.tar.xz) and stop: run where scipy is installed (a va0XX tox env), carry "
+        "the archive to the GPU machine",
     )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine process at most")
     ap.add_argument(
@@ -280,7 +282,7 @@ def _selftest(run, wl, args, seconds: float) -> int:
         return 2
     os.environ[run.CHILD_ENV] = os.path.join(REPO, "tests", "engine", "run_engine.py")
     # the models come from the archive: unpacked where run_engine_selftest writes them (its keep folder)
-    run.write_models = run.write_mtp_model = lambda root, seed=0: None
+    run.write_models = run.write_mtp_model = run.write_deepseek_model = lambda root, seed=0: None
     run_config = run.run_config
 
     def run_config_keeping_log(name, models, out_dir, wl, *args, **kwargs):
@@ -348,11 +350,12 @@ def _plants(run, wl, k: int, drafter: str, args, keep: str) -> None:
 
 
 def _write_models_archive(archive: str) -> int:
-    from zb_patch.check.engine.model import write_models, write_mtp_model
+    from zb_patch.check.engine.model import write_deepseek_model, write_models, write_mtp_model
 
     with tempfile.TemporaryDirectory() as tmp:
         write_models(os.path.join(tmp, "models"))
         write_mtp_model(os.path.join(tmp, "models"))
+        write_deepseek_model(os.path.join(tmp, "models"))
         with tarfile.open(archive, "w:xz") as tar:
             tar.add(os.path.join(tmp, "models"), arcname="models")
     print(f"wrote {archive} ({os.path.getsize(archive)} bytes)", file=sys.stderr)

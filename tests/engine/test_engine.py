@@ -128,8 +128,17 @@ EXPECTED = {
     # in that kernel is zb-patch's to plant (the 0.18 plants wrap zb-patch's zero-bubble code, absent here)
     "0.23.0": Expected(
         adapter="ascend-0.19-0.25",
-        # + vLLM #37159's fix (tests/engine/test_release_defects.py)
-        patches=frozenset({"slot-mapping-kernel", "stale-draft-placeholders", "stale-draft-placeholders-rows"}),
+        # + vLLM #37159's fix (tests/engine/test_release_defects.py) and the draft RoPE rows' (test_engine_mla.py)
+        patches=frozenset(
+            {
+                "slot-mapping-kernel",
+                "stale-draft-placeholders",
+                "stale-draft-placeholders-rows",
+                "mla-draft-rope-rows",
+                "mla-draft-rope-rows-propose",
+                "mla-draft-rope-rows-dummy-run",
+            }
+        ),
         plants={"slot-mapping-kernel-off-by-one": ("diverges", "0", "tokens")},
         drafters=("eagle",),
     ),

@@ -1,4 +1,5 @@
-"""DeepSeek-style MLA + MTP through vLLM's real engine on the installed vllm-ascend platform (0.13.0 / 0.18.0): the
+"""DeepSeek-style MLA + MTP through vLLM's real engine on the installed vllm-ascend platform (0.13.0 / 0.18.0 /
+0.23.0): the
 tiny DeepSeek-V3-style target of ``model.write_deepseek_model`` drafting with its own MTP layer (``--drafter
 deepseek-mtp``), through the release's own MLA backend (``AscendMLAMetadataBuilder``, ``AscendMLAImpl``) over the
 emulated MLA ops of tests/support/npu_ops/mla.py, one engine process per configuration of the operators' command
@@ -6,11 +7,13 @@ emulated MLA ops of tests/support/npu_ops/mla.py, one engine process per configu
 releases' own defects only), ``async+zb`` (``ZB_PATCH=1``); with E2E_BIG=1 also classic ``async`` as released
 (reported, not judged: on 0.13 at k = 3 it stops on vLLM #37159's stale ``-1`` placeholder, docs/e2e.md "Findings" 3).
 
-Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` in every recorded field. On 0.18 the
-fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings" 8), and
-the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's shared
-rows; E2E_BIG=1 repeats all three). ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 2 minutes on two cores on 0.18:
-four engine processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3.
+Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` in every recorded field. On 0.18 and
+0.23 the fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings"
+8), and the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's
+shared rows; E2E_BIG=1 repeats all three). On 0.23 zero-bubble is the release's own (``async`` is native zero-bubble,
+``async+zb`` adds zb-patch's slot-mapping kernel) and MLA prefill goes through FIA's RoPE-split TND mode with the
+context chunks merged by ``npu_attention_update`` (0.13 / 0.18: Ring MLA). ``MLA_WORKLOAD`` at the tutorial's k = 3
+(about 2 minutes on two cores: four engine processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3.
 """
 
 from __future__ import annotations
@@ -32,20 +35,24 @@ from zb_patch.check.engine.verdict import BESIDE, JUDGED, STRICT_FIELDS, compare
 from zb_patch.check.engine.workload import Workload, divergences  # noqa: E402
 
 RELEASE = version("vllm-ascend")
-if RELEASE not in ("0.13.0", "0.18.0"):
-    pytest.skip(f"MLA + MTP engine runs: vllm-ascend 0.13.0 / 0.18.0 (installed: {RELEASE})", allow_module_level=True)
-ON_018 = RELEASE == "0.18.0"
+if RELEASE not in ("0.13.0", "0.18.0", "0.23.0"):
+    pytest.skip(
+        f"MLA + MTP engine runs: vllm-ascend 0.13.0 / 0.18.0 / 0.23.0 (installed: {RELEASE})", allow_module_level=True
+    )
+# the releases zb-patch fixes the shared draft RoPE rows on (0.13's MtpProposer builds its drafts otherwise)
+ROPE_ROWS_FIXED = RELEASE in ("0.18.0", "0.23.0")
+NATIVE_ZERO_BUBBLE = RELEASE == "0.23.0"
 
 BIG = bool(os.environ.get("E2E_BIG"))
-if not (ON_018 or BIG):
-    pytest.skip("E2E_BIG=1: MLA + MTP engine runs on 0.13.0 (CI runs them on 0.18.0)", allow_module_level=True)
+if not (ROPE_ROWS_FIXED or BIG):
+    pytest.skip("E2E_BIG=1: MLA + MTP engine runs on 0.13.0 (CI runs them on 0.18.0 / 0.23.0)", allow_module_level=True)
 KS = (1, 2, 3) if BIG else (3,)
 # 8 requests, prompts up to 60 tokens prefilled in chunks of 32 (the later chunks load their context: Ring MLA's
 # context-chunk mode + npu_paged_cache_load), outputs up to 100 tokens in 3 KV blocks of 128 (requests grow past a
 # block: preemption); no request at max_model_len (vLLM #37159 stops the async runs there, docs/e2e.md "Findings" 3)
 MLA_WORKLOAD = Workload(num_requests=8, max_prompt=60, max_tokens=100, max_model_len=256, limit_every=0)
 DRAFTER = ("--drafter", "deepseek-mtp")
-DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP"}[RELEASE]
+DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP", "0.23.0": "AscendDeepSeekMTP"}[RELEASE]
 # configuration -> (run.CONFIGS name, environment, extra launcher arguments): the verdict's judged runs
 CONFIGS = {name: (name, {}, ()) for name in JUDGED}
 ROPE_ROWS_FIX = "mla-draft-rope-rows"
@@ -60,7 +67,26 @@ SHARED_ROWS = {
     for name in (JUDGED if BIG else ("sync",))
     for env in [RUN_CONFIGS[name][1]]
 }
-FIA = {"0.18.0": "npu_fused_infer_attention_score_v2", "0.13.0": "npu_fused_infer_attention_score"}[RELEASE]
+FIA = {
+    "0.18.0": "npu_fused_infer_attention_score_v2",
+    "0.13.0": "npu_fused_infer_attention_score",
+    "0.23.0": "npu_fused_infer_attention_score_v2",
+}[RELEASE]
+# the prefill's attention over the new tokens, over a context chunk, and how the chunks are merged
+PREFILL_OPS = {
+    "0.23.0": (
+        "npu_fused_infer_attention_score TND rope-split sparse_mode=3 softmax_lse",  # causal over the new tokens
+        "npu_fused_infer_attention_score TND rope-split sparse_mode=0 softmax_lse",  # a context chunk
+        "npu_attention_update update_type=0",  # the chunks merged through their LSEs
+    ),
+}.get(
+    RELEASE,
+    (
+        "npu_ring_mla first_ring triu",  # causal over the new tokens
+        "npu_ring_mla default no_mask (context chunk)",  # a context chunk, merged through the LSE in place
+    ),
+)
+CONTEXT_CHUNK_OP = PREFILL_OPS[1]
 # what the eager forward calls while generating (npu_ops.mla.CALLS by mode, reported by run_engine.py)
 MLA_OPS = (
     "npu_interleave_rope interleaved",  # the query's RoPE part (decode path)
@@ -68,8 +94,7 @@ MLA_OPS = (
     "npu_kv_rmsnorm_rope_cache PA is_output_kv",  # prefill path: also returns them
     f"{FIA} MLA TND_NTD sparse_mode=3 paged",  # decode, verification and drafter passes
     "npu_transpose_batchmatmul perm_y=(1, 0, 2)",  # W_UV after FIA
-    "npu_ring_mla first_ring triu",  # prefill: causal over the new tokens
-    "npu_ring_mla default no_mask (context chunk)",  # prefill: the context, merged through the LSE
+    *PREFILL_OPS,
     "npu_paged_cache_load ND seq_starts",  # the context chunk's latent / RoPE key from the caches
 )
 
@@ -101,7 +126,7 @@ def sweep(tmp_path_factory):
     wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
     configs = {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS
     done = {"fixed": _runs(os.path.join(out, "fixed"), models, wls, configs)}
-    if ON_018:
+    if ROPE_ROWS_FIXED:
         done["rows shared"] = _runs(os.path.join(out, "rows_shared"), models, wls, SHARED_ROWS)
     for variant, by_k in done.items():
         for k, runs in by_k.items():
@@ -116,7 +141,7 @@ def sweep(tmp_path_factory):
                     f"  {name}: {sum(len(t) for t in r['tokens'].values())} tokens, drafted {drafted}, accepted "
                     f"{accepted} ({100 * accepted / drafted:.1f} %), per position {per_pos}, preemptions "
                     f"{sum(r['preemptions'].values())}, context-chunk calls "
-                    f"{r['mla_op_calls'].get('npu_ring_mla default no_mask (context chunk)', 0)}"
+                    f"{r['mla_op_calls'].get(CONTEXT_CHUNK_OP, 0)}"
                 )
             print(f"\nMLA + MTP ({RELEASE}, {variant}), k = {k}:\n" + "\n".join(lines))
     return done
@@ -150,7 +175,8 @@ def test_mla_runs_finish_on_the_mla_backend_with_every_mla_op(sweep):
 def test_mla_tokens_identical_and_zero_bubble_equals_classic_async(sweep):
     """Tokens identical in every run (classic async too, where it finishes); async + ZB_PATCH=1 equal to classic
     async with the same fixes in every recorded field (every verification's position, drafted / accepted per request
-    and per draft position, preemptions); zero-bubble applied and correcting steps in the async+zb run only."""
+    and per draft position, preemptions); zero-bubble applied and correcting steps in the async+zb run only (0.23:
+    the release's own zero-bubble active in both async runs)."""
     for variant, k, runs in _each(sweep, complete=True):
         sync, fixes, zb = runs["sync"], runs["async+fixes"], runs["async+zb"]
         for name, res in runs.items():
@@ -158,9 +184,12 @@ def test_mla_tokens_identical_and_zero_bubble_equals_classic_async(sweep):
                 assert divergences(sync, res, fields=("tokens",)) == [], (variant, k, name)
         assert divergences(fixes, zb, STRICT_FIELDS) == [], (variant, k)
         assert _decode_verifications(fixes) == _decode_verifications(zb), (variant, k)
-        assert zb["zb_patch_status"]["state"] == "applied" and zb["zero_bubble"]["kind"] == "zb-patch", (variant, k)
-        assert zb["zero_bubble"]["active"] and zb["zero_bubble"]["corrected_steps"] > 0, (variant, k)
-        assert fixes["zero_bubble"]["kind"] != "zb-patch", (variant, k)
+        assert zb["zb_patch_status"]["state"] == "applied", (variant, k)
+        if NATIVE_ZERO_BUBBLE:
+            assert zb["zero_bubble"] == fixes["zero_bubble"] == {"kind": "native", "active": True}, (variant, k)
+        else:
+            assert zb["zero_bubble"]["kind"] == "zb-patch" and fixes["zero_bubble"]["kind"] != "zb-patch", (variant, k)
+            assert zb["zero_bubble"]["active"] and zb["zero_bubble"]["corrected_steps"] > 0, (variant, k)
         assert fixes["async_scheduling"] and zb["async_scheduling"] and not sync["async_scheduling"]
 
 
@@ -182,7 +211,7 @@ def test_mla_verdict(sweep):
             f"\n{variant}, k = {k}: {len(failures)} failures, {len(notes)} notes"
             + "".join(f"\n  {f}" for f in failures)
         )
-        if k == 1 or (ON_018 and variant == "fixed"):
+        if k == 1 or (ROPE_ROWS_FIXED and variant == "fixed"):
             assert failures == [], (variant, k)
         else:
             assert all(COUNT_FAILURE.match(f) for f in failures), (variant, k, failures)
@@ -213,8 +242,8 @@ def test_mla_acceptance_is_partial_and_varies(sweep):
         assert max(rates) - min(rates) >= 0.1, (variant, k, rates)
 
 
-@pytest.mark.skipif(not ON_018, reason="vllm-ascend 0.18's MTP drafter builds every draft position before its model")
-def test_018_draft_positions_keep_their_rope_rows_with_the_fix(sweep):
+@pytest.mark.skipif(not ROPE_ROWS_FIXED, reason="0.18 / 0.23: the drafter builds every draft position before its model")
+def test_draft_positions_keep_their_rope_rows_with_the_fix(sweep):
     """docs/e2e.md "Findings" 8: with mla-draft-rope-rows (applied in every run of the fixed variant, left out of every
     run of the other), every draft position is accepted at times, below the one before (and the verdict passes:
     test_mla_verdict); with the rows shared as released, the drafts change from k = 2 on (at k = 3 the last position

@@ -443,3 +443,163 @@ def test_fia_mla_takes_64_and_128_query_heads(heads):
     assert out_w.shape == (heads, 2, LATENT) and lse_w.shape == (2, heads, 1)
     torch.testing.assert_close(out_w[:N], out_n)
     torch.testing.assert_close(lse_w[:, :N], lse_n)
+
+
+# -- vllm-ascend 0.23.0's MLA prefill: FIA's RoPE-split TND mode, context chunks merged by npu_attention_update -------
+
+
+def _rope_split(query, query_rope, key, key_rope, value, q_ends, kv_ends, causal, lse=True, **over):
+    args = dict(
+        query_rope=query_rope,
+        key_rope=key_rope,
+        num_heads=N,
+        num_key_value_heads=N,
+        input_layout="TND",
+        atten_mask=MASK if causal else None,
+        sparse_mode=3 if causal else 0,
+        scale=0.1,
+        antiquant_mode=0,
+        antiquant_scale=None,
+        softmax_lse_flag=lse,
+        actual_seq_lengths=q_ends,
+        actual_seq_lengths_kv=kv_ends,
+    )
+    args.update(over)
+    # through the dispatcher the release calls: torch_npu.npu_fused_infer_attention_score with query_rope
+    return attention.npu_fused_infer_attention_score(query, key, value, **args)
+
+
+def test_fia_rope_split_prefill_and_context_chunks_merged_match_one_softmax():
+    """vllm-ascend 0.23.0's MLA prefill of two requests: the new tokens causal (sparse_mode 3), their context in two
+    chunks (sparse_mode 0; request 1 has no key in the second chunk: output 0, LSE -inf), every part's LSE, merged by
+    npu_attention_update over rows = tokens x heads; vs one float64 softmax over context + causal new tokens per head
+    and query row."""
+    q_lens, ctx = [3, 5], [[4, 2], [6, 0]]
+    t = sum(q_lens)
+    q_nope, q_rope = rnd(t, N, NOPE), rnd(t, N, ROPE)
+    k_new, r_new, v_new = rnd(t, N, NOPE), rnd(t, 1, ROPE), rnd(t, N, V)
+    chunks = [[(rnd(n, N, NOPE), rnd(n, 1, ROPE), rnd(n, N, V)) for n in per_req] for per_req in zip(*ctx)]
+    q_ends = torch.tensor(q_lens).cumsum(0).tolist()
+    out, lse = _rope_split(q_nope, q_rope, k_new, r_new.expand(-1, N, -1).contiguous(), v_new, q_ends, q_ends, True)
+    assert out.shape == (t, N, V) and out.dtype == HALF and lse.shape == (t, N, 1) and lse.dtype == torch.float32
+    outs, lses = [out.float().reshape(t * N, V)], [lse.reshape(t * N)]
+    for chunk, kv_lens in zip(chunks, zip(*ctx)):
+        k, r, v = (torch.cat([c[i] for c in chunk]) for i in range(3))
+        kv_ends = torch.tensor(kv_lens).cumsum(0).tolist()
+        c_out, c_lse = _rope_split(q_nope, q_rope, k, r.expand(-1, N, -1).contiguous(), v, q_ends, kv_ends, False)
+        outs.append(c_out.float().reshape(t * N, V))
+        lses.append(c_lse.reshape(t * N))
+    # request 1 (rows 3..7) has no key in the second chunk
+    assert torch.all(outs[2].view(t, N, V)[3:] == 0) and torch.all(lses[2].view(t, N)[3:] == -math.inf)
+    merged, no_lse = mla.npu_attention_update(tuple(lses), tuple(outs), 0)
+    assert no_lse is None and merged.dtype == torch.float32
+    merged = merged.view(t, N, V)
+    start = 0
+    for b, ql in enumerate(q_lens):
+        keys = [c[b][0] for c in chunks] + [k_new[start : start + ql]]
+        ropes = [c[b][1] for c in chunks] + [r_new[start : start + ql]]
+        values = [c[b][2] for c in chunks] + [v_new[start : start + ql]]
+        k, r, v = (torch.cat(x).double() for x in (keys, ropes, values))
+        context = sum(ctx[b])
+        for h in range(N):
+            for i in range(ql):
+                visible = context + i + 1
+                score = k[:visible, h] @ q_nope[start + i, h].double() + r[:visible, 0] @ q_rope[start + i, h].double()
+                ref = torch.softmax(score * 0.1, 0) @ v[:visible, h]
+                torch.testing.assert_close(merged[start + i, h].double(), ref, **TOL)
+        start += ql
+
+
+def test_fia_rope_split_without_the_lse_flag_returns_the_ops_zero():
+    q_nope, q_rope, k, r, v = rnd(4, N, NOPE), rnd(4, N, ROPE), rnd(4, N, NOPE), rnd(4, N, ROPE), rnd(4, N, V)
+    out, lse = _rope_split(q_nope, q_rope, k, r, v, [4], [4], True, lse=False)
+    out_lse, _ = _rope_split(q_nope, q_rope, k, r, v, [4], [4], True)
+    assert lse.shape == (1,) and lse.item() == 0.0
+    torch.testing.assert_close(out, out_lse)
+
+
+def test_attention_update_merges_parts_of_one_softmax():
+    """Keys split into three parts (the middle one empty for some rows: LSE -inf); each part's naive attention and
+    LSE, merged by the op, equal one softmax over all keys (float64 reference), in the parts' dtype."""
+    rows, d, keys = 6, 16, 9
+    scores = torch.randn(rows, keys, generator=g, dtype=torch.float64) * 3
+    values = torch.randn(keys, d, generator=g, dtype=torch.float64)
+    bounds = [(0, 4), (4, 6), (6, 9)]
+    outs, lses = [], []
+    for lo, hi in bounds:
+        s = scores[:, lo:hi].clone()
+        if (lo, hi) == (4, 6):
+            s[:2] = -math.inf  # rows 0, 1: no key in this part
+        lse = torch.logsumexp(s, -1)
+        out = torch.nan_to_num(torch.softmax(s, -1), nan=0.0) @ values[lo:hi]
+        lses.append(lse.float())
+        outs.append(out.to(HALF))
+    merged, _ = mla.npu_attention_update(lses, outs, 0)
+    full = scores.clone()
+    full[:2, 4:6] = -math.inf
+    assert merged.dtype == HALF and merged.shape == (rows, d)
+    torch.testing.assert_close(merged.double(), torch.softmax(full, -1) @ values, **TOL)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: _split(dtype=torch.float16), "query dtype float16"),
+        (lambda: _split(input_layout="NTD_TND"), "input_layout='NTD_TND'"),
+        (lambda: _split(block_table=torch.zeros(1, 1, dtype=torch.int32), block_size=128), "page attention"),
+        (lambda: _split(causal=False, atten_mask=MASK), "sparse_mode=0 with atten_mask given"),
+        (lambda: _split(kv_ends=[2]), "lists ending at 4 / 2"),
+        (lambda: _split(q_ends=[4], kv_ends=[4], keys=4, causal=True, q_rows=4, kv_split=[1, 3]), "query / 2 kv"),
+        (lambda: _split(nope=192), r"query \(4, 32, 192\)"),
+        (lambda: _split(num_key_value_heads=1), "32 / 1 heads"),
+        (lambda: _split(pse_shift=rnd(1, N, 4, 4)), "pse_shift"),
+        (lambda: _split(q_ends=[1, 4], kv_ends=[2, 4], causal=True), "request 1: 3 query rows > 2 keys"),
+        (lambda: mla.npu_attention_update([torch.zeros(4)], [torch.zeros(4, 16)], 1), "update_type=1"),
+        (lambda: mla.npu_attention_update([torch.zeros(4)] * 17, [torch.zeros(4, 16)] * 17, 0), "17 LSEs"),
+        (lambda: mla.npu_attention_update([torch.zeros(4)], [torch.zeros(4, 4)], 0), "D=4"),
+        (lambda: mla.npu_attention_update([torch.zeros(4, dtype=HALF)], [torch.zeros(4, 16)], 0), r"lse\[0\] dtype"),
+        (lambda: mla.npu_attention_update([torch.zeros(4)], [torch.zeros(16, 4).t()], 0), "non-contiguous"),
+        (
+            lambda: mla.npu_attention_update(
+                [torch.zeros(4)] * 2, [torch.zeros(4, 16), torch.zeros(4, 16, dtype=HALF)], 0
+            ),
+            "mixed dtypes",
+        ),
+    ],
+    ids=[
+        "fia-split-fp16",
+        "fia-split-layout",
+        "fia-split-paged",
+        "fia-split-sparse0-mask",
+        "fia-split-kv-end",
+        "fia-split-list-count",
+        "fia-split-d192",
+        "fia-split-kv-heads",
+        "fia-split-pse",
+        "fia-split-q-over-kv",
+        "update-type-1",
+        "update-17-parts",
+        "update-d4",
+        "update-lse-half",
+        "update-non-contiguous",
+        "update-mixed",
+    ],
+)
+def test_rope_split_and_attention_update_refuse_what_the_npu_refuses(call, message):
+    with pytest.raises(NotImplementedError, match=message):
+        call()
+
+
+def _split(dtype=HALF, nope=NOPE, q_ends=(4,), kv_ends=(4,), causal=True, keys=4, q_rows=4, kv_split=None, **over):
+    kv = list(kv_split) if kv_split else list(kv_ends)
+    return _rope_split(
+        rnd(q_rows, N, nope, dtype=dtype),
+        rnd(q_rows, N, ROPE, dtype=dtype),
+        rnd(keys, N, nope, dtype=dtype),
+        rnd(keys, N, ROPE, dtype=dtype),
+        rnd(keys, N, V, dtype=dtype),
+        list(q_ends),
+        kv,
+        causal,
+        **over,
+    )

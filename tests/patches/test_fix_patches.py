@@ -50,10 +50,12 @@ APPLIED_ON = {
     "stale-draft-placeholders-rows": ALL_RELEASES,
     # native from 0.20.2rc1 (#9221's drafter gate) and 0.21.0rc1 (#10147's masks)
     "draft-seq-lens-max-model-len": {"0.19.1rc1"},
+    # no release of the adapter's range gives the draft positions RoPE rows of their own
+    "mla-draft-rope-rows": ALL_RELEASES,
+    "mla-draft-rope-rows-propose": ALL_RELEASES,
+    "mla-draft-rope-rows-dummy-run": ALL_RELEASES,
 }
 ADVISORY_ON = {
-    # no release of the adapter's range gives the draft positions RoPE rows of their own
-    "mla-draft-rope-rows-shared": ALL_RELEASES,
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
     # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
     "stale-accepted-counts": {

@@ -1,8 +1,8 @@
-"""``mla-draft-rope-rows`` (ascend-0.18) on the release's own ``get_cos_and_sin_mla`` and its buffers: each draft
-position of one proposer call gets rows of its own, at the same address in every call (what a captured FULL graph
-needs), with the release's values; the target's builds (outside a proposer call) are the release's. The
-engine-level effect (acceptance per draft position, the verdict) is tests/engine/test_engine_mla.py's; the
-bookkeeping-level one test_runner_parity.py's."""
+"""``mla-draft-rope-rows`` (ascend-0.18, ascend-0.19-0.25) on the release's own ``get_cos_and_sin_mla`` and its
+buffers: each draft position of one proposer call gets rows of its own, at the same address in every call (what a
+captured FULL graph needs), with the release's values; the target's builds (outside a proposer call) are the
+release's. The engine-level effect (acceptance per draft position, the verdict) is tests/engine/test_engine_mla.py's;
+the bookkeeping-level one test_runner_parity.py's."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import types
 import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
-if npu_standin.detect_family() != "0.18":
-    pytest.skip("mla-draft-rope-rows is ascend-0.18's", allow_module_level=True)
+if npu_standin.detect_family() not in ("0.18", "0.23"):  # "0.23": the stand-in's surface for 0.19 and later
+    pytest.skip("mla-draft-rope-rows: ascend-0.18 and ascend-0.19-0.25", allow_module_level=True)
 
 import torch  # noqa: E402
 
@@ -83,3 +83,23 @@ def test_outside_a_proposer_call_the_release_answers(rope):
     assert _ptr(built[0][0]) != _ptr(module._cos_mla) and torch.equal(
         built[0][0][:, 0, 0], module._cos_cache[positions]
     )
+
+
+def test_a_call_without_decode_rows_at_position_0_still_gives_each_build_its_own_rows(rope):
+    """A batch whose position 0 is all prefill builds decode rows for positions 1 .. k-1 only (k - 1 builds): they
+    take the first buffers, each its own, and keep their values after the later builds."""
+    module, get_cos_and_sin_mla = rope
+    built = []
+
+    def build_positions():
+        for step in range(1, K):
+            positions = torch.tensor([10 * step + 4, 10 * step + 5])
+            built.append((positions, *get_cos_and_sin_mla(positions, use_cache=True)))
+
+    _, propose = _propose(build_positions)
+    propose()
+    assert len({_ptr(cos) for _, cos, _ in built}) == K - 1
+    for positions, cos, sin in built:
+        assert torch.equal(cos[:, 0, 0], module._cos_cache[positions]) and torch.equal(
+            sin[:, 0, 0], module._sin_cache[positions]
+        )

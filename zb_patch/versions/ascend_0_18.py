@@ -347,62 +347,14 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
     remove_when=_REMOVE_WHEN,
 )
-MLA_DRAFT_ROPE_ROWS = Patch(
-    id="mla-draft-rope-rows",
-    group="mla-draft-rope-rows",
-    target="vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla",
-    aliases=("vllm_ascend.attention.mla_v1:get_cos_and_sin_mla", "vllm_ascend.attention.sfa_v1:get_cos_and_sin_mla"),
-    make=spec_fixes.make_get_cos_and_sin_mla,
-    fingerprints={"vllm-ascend 0.18.0": "d2a862ac42765291"},
-    why="The MLA / SFA decode metadata's RoPE rows (decode.cos / decode.sin) are views of one static buffer "
-    "(get_cos_and_sin_mla(positions, use_cache=True): `_cos_mla[:n] = rows`, returns `_cos_mla[:n]`). The EAGLE / "
-    "MTP proposer builds the metadata of every draft position before its model runs (eagle_proposer.py _propose: "
-    "step 0, then attn_update_stack_num_spec_norm for steps 1 .. k-1; dummy_run the same for FULL capture), so from "
-    "k = 2 on each later build rewrites the rows the earlier positions read: a draft pass applies another pass's "
-    "rotary positions. The release's comment there notes that only slot_mapping gets memory per step. Tokens do not "
-    "change (drafts are verified); acceptance does: at k = 3 the last draft position was never accepted on the MLA "
-    "model of docs/e2e.md, and drafts differed between sync and async scheduling with the batch. No upstream issue "
-    "or fix found. It arises from vllm-ascend #5940 (one merged graph for all draft passes: every position built "
-    "first, slot_mapping given a buffer per step) over #5277 (the MLA builder's RoPE rows cached as views); "
-    "0.19.1rc1 .. 0.25.1rc1 have the same code (read, not run).",
-    how="Wrapper (zb_patch.versions.spec_fixes), with the two proposer wrappers of its group. While the proposer's "
-    "_propose or dummy_run runs on a thread, its n-th decode RoPE build (n < k) gets the rows the release just wrote "
-    "copied into draft position n's own static buffer (allocated once, like the shared one) and views of that copy: "
-    "every position keeps its rows, at the same address at every build, at capture and at run time (a captured FULL "
-    "graph reads what the next build writes). The target's builds, outside a proposer call, are the release's. One "
-    "device copy per draft build, no host wait. Speculative decoding with an MLA / SFA target, sync or async.",
-    upstream=("vllm-ascend#5940", "vllm-ascend#5277"),
+MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
+    proposer="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer",
+    rope_rows={"vllm-ascend 0.18.0": "d2a862ac42765291"},
+    propose={"vllm-ascend 0.18.0": "d468b07a805b3f0d"},
+    dummy_run={"vllm-ascend 0.18.0": "57dbd331e0623e17"},
     remove_when="a vllm-ascend release gives each draft position RoPE rows of its own (none does as of 0.25.1rc1: "
     "spec_decode/llm_base_proposer.py builds every position first, mla_v1.py still returns views of _cos_mla); this "
     "adapter covers vllm-ascend 0.18.x only, so the patch goes with it",
-)
-_DRAFTING_HOW = (
-    "Wrapper (zb_patch.versions.spec_fixes.make_drafting): marks the call on its thread, so that the decode RoPE "
-    "builds made inside it are numbered by draft position (mla-draft-rope-rows)."
-)
-MLA_DRAFT_ROPE_ROWS_PROPOSE = Patch(
-    id="mla-draft-rope-rows-propose",
-    group="mla-draft-rope-rows",
-    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose",
-    make=spec_fixes.make_drafting,
-    fingerprints={"vllm-ascend 0.18.0": "d468b07a805b3f0d"},
-    why="Half of mla-draft-rope-rows (same group): the proposer's run-time call that builds the metadata of every "
-    "draft position, in order, before the draft model runs.",
-    how=_DRAFTING_HOW,
-    upstream=("vllm-ascend#5940",),
-    remove_when=MLA_DRAFT_ROPE_ROWS.remove_when,
-)
-MLA_DRAFT_ROPE_ROWS_DUMMY_RUN = Patch(
-    id="mla-draft-rope-rows-dummy-run",
-    group="mla-draft-rope-rows",
-    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.dummy_run",
-    make=spec_fixes.make_drafting,
-    fingerprints={"vllm-ascend 0.18.0": "57dbd331e0623e17"},
-    why="Third part of mla-draft-rope-rows (same group): the proposer's dummy run, which builds every draft "
-    "position's metadata for a FULL-graph capture; the captured graph must read the buffers the run-time builds write.",
-    how=_DRAFTING_HOW,
-    upstream=("vllm-ascend#5940",),
-    remove_when=MLA_DRAFT_ROPE_ROWS.remove_when,
 )
 CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
     id="cudagraph-batch-sizes-after-rounding",
@@ -439,9 +391,7 @@ PATCHES: tuple = (
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
-    MLA_DRAFT_ROPE_ROWS,
-    MLA_DRAFT_ROPE_ROWS_PROPOSE,
-    MLA_DRAFT_ROPE_ROWS_DUMMY_RUN,
+    *MLA_DRAFT_ROPE_ROWS,
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
     PIECEWISE_NO_DRAIN,
 )

@@ -372,6 +372,38 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     roles=("worker",),
 )
 
+# The decode RoPE rows every draft position shares (MLA / SFA targets): the group of adapter ascend-0.18.
+MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
+    # 0.19.1rc1 defines the class in eagle_proposer; later releases re-export it there (as for
+    # draft-seq-lens-max-model-len above)
+    proposer="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer",
+    rope_rows={
+        "vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, "
+        "0.25.1rc1": "d2a862ac42765291",
+    },
+    propose={
+        "vllm-ascend 0.19.1rc1": "686b2087efe3f0f1",
+        "vllm-ascend 0.20.2rc1": "348f2ee0c94e475b",
+        "vllm-ascend 0.21.0rc1 (wheels and sdist)": "35ab91194fb96ac4",
+        "vllm-ascend 0.22.1rc1": "dd290c2141c0600e",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "03ee9b68650148ad",
+        "vllm-ascend 0.24.0rc1": "a45124fb4f1c5261",
+        "vllm-ascend 0.25.1rc1": "a6f4138543d70728",
+    },
+    dummy_run={
+        "vllm-ascend 0.19.1rc1": "69b6389d635827fd",
+        "vllm-ascend 0.20.2rc1": "7eb1eaa2b41bc335",
+        "vllm-ascend 0.21.0rc1 (wheels and sdist)": "a304e6e60e5e48f7",
+        "vllm-ascend 0.22.1rc1": "95cd8318dd9bfe58",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "c238fd8ad68d0f12",
+        "vllm-ascend 0.24.0rc1": "54eccea7d1048258",
+        "vllm-ascend 0.25.1rc1": "5788e16c40a15cac",
+    },
+    remove_when="a vllm-ascend release gives each draft position RoPE rows of its own (none of this adapter's range "
+    "does: spec_decode/llm_base_proposer.py builds every position first, mla_v1.py returns views of _cos_mla through "
+    "0.25.1rc1)",
+)
+
 PATCHES = (
     SLOT_MAPPING_KERNEL,
     VALID_COUNT_COPY_ORDER,
@@ -381,6 +413,7 @@ PATCHES = (
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
+    *MLA_DRAFT_ROPE_ROWS,
 )
 
 # Known bugs of releases in range that zb-patch does not fix: one WARNING where the installed code has them.
@@ -418,21 +451,6 @@ ADVISORIES = (
         "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
         "affected.",
         upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
-    ),
-    Advisory(
-        id="mla-draft-rope-rows-shared",
-        target="vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla",
-        affected={
-            "vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, "
-            "0.25.1rc1": "d2a862ac42765291",
-        },
-        message="MLA / SFA models (DeepSeek-style) with MTP or EAGLE at num_speculative_tokens >= 2: the proposer "
-        "builds the metadata of every draft position before the draft model runs, and the decode RoPE rows are views "
-        "of one buffer (get_cos_and_sin_mla(use_cache=True)), so every position reads the last position's rows: "
-        "lower acceptance from the second draft position on (tokens are not affected). Read in these releases' "
-        "sources, not run; on vllm-ascend 0.18.0 zb-patch fixes it (mla-draft-rope-rows, docs/e2e.md Findings 8). "
-        "No upstream fix; k = 1 is not affected.",
-        upstream=("vllm-ascend#5940", "vllm-ascend#5277"),
     ),
 )
 

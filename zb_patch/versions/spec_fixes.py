@@ -405,6 +405,78 @@ def make_get_cos_and_sin_mla(original: Callable) -> Callable:
     return get_cos_and_sin_mla
 
 
+def mla_draft_rope_rows(
+    proposer: str, rope_rows: dict[str, str], propose: dict[str, str], dummy_run: dict[str, str], remove_when: str
+) -> tuple[Patch, Patch, Patch]:
+    """The ``mla-draft-rope-rows`` group for an adapter: ``get_cos_and_sin_mla`` and the proposer class ``proposer``'s
+    ``_propose`` / ``dummy_run``, with that adapter's fingerprints of each."""
+    why = (
+        "The MLA / SFA decode metadata's RoPE rows (decode.cos / decode.sin) are views of one static buffer "
+        "(get_cos_and_sin_mla(positions, use_cache=True): `_cos_mla[:n] = rows`, returns `_cos_mla[:n]`). The EAGLE / "
+        "MTP proposer builds the metadata of every draft position before its model runs (_propose: step 0, then "
+        "attn_update_stack_num_spec_norm for steps 1 .. k-1; dummy_run the same for FULL capture), so from k = 2 on "
+        "each later build rewrites the rows the earlier positions read: a draft pass applies another pass's rotary "
+        "positions. The release's comment there notes that only slot_mapping gets memory per step. Tokens do not "
+        "change (drafts are verified); acceptance does: at k = 3 the last draft position was never accepted on the "
+        "MLA model of docs/e2e.md (vllm-ascend 0.18.0 and 0.23.0), and drafts differed between sync and async "
+        "scheduling with the batch. No upstream issue or fix found. It arises from vllm-ascend #5940 (one merged graph "
+        "for all draft passes: every position built first, slot_mapping given a buffer per step) over #5277 (the MLA "
+        "builder's RoPE rows cached as views)."
+    )
+    upstream = ("vllm-ascend#5940", "vllm-ascend#5277")
+    drafting_how = (
+        "Wrapper (zb_patch.versions.spec_fixes.make_drafting): marks the call on its thread, so that the decode RoPE "
+        "builds made inside it are numbered by draft position (mla-draft-rope-rows)."
+    )
+    rows = Patch(
+        id="mla-draft-rope-rows",
+        group="mla-draft-rope-rows",
+        target="vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla",
+        aliases=(
+            "vllm_ascend.attention.mla_v1:get_cos_and_sin_mla",
+            "vllm_ascend.attention.sfa_v1:get_cos_and_sin_mla",
+        ),
+        make=make_get_cos_and_sin_mla,
+        fingerprints=rope_rows,
+        why=why,
+        how="Wrapper (zb_patch.versions.spec_fixes), with the two proposer wrappers of its group. While the proposer's "
+        "_propose or dummy_run runs on a thread, its n-th decode RoPE build (n < k) gets the rows the release just "
+        "wrote copied into draft position n's own static buffer (allocated once, like the shared one) and views of "
+        "that copy: every position keeps its rows, at the same address at every build, at capture and at run time (a "
+        "captured FULL graph reads what the next build writes). The target's builds, outside a proposer call, are the "
+        "release's. One device copy per draft build, no host wait. Speculative decoding with an MLA / SFA target, "
+        "sync or async.",
+        upstream=upstream,
+        remove_when=remove_when,
+    )
+    propose_patch = Patch(
+        id="mla-draft-rope-rows-propose",
+        group="mla-draft-rope-rows",
+        target=f"{proposer}._propose",
+        make=make_drafting,
+        fingerprints=propose,
+        why="Half of mla-draft-rope-rows (same group): the proposer's run-time call that builds the metadata of every "
+        "draft position, in order, before the draft model runs.",
+        how=drafting_how,
+        upstream=("vllm-ascend#5940",),
+        remove_when=remove_when,
+    )
+    dummy_run_patch = Patch(
+        id="mla-draft-rope-rows-dummy-run",
+        group="mla-draft-rope-rows",
+        target=f"{proposer}.dummy_run",
+        make=make_drafting,
+        fingerprints=dummy_run,
+        why="Third part of mla-draft-rope-rows (same group): the proposer's dummy run, which builds every draft "
+        "position's metadata for a FULL-graph capture; the captured graph must read the buffers the run-time builds "
+        "write.",
+        how=drafting_how,
+        upstream=("vllm-ascend#5940",),
+        remove_when=remove_when,
+    )
+    return rows, propose_patch, dummy_run_patch
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # vllm-ascend 0.18, FULL decode graphs + EAGLE: the runner's capture sizes are not the dispatcher's after rounding
 # ----------------------------------------------------------------------------------------------------------------

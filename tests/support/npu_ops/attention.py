@@ -24,7 +24,8 @@ Returns ``(attention_out [T, N, D], softmax_lse [T, N, 1] float32)``; softmax in
 ``query`` / ``key`` / ``value`` are float16 or bfloat16, one dtype (the op's documented types; int8 only with the
 quantisation arguments): float32 is refused, as the NPU refuses it.
 Every other layout, sparse mode, quantisation, pse/sink argument raises NotImplementedError. With ``query_rope`` the
-call is FIA's MLA mode (vllm-ascend 0.13's ``AscendMLAImpl``), implemented in ``mla.py`` (``fia_v1_mla``).
+call is one of FIA's RoPE modes (vllm-ascend's ``AscendMLAImpl``: 0.13's decode, 0.23's prefill), implemented in
+``mla.py`` (``fia_v1_with_rope``).
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def npu_fused_infer_attention_score(
     block_size: int = 0,
     **other,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if other.get("query_rope") is not None:  # the MLA mode (vllm-ascend 0.13's AscendMLAImpl): npu_ops/mla.py
-        from .mla import fia_v1_mla
+    if other.get("query_rope") is not None:  # the RoPE modes (vllm-ascend's AscendMLAImpl): npu_ops/mla.py
+        from .mla import fia_v1_with_rope
 
-        return fia_v1_mla(
+        return fia_v1_with_rope(
             query,
             key,
             value,

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._check import HALF, dtypes, only_defaults, unsupported
+from ._check import HALF, HALF_OR_FLOAT, dtypes, only_defaults, unsupported
 
 LATENT, ROPE, NOPE, V_HEAD = 512, 64, 128, 128
 FIA_MLA_HEADS = (32, 64, 128)  # FIA's MLA mode: query heads (KV heads 1)
@@ -315,6 +315,172 @@ def fia_v1_mla(query, key, value, *, query_rope, key_rope, **kwargs) -> tuple[to
     )
 
 
+def fia_v1_with_rope(query, key, value, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``npu_fused_infer_attention_score`` with ``query_rope`` / ``key_rope``: the op's two documented RoPE modes,
+    told apart by the query's last dim as the op tells them apart -- 512, the MLA mode (vllm-ascend 0.13's decode,
+    ``fia_v1_mla``); otherwise the RoPE-split TND mode (vllm-ascend 0.23's MLA prefill, ``fia_v1_rope_split``), which
+    refuses any width but 128."""
+    if query.shape[-1] == LATENT:
+        return fia_v1_mla(query, key, value, **kwargs)
+    return fia_v1_rope_split(query, key, value, **kwargs)
+
+
+FIA_ROPE_SPLIT_MAX_BATCH = 4096  # the op's limit on the length lists' entries in this mode
+
+
+def fia_v1_rope_split(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    query_rope: torch.Tensor,
+    key_rope: torch.Tensor,
+    num_heads: int = 1,
+    num_key_value_heads: int = 0,
+    scale: float = 1.0,
+    input_layout: str = "BSH",
+    atten_mask: torch.Tensor | None = None,
+    sparse_mode: int = 0,
+    block_table: torch.Tensor | None = None,
+    block_size: int = 0,
+    actual_seq_lengths=None,
+    actual_seq_lengths_kv=None,
+    softmax_lse_flag: bool = False,
+    **other,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``npu_fused_infer_attention_score`` (v1), TND, with the key's RoPE part passed apart (op-plugin
+    ``torch_npu-npu_fused_infer_attention_score.md``, "query的d等于128"), as vllm-ascend 0.23
+    ``AscendMLAImpl._forward_prefill`` / ``_compute_prefill_context`` call it for the prefill tokens' decompressed
+    heads: ``query [T, N, 128]`` + ``query_rope [T, N, 64]``, ``key [S, N, 128]`` + ``key_rope [S, N, 64]``,
+    ``value [S, N, 128]``, ``num_heads`` = ``num_key_value_heads`` = N, unpaged; ``actual_seq_lengths`` /
+    ``actual_seq_lengths_kv`` the cumulative query / key ends per request (TND: the last ones equal T / S). Query row
+    i of request b (q_b rows, kv_b keys) scores key j with ``(q_nope . k_nope_j + q_rope . k_rope_j) * scale``
+    (float32 softmax) and returns the softmax-weighted values:
+
+    - ``sparse_mode=3`` with the compressed mask (the new tokens, causal): keys j <= kv_b - q_b + i (right-down
+      causal); the release passes equal query and key lists.
+    - ``sparse_mode=0`` without a mask (a context chunk): every key of the request's chunk.
+
+    Returns ``(attention_out [T, N, 128], softmax_lse)``: with ``softmax_lse_flag=True`` the LSE ``[T, N, 1]``
+    float32 (natural log of the softmax denominator, max-shifted as the op documents); otherwise the op's ``[1]``
+    zero. A request with no key in the call (a prefill without context in a context chunk: its chunk length is 0)
+    gets output 0 and LSE -inf: the output is the op's documented fill for an empty key; the LSE for it is not
+    documented, and -inf (log of an empty sum) is the one value with which the release's merge of the chunks
+    (``npu_attention_update``) leaves such a request's result unchanged, as it must.
+
+    Refused (the op's constraints in this mode, or modes the release does not use): dtypes other than bfloat16 (the
+    only one this mode takes), widths other than 128 + 64 and value 128, different query / key / value head counts,
+    NTD_TND and other layouts, sparse modes but 0 without mask / 3 with mask, page attention, more than 4096
+    requests, query rows past a request's keys under sparse_mode 3 (the document says "<"; the release's prefill
+    passes equal lists, which is causal self-attention), lists that do not end at T / S, quantisation / pse / padding
+    arguments."""
+    op = "npu_fused_infer_attention_score"
+    only_defaults(op, other, {"antiquant_mode": 0, "inner_precise": 0})
+    dtypes(op, ("bfloat16",), query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope)
+    if input_layout != "TND":
+        raise unsupported(op, f"input_layout={input_layout!r} with query_rope and d=128 (only 'TND')")
+    if block_table is not None or block_size:
+        raise unsupported(op, "page attention with query_rope and d=128 (the mode is unpaged)")
+    if (sparse_mode, atten_mask is None) not in ((0, True), (3, False)):
+        raise unsupported(
+            op, f"sparse_mode={sparse_mode} with atten_mask {'absent' if atten_mask is None else 'given'}"
+        )
+    heads = num_key_value_heads or num_heads
+    tokens, keys = query.shape[0], key.shape[0]
+    expected = {
+        "query": (query, (tokens, num_heads, NOPE)),
+        "query_rope": (query_rope, (tokens, num_heads, ROPE)),
+        "key": (key, (keys, heads, NOPE)),
+        "key_rope": (key_rope, (keys, heads, ROPE)),
+        "value": (value, (keys, heads, V_HEAD)),
+    }
+    for name, (t, shape) in expected.items():
+        if t.dim() != 3 or tuple(t.shape) != shape or heads != num_heads:
+            raise unsupported(op, f"{name} {tuple(t.shape)} with {num_heads} / {heads} heads (TND: 128 + 64, N = KV_N)")
+    q_ends, kv_ends = (
+        [int(x) for x in _as_list(op, actual_seq_lengths)],
+        [int(x) for x in _as_list(op, actual_seq_lengths_kv)],
+    )
+    if len(q_ends) != len(kv_ends) or not 0 < len(q_ends) <= FIA_ROPE_SPLIT_MAX_BATCH:
+        raise unsupported(op, f"{len(q_ends)} query / {len(kv_ends)} kv lengths (TND: one per request, <= 4096)")
+    if q_ends[-1] != tokens or kv_ends[-1] != keys:
+        raise unsupported(op, f"lists ending at {q_ends[-1]} / {kv_ends[-1]} for {tokens} query / {keys} key rows")
+    CALLS[f"{op} TND rope-split sparse_mode={sparse_mode}{' softmax_lse' if softmax_lse_flag else ''}"] += 1
+    out = torch.zeros(tokens, num_heads, V_HEAD, dtype=query.dtype, device=query.device)
+    lse = torch.full((tokens, num_heads, 1), -math.inf, dtype=torch.float32, device=query.device)
+    q_start = kv_start = 0
+    for b, (q_end, kv_end) in enumerate(zip(q_ends, kv_ends)):
+        q_len, kv_len = q_end - q_start, kv_end - kv_start
+        if q_len < 0 or kv_len < 0:
+            raise unsupported(op, f"request {b}: decreasing cumulative lengths {q_ends} / {kv_ends}")
+        if sparse_mode == 3 and q_len > kv_len:
+            raise unsupported(op, f"request {b}: {q_len} query rows > {kv_len} keys under sparse_mode=3")
+        if q_len and kv_len:
+            qn = query[q_start:q_end].float().transpose(0, 1)  # [N, q, 128]
+            qr = query_rope[q_start:q_end].float().transpose(0, 1)
+            kn = key[kv_start:kv_end].float().transpose(0, 1)  # [N, kv, 128]
+            kr = key_rope[kv_start:kv_end].float().transpose(0, 1)
+            v = value[kv_start:kv_end].float().transpose(0, 1)
+            scores = (qn @ kn.transpose(1, 2) + qr @ kr.transpose(1, 2)) * scale  # [N, q, kv]
+            if sparse_mode == 3:
+                allowed = (
+                    torch.arange(kv_len, device=query.device)[None, :]
+                    <= (kv_len - q_len + torch.arange(q_len, device=query.device))[:, None]
+                )
+                scores = scores.masked_fill(~allowed, -math.inf)
+            lse[q_start:q_end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)[..., None]
+            out[q_start:q_end] = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).to(query.dtype)
+        q_start, kv_start = q_end, kv_end
+    if not softmax_lse_flag:
+        lse = torch.zeros(1, dtype=torch.float32, device=query.device)
+    return out, lse
+
+
+# -- torch_npu.npu_attention_update ----------------------------------------------------------------------------------
+
+ATTENTION_UPDATE_MAX_PARTS = 16
+
+
+def npu_attention_update(lse, local_out, update_type: int) -> tuple[torch.Tensor, None]:
+    """``npu_attention_update(lse: [M] float32 x sp, local_out: [M, D] x sp, update_type=0) -> (out [M, D], None)``
+    (ops-transformer ``AttentionUpdate``): merges sp partial attention results of the same M query rows through their
+    LSEs -- ``lse_max = max_i lse_i``, ``lse_m = lse_max + log(sum_i exp(lse_i - lse_max))``, ``out = sum_i O_i *
+    exp(lse_i - lse_m)`` (float32), in ``local_out``'s dtype. ``update_type=0`` returns no merged LSE (torch_npu hands
+    back an undefined tensor: ``None``). vllm-ascend 0.23 ``_compute_prefill_context``: the prefill's causal part and
+    each context chunk, rows = tokens x heads. A part with LSE -inf for a row adds nothing to it.
+
+    Refused: ``update_type`` 1 (the merged LSE; not used), fewer than 1 or more than 16 parts, LSEs not float32 or
+    outputs not float32 / float16 / bfloat16 (one dtype), shapes that differ between parts, D outside [8, 512] or not
+    a multiple of 8, non-contiguous tensors (the op's constraints)."""
+    op = "npu_attention_update"
+    if update_type != 0:
+        raise unsupported(op, f"update_type={update_type} (only 0)")
+    lse, local_out = list(lse), list(local_out)
+    if not 1 <= len(lse) <= ATTENTION_UPDATE_MAX_PARTS or len(lse) != len(local_out):
+        raise unsupported(op, f"{len(lse)} LSEs / {len(local_out)} outputs (1..16 parts, one LSE per output)")
+    dtypes(op, ("float32",), **{f"lse[{i}]": t for i, t in enumerate(lse)})
+    dtypes(op, HALF_OR_FLOAT, **{f"local_out[{i}]": t for i, t in enumerate(local_out)})
+    rows = lse[0].shape[0] if lse[0].dim() == 1 else -1
+    for i, (part_lse, part_out) in enumerate(zip(lse, local_out)):
+        shapes = f"lse {tuple(part_lse.shape)} / local_out {tuple(part_out.shape)}"
+        if part_lse.shape != (rows,) or part_out.dim() != 2 or part_out.shape != local_out[0].shape:
+            raise unsupported(op, f"part {i}: {shapes} (all [M] / [M, D])")
+        if part_out.shape[0] != rows:
+            raise unsupported(op, f"part {i}: {shapes} (all [M] / [M, D])")
+        if not (part_lse.is_contiguous() and part_out.is_contiguous()):
+            raise unsupported(op, f"part {i}: a non-contiguous tensor")
+    d = local_out[0].shape[1]
+    if not 8 <= d <= 512 or d % 8:
+        raise unsupported(op, f"D={d} (8..512, a multiple of 8)")
+    CALLS[f"{op} update_type=0"] += 1
+    stacked = torch.stack([part.float() for part in lse])  # [sp, M]
+    lse_max = stacked.max(dim=0).values
+    lse_m = lse_max + torch.log(torch.exp(stacked - lse_max).sum(dim=0))
+    weights = torch.exp(stacked - lse_m)  # [sp, M]
+    out = sum(w[:, None] * o.float() for w, o in zip(weights, local_out))
+    return out.to(local_out[0].dtype), None
+
+
 # -- torch_npu.npu_transpose_batchmatmul ---------------------------------------------------------------------------
 
 
@@ -519,6 +685,7 @@ OPS = {
     "npu_fused_infer_attention_score_v2": npu_fused_infer_attention_score_v2,
     "npu_transpose_batchmatmul": npu_transpose_batchmatmul,
     "npu_format_cast": npu_format_cast,
+    "npu_attention_update": npu_attention_update,
 }
 
 
