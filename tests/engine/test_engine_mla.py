@@ -99,35 +99,40 @@ MLA_OPS = (
 )
 
 
-def _runs(out: str, models: str, wls: dict[int, Workload], configs: dict) -> dict:
-    """{k: {configuration: result}}, two engine processes at a time; a run that stops is None (its log printed)."""
+def _runs(out: str, models: str, wls: dict[int, Workload], variants: dict[str, dict]) -> dict:
+    """{variant: {k: {configuration: result}}} for variants {name: configurations}, every engine process of every
+    variant two at a time (one queue: no round waits for a variant's last run); a run that stops is None (its log
+    printed)."""
     jobs, keys = [], []
-    for k, wl in wls.items():
-        for name, (config, env, args) in configs.items():
-            folder = os.path.join(out, f"k{k}-{name}")
-            os.makedirs(folder, exist_ok=True)
-            argv = (*DRAFTER, *args)
-            jobs.append(lambda c=config, f=folder, w=wl, a=argv, e=env: run_config(c, models, f, w, a, env_overrides=e))
-            keys.append((k, name))
-    res: dict[int, dict] = {k: {} for k in wls}
-    for (k, name), run in zip(keys, run_all(jobs, parallel=2)):
+    for variant, configs in variants.items():
+        for k, wl in wls.items():
+            for name, (config, env, args) in configs.items():
+                folder = os.path.join(out, variant.replace(" ", "_"), f"k{k}-{name}")
+                os.makedirs(folder, exist_ok=True)
+                argv = (*DRAFTER, *args)
+                jobs.append(
+                    lambda c=config, f=folder, w=wl, a=argv, e=env: run_config(c, models, f, w, a, env_overrides=e)
+                )
+                keys.append((variant, k, name))
+    res: dict[str, dict[int, dict]] = {variant: {k: {} for k in wls} for variant in variants}
+    for (variant, k, name), run in zip(keys, run_all(jobs, parallel=2)):
         if run.result is None:
-            print(f"\n{name}, k = {k}: rc {run.returncode}\n{run.log[-1500:]}")
-        res[k][name] = run.result
+            print(f"\n{variant}, {name}, k = {k}: rc {run.returncode}\n{run.log[-1500:]}")
+        res[variant][k][name] = run.result
     return res
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """{"fixed" / "rows shared" (0.18: mla-draft-rope-rows left out): {k: {configuration: result}}}."""
+    """{"fixed" / "rows shared" (0.18 / 0.23: mla-draft-rope-rows left out): {k: {configuration: result}}}."""
     out = str(tmp_path_factory.mktemp("mla"))
     models = os.path.join(out, "models")
     tiny_model.write_deepseek_model(models)
     wls = {k: Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k}) for k in KS}
-    configs = {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS
-    done = {"fixed": _runs(os.path.join(out, "fixed"), models, wls, configs)}
+    variants = {"fixed": {**CONFIGS, BESIDE: (BESIDE, {}, ())} if BIG else CONFIGS}
     if ROPE_ROWS_FIXED:
-        done["rows shared"] = _runs(os.path.join(out, "rows_shared"), models, wls, SHARED_ROWS)
+        variants["rows shared"] = SHARED_ROWS
+    done = _runs(out, models, wls, variants)
     for variant, by_k in done.items():
         for k, runs in by_k.items():
             lines = []
