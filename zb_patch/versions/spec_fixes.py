@@ -445,7 +445,9 @@ def mla_draft_rope_rows(
         "that copy: every position keeps its rows, at the same address at every build, at capture and at run time (a "
         "captured FULL graph reads what the next build writes). The target's builds, outside a proposer call, are the "
         "release's. One device copy per draft build, no host wait. Speculative decoding with an MLA / SFA target, "
-        "sync or async.",
+        "sync or async. A batch without decode rows at draft position 0 (prefill only) makes k - 1 builds: they take "
+        "the first buffers, still one each. With more than one draft attention group a call would make more than k "
+        "builds, and those past the k-th keep the release's shared rows.",
         upstream=upstream,
         remove_when=remove_when,
     )
