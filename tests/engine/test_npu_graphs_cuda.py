@@ -93,6 +93,53 @@ def test_graph_attention_equals_the_eager_emulation():
     torch.testing.assert_close(graph, eager, atol=2e-3, rtol=2e-3)
 
 
+def test_graph_attention_mla_equals_the_eager_emulation_with_a_padded_request():
+    """FIA v2's MLA mode as captured (graph_attention_mla) against the eager emulation (npu_ops/mla.py), for a
+    FULL_DECODE_ONLY batch with MTP k = 2: 3 requests of 3 query rows over the paged latent / RoPE caches, and a padded
+    request of 3 rows with KV length 0 (vllm-ascend's MTP update pads its lists so): the real rows equal the eager op,
+    the padded ones are zero."""
+    from npu_ops import mla
+
+    heads, block = mla.FIA_MLA_HEADS[0], 16
+    latent = rnd(10, 1, block, mla.LATENT, dtype=HALF)
+    rope = rnd(10, 1, block, mla.ROPE, dtype=HALF)
+    table = torch.tensor([[3, 7, 0], [1, 9, 4], [5, 2, 8], [0, 0, 0]], dtype=torch.int32)
+    q_ends, kv_lens = [3, 6, 9, 12], [20, 35, 7, 0]
+    q, q_rope = rnd(12, heads, mla.LATENT, dtype=HALF) * 0.1, rnd(12, heads, mla.ROPE, dtype=HALF) * 0.1
+    eager, _ = mla.npu_fused_infer_attention_score_v2(
+        q[:9],
+        latent,
+        latent,
+        query_rope=q_rope[:9],
+        key_rope=rope,
+        num_query_heads=heads,
+        num_key_value_heads=1,
+        input_layout="TND_NTD",
+        atten_mask=MASK,
+        sparse_mode=3,
+        softmax_scale=0.07,
+        block_table=table,
+        block_size=block,
+        actual_seq_qlen=q_ends[:3],
+        actual_seq_kvlen=kv_lens[:3],
+    )
+    graph = npu_graphs_cuda.graph_attention_mla(
+        q,
+        q_rope,
+        latent,
+        rope,
+        table,
+        torch.tensor(q_ends, dtype=torch.int32),
+        torch.tensor(kv_lens, dtype=torch.int32),
+        block_size=block,
+        num_heads=heads,
+        scale=0.07,
+    )
+    assert graph.shape == (heads, 12, mla.LATENT)
+    torch.testing.assert_close(graph[:, :9], eager, atol=2e-2, rtol=2e-2)
+    assert graph[:, 9:].abs().sum() == 0
+
+
 def test_graph_attention_refuses_the_dtypes_the_npu_refuses():
     kc, vc, table = _paged("cpu")
     ends = torch.tensor([3], dtype=torch.int32)

@@ -1,7 +1,8 @@
 """ACL graphs with a CUDA device standing in for the NPU (test-only; ``NPU_STANDIN_DEVICE=cuda``):
 ``torch.npu.NPUGraph``, ``torch.npu.graph``, ``graph_pool_handle``, ``graph_task_group_begin/end``,
-``graph_task_update_begin/end``, ``torch.npu.ExternalEvent`` and the ``.out`` variant of
-``torch_npu.npu_fused_infer_attention_score`` that vllm-ascend captures in a task group. :func:`install` binds them
+``graph_task_update_begin/end``, ``torch.npu.ExternalEvent`` and the ``.out`` variants of
+``torch_npu.npu_fused_infer_attention_score`` (dense) and ``npu_fused_infer_attention_score_v2`` (MLA) that
+vllm-ascend captures in a task group. :func:`install` binds them
 on the NPU stand-in (npu_engine.install, on CUDA).
 
 The CPU double of the same contract is tests/support/npu_graphs.py (its docstring cites the torch_npu / CANN sources);
@@ -41,12 +42,18 @@ Semantics
   creates its events inside captures). A wait that polls for :data:`WAIT_TIMEOUT_POLLS` loads without seeing the flag
   gives up and counts a timeout (a record that never comes: on the NPU, a device hang); :func:`report` returns the
   count, and :func:`check` raises :class:`DeviceHang` when it is not zero.
+* **MLA** (FIA v2 ``.out`` in its MLA mode, vllm-ascend ``AscendMLAImpl._forward_decode`` and
+  ``update_graph_params``): the same task-group contract, captured as :func:`graph_attention_mla` over the paged
+  latent / RoPE caches (``TND_NTD``, ``sparse_mode=3``, one KV head; ``actual_seq_qlen`` cumulative,
+  ``actual_seq_kvlen`` per request); the update must name the captured query, query RoPE, caches and output. The
+  LSE output is not written (``softmax_lse_flag`` off: the release never reads it).
 * **Refused**: ``CUDA_LAUNCH_BLOCKING=1`` with a capture (a blocking replay would wait for an update issued after it;
-  vllm-ascend refuses ``ASCEND_LAUNCH_BLOCKING=1`` with ACL graphs likewise); FIA ``.out`` in a graph in MLA mode,
-  unpaged, or in another layout / sparse mode; a task group with more than one op.
-* ``_npu_fused_infer_attention_score_get_max_workspace`` returns an empty tensor (the workspace has no emulated
-  meaning); ``torch_npu._C._weak_ref_tensor`` / ``torch.ops._C_ascend.weak_ref_tensor`` return an alias (the CPU
-  double's).
+  vllm-ascend refuses ``ASCEND_LAUNCH_BLOCKING=1`` with ACL graphs likewise); FIA v1 ``.out`` in a graph in MLA mode,
+  unpaged, or in another layout / sparse mode; FIA v2 ``.out`` outside its MLA mode, or with quantisation arguments;
+  a task group with more than one op.
+* ``_npu_fused_infer_attention_score_get_max_workspace`` and its v2 form return an empty tensor (the workspace has no
+  emulated meaning); ``torch_npu._C._weak_ref_tensor`` / ``torch.ops._C_ascend.weak_ref_tensor`` return an alias
+  (the CPU double's).
 
 What it cannot show: ACL's implementation of task updates; torch_npu's task queue (a second host thread launching
 ops); anything of npugraph_ex / torchair; NPU kernel timing. The emulated attention inside graphs pads every request
@@ -229,24 +236,40 @@ class GroupCall:
     lists: tuple | None = None  # the last update's host lists and block table
     result: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the attention of the last replay, in memory of its own
     query: torch.Tensor | None = None  # NPU_GRAPHS_CUDA_SYNC=1: the query of the last replay, in memory of its own
+    query_rope: torch.Tensor | None = None  # MLA, NPU_GRAPHS_CUDA_SYNC=1: likewise its RoPE part
+    mla: bool = False  # FIA v2's MLA mode (graph_attention_mla; output NTD)
 
     def check_against_eager(self, name: str) -> None:
         """NPU_GRAPHS_CUDA_SYNC=1, after the replay ran: the attention it computed equals the eager emulation on the
         same buffers and the update's lists (rows of real requests)."""
         from npu_ops.attention import npu_fused_infer_attention_score
+        from npu_ops.mla import npu_fused_infer_attention_score_v2
 
         q_ends, kv_lens, block_table = self.lists
-        drop = ("actual_seq_lengths", "actual_seq_lengths_kv", "out", "query", "block_table")
-        kw = {k: v for k, v in self.kwargs.items() if k not in drop} | {"block_table": block_table}
         real = [i for i in range(len(q_ends)) if (q_ends[i] - (q_ends[i - 1] if i else 0)) and kv_lens[i]]
         last = max(real) + 1 if real else 0
-        # the query as the replay saw it: the captured query tensor's memory may be reused later in the same graph
-        eager, _ = npu_fused_infer_attention_score(
-            query=self.query, actual_seq_lengths=q_ends[:last], actual_seq_lengths_kv=kv_lens[:last], **kw
-        )
         rows = q_ends[last - 1] if last else 0
-        # not the output buffer: the graph's memory pool may hand it to a later tensor of the same graph
-        got = self.result.view(-1)[: eager.numel()].view_as(eager)[:rows].float()
+        # the query as the replay saw it: the captured query tensor's memory may be reused later in the same graph
+        if self.mla:
+            drop = ("actual_seq_qlen", "actual_seq_kvlen", "out", "query", "query_rope", "block_table")
+            kw = {k: v for k, v in self.kwargs.items() if k not in drop} | {"block_table": block_table}
+            eager, _ = npu_fused_infer_attention_score_v2(
+                self.query[:rows],
+                query_rope=self.query_rope[:rows],
+                actual_seq_qlen=q_ends[:last],
+                actual_seq_kvlen=kv_lens[:last],
+                **kw,
+            )
+            eager = eager.transpose(0, 1)  # [T, N, 512] rows first, as the dense check compares
+            got = self.result.transpose(0, 1)[:rows].float()
+        else:
+            drop = ("actual_seq_lengths", "actual_seq_lengths_kv", "out", "query", "block_table")
+            kw = {k: v for k, v in self.kwargs.items() if k not in drop} | {"block_table": block_table}
+            eager, _ = npu_fused_infer_attention_score(
+                query=self.query, actual_seq_lengths=q_ends[:last], actual_seq_lengths_kv=kv_lens[:last], **kw
+            )
+            # not the output buffer: the graph's memory pool may hand it to a later tensor of the same graph
+            got = self.result.view(-1)[: eager.numel()].view_as(eager)[:rows].float()
         diff = (got - eager[:rows].float()).abs().max().item() if rows else 0.0
         if diff > 0.05:
             raise RuntimeError(
@@ -530,6 +553,116 @@ class FusedInferAttentionScore:
         calls.append((q_ends, kv_lens, table))
 
 
+_MLA_TENSOR_ARGS = ("query", "key", "value", "query_rope", "key_rope")
+_MLA_SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_query_heads", "softmax_scale")
+_MLA_LIST_ARGS = ("block_table", "atten_mask", "actual_seq_qlen", "actual_seq_kvlen", "sparse_mode")
+
+
+class FusedInferAttentionScoreV2:
+    """``torch_npu.npu_fused_infer_attention_score_v2``: the eager emulation when called (npu_ops/mla.py, the MLA mode),
+    and its ``.out`` variant in that mode: eager outside a task group; captured as :func:`graph_attention_mla` inside
+    one; re-issued by an update (vllm-ascend ``AscendMLAImpl.update_graph_params``)."""
+
+    def __init__(self, eager: Any) -> None:
+        self._eager = eager
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._eager(*args, **kwargs)
+
+    def out(self, query: Any, key: Any, value: Any, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
+        kwargs = {"query": query, "key": key, "value": value, **kwargs}
+        if _STATE.updating is not None:
+            self._update(_STATE.updating, kwargs, out)
+        elif _STATE.open_group is not None:
+            self._capture(_STATE.open_group, kwargs, out)
+        elif torch.cuda.is_current_stream_capturing():
+            raise NotImplementedError(
+                "npu_graphs_cuda: npu_fused_infer_attention_score_v2.out captured outside a task group"
+            )
+        else:
+            attn, _ = self._eager(**kwargs)
+            out[0].view(-1)[: attn.numel()].copy_(attn.reshape(-1))
+
+    @staticmethod
+    def _check_mode(kwargs: dict) -> None:
+        extra = set(kwargs) - set(_MLA_TENSOR_ARGS) - set(_MLA_SCALAR_ARGS) - set(_MLA_LIST_ARGS)
+        if extra or kwargs.get("query_rope") is None or kwargs["value"] is not kwargs["key"]:
+            raise NotImplementedError(
+                f"npu_graphs_cuda: npu_fused_infer_attention_score_v2.out in a graph outside its MLA mode "
+                f"(extra arguments {sorted(extra)}, query_rope given: {kwargs.get('query_rope') is not None})"
+            )
+        if kwargs["input_layout"] != "TND_NTD" or kwargs["sparse_mode"] != 3 or kwargs.get("block_table") is None:
+            raise NotImplementedError(
+                "npu_graphs_cuda: npu_fused_infer_attention_score_v2.out in a graph: only TND_NTD, sparse_mode=3, paged"
+            )
+        if len(kwargs["actual_seq_qlen"]) != len(kwargs["actual_seq_kvlen"]):
+            raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
+
+    def _capture(self, group: TaskGroup, kwargs: dict, out: list) -> None:
+        self._check_mode(kwargs)
+        if group.call is not None:
+            raise GraphError(f"{group.name}: a second op in one task group")
+        table = _check_block_table(kwargs["block_table"])
+        query = kwargs["query"]
+        capacity = max(len(kwargs["actual_seq_qlen"]), query.shape[0])
+        width = table.shape[1]
+        call = GroupCall(
+            tensors={name: _describe(kwargs[name]) for name in _MLA_TENSOR_ARGS} | {"out": _describe(out[0])},
+            scalars={name: kwargs[name] for name in _MLA_SCALAR_ARGS},
+            q_ends=_param_slots(capacity),
+            kv_lens=_param_slots(capacity),
+            table_source=_param_slots(1, torch.int64),
+            table_shape=_param_slots(2),
+            table=_param_slots(capacity * width).view(capacity, width),
+            mla=True,
+        )
+        call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
+        if SYNC_DEBUG:
+            call.query, call.query_rope = query.clone(), kwargs["query_rope"].clone()  # graph nodes: each replay's
+        group.call = call
+        _gather_rows_kernel[(capacity,)](
+            call.table_source, call.table_shape, call.table, width, BLOCK=triton.next_power_of_2(width)
+        )
+        result = graph_attention_mla(
+            query,
+            kwargs["query_rope"],
+            kwargs["key"],
+            kwargs["key_rope"],
+            call.table,
+            call.q_ends,
+            call.kv_lens,
+            block_size=kwargs["block_size"],
+            num_heads=kwargs["num_query_heads"],
+            scale=kwargs["softmax_scale"],
+        )
+        out[0].view(-1)[: result.numel()].copy_(result.reshape(-1))
+        if SYNC_DEBUG:
+            call.result = result.clone()
+
+    def _update(self, pending: tuple, kwargs: dict, out: list) -> None:
+        self._check_mode(kwargs)
+        _, group, calls = pending
+        captured = group.call
+        now = {name: _describe(kwargs[name]) for name in _MLA_TENSOR_ARGS} | {"out": _describe(out[0])}
+        differ = [name for name in now if now[name] != captured.tensors[name]]
+        differ += [name for name in _MLA_SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
+        if differ:
+            raise NotImplementedError(
+                f"npu_graphs_cuda: {group.name} re-issued with other {', '.join(differ)} than captured"
+            )
+        table = _check_block_table(kwargs["block_table"])
+        q_ends = [int(x) for x in kwargs["actual_seq_qlen"]]
+        kv_lens = [int(x) for x in kwargs["actual_seq_kvlen"]]
+        capacity, width = captured.table.shape
+        unread = any(kv_lens[table.shape[0] :])
+        if len(q_ends) > capacity or table.shape[1] != width or unread:
+            raise NotImplementedError(
+                f"npu_graphs_cuda: {group.name} re-issued with {len(q_ends)} requests and a block table of "
+                f"{tuple(table.shape)} (captured: at most {capacity} requests, block table width {width})"
+            )
+        calls.append((q_ends, kv_lens, table))
+
+
 def _check_lists(kwargs: dict) -> None:
     if len(kwargs["actual_seq_lengths"]) != len(kwargs["actual_seq_lengths_kv"]):
         raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
@@ -607,6 +740,49 @@ def graph_attention(
     return torch.einsum("tnw,twnd->tnd", probs, v).to(query.dtype)
 
 
+def graph_attention_mla(
+    query: torch.Tensor,
+    query_rope: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    block_table: torch.Tensor,
+    q_ends: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    block_size: int,
+    num_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """FIA v2's MLA mode (the semantics of npu_ops/mla.py: ``TND_NTD``, ``sparse_mode=3``, one KV head) with the host
+    parameters read from device tensors, as :func:`graph_attention` does for the dense mode: ``query [T, N, 512]``,
+    ``query_rope [T, N, 64]``, the paged caches ``latent [blocks, 1, block_size, 512]`` (key and value) and ``rope
+    [blocks, 1, block_size, 64]``, ``q_ends [B]`` cumulative, ``kv_lens [B]`` per request. Every request gathers the
+    block table's full width; rows past the last request and rows that attend nothing (a padded request: KV length 0)
+    are zero. Returns ``[N, T, 512]`` (NTD)."""
+    dtypes("npu_fused_infer_attention_score_v2", HALF, query=query, query_rope=query_rope, latent=latent, rope=rope)
+    tokens = query.shape[0]
+    requests = q_ends.numel()
+    width = block_table.shape[1] * block_size
+    rows = torch.arange(tokens, device=query.device, dtype=torch.int32)
+    request = torch.searchsorted(q_ends, rows, right=True)
+    valid = request < requests
+    request = request.clamp(max=requests - 1)
+    q_start = torch.where(request > 0, q_ends[(request - 1).clamp(min=0)], 0)
+    q_len = q_ends[request] - q_start
+    kv_len = kv_lens[request]
+    limit = kv_len - q_len + (rows - q_start)
+    num_blocks = latent.shape[0]
+    blocks = block_table[:requests].long()
+    blocks = torch.where((blocks >= 0) & (blocks < num_blocks), blocks, 0)
+    c = latent.view(num_blocks, block_size, -1)[blocks].reshape(requests, width, -1)[request].float()  # [T, W, 512]
+    r = rope.view(num_blocks, block_size, -1)[blocks].reshape(requests, width, -1)[request].float()  # [T, W, 64]
+    scores = torch.einsum("tnd,twd->tnw", query.float(), c) + torch.einsum("tnd,twd->tnw", query_rope.float(), r)
+    positions = torch.arange(width, device=query.device)
+    allowed = (positions[None, :] <= limit[:, None]) & (positions[None, :] < kv_len[:, None]) & valid[:, None]
+    probs = torch.softmax((scores * scale).masked_fill(~allowed[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("tnw,twd->ntd", probs, c).to(query.dtype)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Installation
 # ----------------------------------------------------------------------------------------------------
@@ -637,6 +813,10 @@ def install() -> None:
     torch_npu.npu.empty_cache = torch.cuda.empty_cache
     torch_npu.npu_fused_infer_attention_score = FusedInferAttentionScore(torch_npu.npu_fused_infer_attention_score)
     torch_npu._npu_fused_infer_attention_score_get_max_workspace = _fia_workspace
+    torch_npu.npu_fused_infer_attention_score_v2 = FusedInferAttentionScoreV2(
+        torch_npu.npu_fused_infer_attention_score_v2
+    )
+    torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace = _fia_workspace
     torch_npu._C._weak_ref_tensor = _weak_ref_tensor
 
 
