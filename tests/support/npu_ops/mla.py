@@ -1,5 +1,5 @@
 """The NPU ops of vllm-ascend's MLA attention (``attention/mla_v1.py`` ``AscendMLAImpl``, unquantised, no MLAPO, ND
-caches), as the eager forward of a DeepSeek-V3-style model calls them on 0.18.0 and 0.13.0. Every op documents
+caches), as the eager forward of a DeepSeek-V3-style model calls them on 0.18.0, 0.13.0 and 0.23.0. Every op documents
 its semantics (torch_npu / ATB documentation: op-plugin ``torch_npu-<op>.md``, ops-transformer READMEs, ATB
 ``RingMLAOperation`` / ``PagedCacheLoadOperation``) for the argument combinations the release uses, refuses the
 dtypes, head counts and dims the real op refuses, and raises NotImplementedError naming the op and the argument for
