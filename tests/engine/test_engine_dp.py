@@ -5,9 +5,11 @@ with its MTP layer at k = 3, rank 1 with less work than rank 0 so that it runs d
 generates (vLLM's ``LLMEngine.step`` -> ``execute_dummy_batch`` -> the release's ``_dummy_run``, which joins the
 ranks' batch-size all-reduce). The ranks share one gloo world (tests/support/npu_worker_double.py).
 
-Synchronous scheduling with ``ZB_PATCH=1`` (zb-patch applied on both ranks; zero-bubble itself needs async
-scheduling): both ranks finish, each with transformers' greedy tokens. Async scheduling with data parallelism does not
-finish in this in-process engine, with and without zb-patch (docs/e2e.md, "Data parallelism 2"): not run here.
+Synchronous scheduling with ``ZB_PATCH=1`` (zb-patch's fixes on both ranks) and async scheduling with ``ZB_PATCH=1``
+(zero-bubble active and correcting steps on both ranks): both ranks finish, each with transformers' greedy tokens.
+Under async scheduling a step may run no model (the batch queue's collect-only step); the engine child then runs a
+dummy batch, as vLLM's multiprocess data-parallel engine core does (``zb_patch.check.engine.child``,
+docs/e2e.md "Data parallelism 2").
 """
 
 from __future__ import annotations
@@ -44,38 +46,47 @@ def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
 
     models = str(tmp_path / "models")
     target = tiny_model.write_deepseek_model(models)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    jobs = []
-    for rank, wl in enumerate(RANK_WORKLOADS):
-        env = {
-            "VLLM_DP_RANK": str(rank),
-            "VLLM_DP_RANK_LOCAL": str(rank),
-            "VLLM_DP_SIZE": "2",
-            "VLLM_DP_MASTER_IP": "127.0.0.1",
-            "VLLM_DP_MASTER_PORT": str(port),
-            "ZB_TEST_ENGINE_ZYGOTE": "off",  # the data-parallel environment is set before vLLM is imported
-        }
-        folder = str(tmp_path / f"rank{rank}")
-        os.makedirs(folder)
-        jobs.append(
-            lambda f=folder, w=wl, e=env: run_config(
-                "sync", models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
+    jobs, keys = [], []
+    for config in ("sync", "async+zb"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for rank, wl in enumerate(RANK_WORKLOADS):
+            env = {
+                "VLLM_DP_RANK": str(rank),
+                "VLLM_DP_RANK_LOCAL": str(rank),
+                "VLLM_DP_SIZE": "2",
+                "VLLM_DP_MASTER_IP": "127.0.0.1",
+                "VLLM_DP_MASTER_PORT": str(port),
+                "ZB_TEST_ENGINE_ZYGOTE": "off",  # the data-parallel environment is set before vLLM is imported
+            }
+            folder = str(tmp_path / f"{config}-rank{rank}")
+            os.makedirs(folder)
+            jobs.append(
+                lambda c=config, f=folder, w=wl, e=env: run_config(
+                    c, models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
+                )
             )
-        )
-    done = run_all(jobs, parallel=2)
+            keys.append((config, rank))
+    # the two ranks of one configuration run together (two at a time, in order)
+    done = dict(zip(keys, run_all(jobs, parallel=2)))
     model = transformers.DeepseekV3ForCausalLM.from_pretrained(target, dtype=tiny_model.DTYPE).eval()
-    for rank, (wl, run) in enumerate(zip(RANK_WORKLOADS, done)):
-        assert run.result is not None, (rank, run.log[-3000:])
+    for (config, rank), run in done.items():
+        wl = RANK_WORKLOADS[rank]
+        assert run.result is not None, (config, rank, run.log[-3000:])
         res = run.result
-        assert res["zb_patch_status"]["state"] == "applied", (rank, res["zb_patch_status"])
-        assert sum(res["drafted"].values()) > 0, rank
-        assert res["tokens"] == reference_tokens(model, wl), rank
+        assert res["zb_patch_status"]["state"] == "applied", (config, rank, res["zb_patch_status"])
+        assert sum(res["drafted"].values()) > 0, (config, rank)
+        assert res["tokens"] == reference_tokens(model, wl), (config, rank)
+        if config == "async+zb":
+            zb = res["zero_bubble"]
+            assert zb["kind"] == "zb-patch" and zb["active"] and zb["corrected_steps"] > 0, (rank, zb)
         print(
-            f"\nrank {rank}: {sum(len(t) for t in res['tokens'].values())} tokens, drafted "
+            f"\n{config}, rank {rank}: {sum(len(t) for t in res['tokens'].values())} tokens, drafted "
             f"{sum(res['drafted'].values())}, accepted {sum(res['accepted'].values())}, dummy batches "
             f"{res['dummy_batches']['calls']}, {run.seconds:.0f} s"
         )
-    # rank 1 ran out of work first and stepped with dummy batches until rank 0 was done; rank 0 never idled
-    assert done[1].result["dummy_batches"]["calls"] > 0 and done[0].result["dummy_batches"]["calls"] == 0
+    # rank 1 ran out of work first and stepped with dummy batches until rank 0 was done; in sync rank 0 never idled
+    # (under async scheduling its collect-only steps run one each)
+    assert all(done[(config, 1)].result["dummy_batches"]["calls"] > 0 for config in ("sync", "async+zb"))
+    assert done[("sync", 0)].result["dummy_batches"]["calls"] == 0

@@ -123,6 +123,7 @@ def main(
     if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
         raise RuntimeError("the engine self-test needs the EngineCore in this process (one worker)")
     _take_drafts_in_process(llm)
+    _dummy_batch_when_no_model_ran(llm)
     extra = after_build() if after_build else {}
     reqs = wl.requests(VOCAB)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
@@ -212,6 +213,28 @@ def _take_drafts_in_process(llm) -> None:
         return outputs, model_executed
 
     core.step_fn = step_then_post_step
+
+
+def _dummy_batch_when_no_model_ran(llm) -> None:
+    """Data parallelism in the in-process engine (vLLM's offline data-parallel form): a step that runs no model (under
+    async scheduling the batch queue's collect-only step; or nothing scheduled) joins none of the ranks' per-forward
+    collectives, while a rank without work runs a dummy batch that does, and the ranks wait in collectives of different
+    groups (vLLM's ``LLMEngine.step`` has no rule for it). The multiprocess data-parallel engine core runs a dummy batch
+    after every step that executed no model (``DPEngineCoreProc.run_busy_loop``); do the same here."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    if not isinstance(client, InprocClient) or llm.llm_engine.vllm_config.parallel_config.data_parallel_size <= 1:
+        return
+    core, step_fn = client.engine_core, client.engine_core.step_fn
+
+    def step_or_dummy_batch():
+        outputs, model_executed = step_fn()
+        if not model_executed:
+            core.execute_dummy_batch()
+        return outputs, model_executed
+
+    core.step_fn = step_or_dummy_batch
 
 
 def _observe_scheduler() -> tuple[dict, dict, dict]:
