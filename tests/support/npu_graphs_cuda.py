@@ -432,17 +432,22 @@ def _sync_or_name(where: str) -> None:
 # The attention op's .out variant
 # ----------------------------------------------------------------------------------------------------
 
-_TENSOR_ARGS = ("query", "key", "value")  # an update names the captured ones; the block table may be another
-_SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
-
 
 def _describe(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
 
 
-class FusedInferAttentionScore:
-    """``torch_npu.npu_fused_infer_attention_score``: the eager emulation when called, and its ``.out`` variant:
-    eager outside a task group; captured as :func:`graph_attention` inside one; re-issued by an update."""
+class _TaskGroupAttention:
+    """An attention op and its ``.out`` variant as vllm-ascend uses them with ACL graphs: the eager emulation when
+    called; ``.out`` eager outside a task group, captured inside one (the block table's rows gathered from the address
+    the last update named, then the capturable attention), re-issued by an update. The subclasses name the op's
+    arguments and its mode."""
+
+    OP = ""
+    TENSOR_ARGS: tuple[str, ...] = ()  # an update names the captured ones; the block table may be another
+    SCALAR_ARGS: tuple[str, ...] = ()
+    Q_ENDS = KV_LENS = ""  # the host lists: cumulative query ends, per-request KV lengths
+    MLA = False  # the output is NTD (GroupCall.check_against_eager)
 
     def __init__(self, eager: Any) -> None:
         self._eager = eager
@@ -450,98 +455,80 @@ class FusedInferAttentionScore:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._eager(*args, **kwargs)
 
-    def out(self, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
+    def _out(self, kwargs: dict, out: list) -> None:
         if _STATE.updating is not None:
             self._update(_STATE.updating, kwargs, out)
         elif _STATE.open_group is not None:
             self._capture(_STATE.open_group, kwargs, out)
         elif torch.cuda.is_current_stream_capturing():
-            raise NotImplementedError(
-                "npu_graphs_cuda: npu_fused_infer_attention_score.out captured outside a task group"
-            )
+            raise NotImplementedError(f"npu_graphs_cuda: {self.OP}.out captured outside a task group")
         else:
             _write_attention(self._eager(**kwargs), out, kwargs)
 
-    @staticmethod
-    def _check_mode(kwargs: dict) -> None:
-        if kwargs.get("query_rope") is not None:
-            raise NotImplementedError("npu_graphs_cuda: npu_fused_infer_attention_score.out in MLA mode in a graph")
-        known = set(_TENSOR_ARGS) | set(_SCALAR_ARGS)
-        known |= {"block_table", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv"}
-        # vllm-ascend 0.23 passes the window bounds; at their maximum (no sliding window) they bound nothing
-        known |= {name for name in ("pre_tokens", "next_tokens") if kwargs.get(name) == _NO_WINDOW}
-        if set(kwargs) - known or kwargs.get("softmax_lse_flag"):
-            raise NotImplementedError(
-                f"npu_graphs_cuda: npu_fused_infer_attention_score.out with {sorted(set(kwargs) - known)}"
-            )
-        if kwargs.get("input_layout") != "TND" or kwargs.get("sparse_mode") != 3 or kwargs.get("block_table") is None:
-            raise NotImplementedError(
-                "npu_graphs_cuda: npu_fused_infer_attention_score.out in a graph: only TND, sparse_mode=3, paged"
-            )
+    def _check(self, kwargs: dict) -> None:
+        self._check_mode(kwargs)
+        if len(kwargs[self.Q_ENDS]) != len(kwargs[self.KV_LENS]):
+            raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
+
+    @classmethod
+    def _check_mode(cls, kwargs: dict) -> None:
+        raise NotImplementedError
+
+    def _attend(self, kwargs: dict, call: GroupCall) -> torch.Tensor:
+        """The captured attention on the group's parameter tensors."""
+        raise NotImplementedError
 
     def _capture(self, group: TaskGroup, kwargs: dict, out: list) -> None:
-        self._check_mode(kwargs)
+        self._check(kwargs)
         if group.call is not None:
             raise GraphError(f"{group.name}: a second op in one task group")
-        _check_lists(kwargs)
         table = _check_block_table(kwargs["block_table"])
         # as many requests as query rows (an update may name more requests than the capture: vllm-ascend's merged
         # EAGLE draft graph captures its later steps with the batch's request count, and updates them with one
         # request per query row); outside the capture's pool (_param_slots); left unset: only an update gives the
         # task its parameters
-        capacity = max(len(kwargs["actual_seq_lengths"]), kwargs["query"].shape[0])
+        capacity = max(len(kwargs[self.Q_ENDS]), kwargs["query"].shape[0])
         width = table.shape[1]
         call = GroupCall(
-            tensors={name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])},
-            scalars={name: kwargs[name] for name in _SCALAR_ARGS},
+            tensors={name: _describe(kwargs[name]) for name in self.TENSOR_ARGS} | {"out": _describe(out[0])},
+            scalars={name: kwargs[name] for name in self.SCALAR_ARGS},
             q_ends=_param_slots(capacity),
             kv_lens=_param_slots(capacity),
             table_source=_param_slots(1, torch.int64),
             table_shape=_param_slots(2),
             table=_param_slots(capacity * width).view(capacity, width),
+            mla=self.MLA,
         )
         call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
-        if SYNC_DEBUG:
-            call.query = kwargs["query"].clone()  # a graph node: each replay copies its query here
+        if SYNC_DEBUG:  # graph nodes: each replay copies its query here
+            call.query = kwargs["query"].clone()
+            if kwargs.get("query_rope") is not None:
+                call.query_rope = kwargs["query_rope"].clone()
         group.call = call
         # graph nodes: the block table's rows read where the last update points, when the graph runs (as the NPU op
         # reads its block table), then the attention
         _gather_rows_kernel[(capacity,)](
             call.table_source, call.table_shape, call.table, width, BLOCK=triton.next_power_of_2(width)
         )
-        result = graph_attention(
-            kwargs["query"],
-            kwargs["key"],
-            kwargs["value"],
-            call.table,
-            call.q_ends,
-            call.kv_lens,
-            block_size=kwargs["block_size"],
-            num_heads=kwargs["num_heads"],
-            num_key_value_heads=kwargs["num_key_value_heads"],
-            scale=kwargs["scale"],
-        )
+        result = self._attend(kwargs, call)
         out[0].view(-1)[: result.numel()].copy_(result.reshape(-1))
         if SYNC_DEBUG:
             call.result = result.clone()  # allocated in the capture, kept alive by the group: the pool keeps it
 
     def _update(self, pending: tuple, kwargs: dict, out: list) -> None:
-        self._check_mode(kwargs)
+        self._check(kwargs)
         _, group, calls = pending
         captured = group.call
-        now = {name: _describe(kwargs[name]) for name in _TENSOR_ARGS} | {"out": _describe(out[0])}
+        now = {name: _describe(kwargs[name]) for name in self.TENSOR_ARGS} | {"out": _describe(out[0])}
         differ = [name for name in now if now[name] != captured.tensors[name]]
-        differ += [name for name in _SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
+        differ += [name for name in self.SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
         if differ:
             raise NotImplementedError(
                 f"npu_graphs_cuda: {group.name} re-issued with other {', '.join(differ)} than captured"
             )
-        _check_lists(kwargs)
         table = _check_block_table(kwargs["block_table"])
-        q_ends, kv_lens = (
-            [int(x) for x in kwargs["actual_seq_lengths"]],
-            [int(x) for x in kwargs["actual_seq_lengths_kv"]],
-        )
+        q_ends = [int(x) for x in kwargs[self.Q_ENDS]]
+        kv_lens = [int(x) for x in kwargs[self.KV_LENS]]
         capacity, width = captured.table.shape
         # requests past the block table's rows must read no KV (vllm-ascend 0.13 pads its lists with KV length 0)
         unread = any(kv_lens[table.shape[0] :])
@@ -553,78 +540,73 @@ class FusedInferAttentionScore:
         calls.append((q_ends, kv_lens, table))
 
 
-_MLA_TENSOR_ARGS = ("query", "key", "value", "query_rope", "key_rope")
-_MLA_SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_query_heads", "softmax_scale")
-_MLA_LIST_ARGS = ("block_table", "atten_mask", "actual_seq_qlen", "actual_seq_kvlen", "sparse_mode")
+class FusedInferAttentionScore(_TaskGroupAttention):
+    """``torch_npu.npu_fused_infer_attention_score`` (dense, TND, paged): captured as :func:`graph_attention`."""
+
+    OP = "npu_fused_infer_attention_score"
+    TENSOR_ARGS = ("query", "key", "value")
+    SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
+    Q_ENDS, KV_LENS = "actual_seq_lengths", "actual_seq_lengths_kv"
+
+    def out(self, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
+        self._out(kwargs, out)
+
+    @classmethod
+    def _check_mode(cls, kwargs: dict) -> None:
+        if kwargs.get("query_rope") is not None:
+            raise NotImplementedError(f"npu_graphs_cuda: {cls.OP}.out in MLA mode in a graph")
+        known = set(cls.TENSOR_ARGS) | set(cls.SCALAR_ARGS) | {"block_table", "atten_mask", cls.Q_ENDS, cls.KV_LENS}
+        # vllm-ascend 0.23 passes the window bounds; at their maximum (no sliding window) they bound nothing
+        known |= {name for name in ("pre_tokens", "next_tokens") if kwargs.get(name) == _NO_WINDOW}
+        if set(kwargs) - known or kwargs.get("softmax_lse_flag"):
+            raise NotImplementedError(f"npu_graphs_cuda: {cls.OP}.out with {sorted(set(kwargs) - known)}")
+        if kwargs.get("input_layout") != "TND" or kwargs.get("sparse_mode") != 3 or kwargs.get("block_table") is None:
+            raise NotImplementedError(f"npu_graphs_cuda: {cls.OP}.out in a graph: only TND, sparse_mode=3, paged")
+
+    def _attend(self, kwargs: dict, call: GroupCall) -> torch.Tensor:
+        return graph_attention(
+            kwargs["query"],
+            kwargs["key"],
+            kwargs["value"],
+            call.table,
+            call.q_ends,
+            call.kv_lens,
+            block_size=kwargs["block_size"],
+            num_heads=kwargs["num_heads"],
+            num_key_value_heads=kwargs["num_key_value_heads"],
+            scale=kwargs["scale"],
+        )
 
 
-class FusedInferAttentionScoreV2:
-    """``torch_npu.npu_fused_infer_attention_score_v2``: the eager emulation when called (npu_ops/mla.py, the MLA mode),
-    and its ``.out`` variant in that mode: eager outside a task group; captured as :func:`graph_attention_mla` inside
-    one; re-issued by an update (vllm-ascend ``AscendMLAImpl.update_graph_params``)."""
+class FusedInferAttentionScoreV2(_TaskGroupAttention):
+    """``torch_npu.npu_fused_infer_attention_score_v2`` in its MLA mode (npu_ops/mla.py; vllm-ascend
+    ``AscendMLAImpl._forward_decode`` and ``update_graph_params``): captured as :func:`graph_attention_mla`."""
 
-    def __init__(self, eager: Any) -> None:
-        self._eager = eager
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._eager(*args, **kwargs)
+    OP = "npu_fused_infer_attention_score_v2"
+    TENSOR_ARGS = ("query", "key", "value", "query_rope", "key_rope")
+    SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_query_heads", "softmax_scale")
+    Q_ENDS, KV_LENS = "actual_seq_qlen", "actual_seq_kvlen"
+    MLA = True
 
     def out(self, query: Any, key: Any, value: Any, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
-        kwargs = {"query": query, "key": key, "value": value, **kwargs}
-        if _STATE.updating is not None:
-            self._update(_STATE.updating, kwargs, out)
-        elif _STATE.open_group is not None:
-            self._capture(_STATE.open_group, kwargs, out)
-        elif torch.cuda.is_current_stream_capturing():
-            raise NotImplementedError(
-                "npu_graphs_cuda: npu_fused_infer_attention_score_v2.out captured outside a task group"
-            )
-        else:
-            attn, _ = self._eager(**kwargs)
-            out[0].view(-1)[: attn.numel()].copy_(attn.reshape(-1))
+        self._out({"query": query, "key": key, "value": value, **kwargs}, out)
 
-    @staticmethod
-    def _check_mode(kwargs: dict) -> None:
-        extra = set(kwargs) - set(_MLA_TENSOR_ARGS) - set(_MLA_SCALAR_ARGS) - set(_MLA_LIST_ARGS)
+    @classmethod
+    def _check_mode(cls, kwargs: dict) -> None:
+        known = set(cls.TENSOR_ARGS) | set(cls.SCALAR_ARGS)
+        known |= {"block_table", "atten_mask", "sparse_mode", cls.Q_ENDS, cls.KV_LENS}
+        extra = set(kwargs) - known
         if extra or kwargs.get("query_rope") is None or kwargs["value"] is not kwargs["key"]:
             raise NotImplementedError(
-                f"npu_graphs_cuda: npu_fused_infer_attention_score_v2.out in a graph outside its MLA mode "
-                f"(extra arguments {sorted(extra)}, query_rope given: {kwargs.get('query_rope') is not None})"
+                f"npu_graphs_cuda: {cls.OP}.out in a graph outside its MLA mode (extra arguments {sorted(extra)}, "
+                f"query_rope given: {kwargs.get('query_rope') is not None})"
             )
         if kwargs["input_layout"] != "TND_NTD" or kwargs["sparse_mode"] != 3 or kwargs.get("block_table") is None:
-            raise NotImplementedError(
-                "npu_graphs_cuda: npu_fused_infer_attention_score_v2.out in a graph: only TND_NTD, sparse_mode=3, paged"
-            )
-        if len(kwargs["actual_seq_qlen"]) != len(kwargs["actual_seq_kvlen"]):
-            raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
+            raise NotImplementedError(f"npu_graphs_cuda: {cls.OP}.out in a graph: only TND_NTD, sparse_mode=3, paged")
 
-    def _capture(self, group: TaskGroup, kwargs: dict, out: list) -> None:
-        self._check_mode(kwargs)
-        if group.call is not None:
-            raise GraphError(f"{group.name}: a second op in one task group")
-        table = _check_block_table(kwargs["block_table"])
-        query = kwargs["query"]
-        capacity = max(len(kwargs["actual_seq_qlen"]), query.shape[0])
-        width = table.shape[1]
-        call = GroupCall(
-            tensors={name: _describe(kwargs[name]) for name in _MLA_TENSOR_ARGS} | {"out": _describe(out[0])},
-            scalars={name: kwargs[name] for name in _MLA_SCALAR_ARGS},
-            q_ends=_param_slots(capacity),
-            kv_lens=_param_slots(capacity),
-            table_source=_param_slots(1, torch.int64),
-            table_shape=_param_slots(2),
-            table=_param_slots(capacity * width).view(capacity, width),
-            mla=True,
-        )
-        call.kwargs = {**kwargs, "out": out} if SYNC_DEBUG else None
-        if SYNC_DEBUG:
-            call.query, call.query_rope = query.clone(), kwargs["query_rope"].clone()  # graph nodes: each replay's
-        group.call = call
-        _gather_rows_kernel[(capacity,)](
-            call.table_source, call.table_shape, call.table, width, BLOCK=triton.next_power_of_2(width)
-        )
-        result = graph_attention_mla(
-            query,
+    def _attend(self, kwargs: dict, call: GroupCall) -> torch.Tensor:
+        return graph_attention_mla(
+            kwargs["query"],
             kwargs["query_rope"],
             kwargs["key"],
             kwargs["key_rope"],
@@ -635,37 +617,6 @@ class FusedInferAttentionScoreV2:
             num_heads=kwargs["num_query_heads"],
             scale=kwargs["softmax_scale"],
         )
-        out[0].view(-1)[: result.numel()].copy_(result.reshape(-1))
-        if SYNC_DEBUG:
-            call.result = result.clone()
-
-    def _update(self, pending: tuple, kwargs: dict, out: list) -> None:
-        self._check_mode(kwargs)
-        _, group, calls = pending
-        captured = group.call
-        now = {name: _describe(kwargs[name]) for name in _MLA_TENSOR_ARGS} | {"out": _describe(out[0])}
-        differ = [name for name in now if now[name] != captured.tensors[name]]
-        differ += [name for name in _MLA_SCALAR_ARGS if kwargs[name] != captured.scalars[name]]
-        if differ:
-            raise NotImplementedError(
-                f"npu_graphs_cuda: {group.name} re-issued with other {', '.join(differ)} than captured"
-            )
-        table = _check_block_table(kwargs["block_table"])
-        q_ends = [int(x) for x in kwargs["actual_seq_qlen"]]
-        kv_lens = [int(x) for x in kwargs["actual_seq_kvlen"]]
-        capacity, width = captured.table.shape
-        unread = any(kv_lens[table.shape[0] :])
-        if len(q_ends) > capacity or table.shape[1] != width or unread:
-            raise NotImplementedError(
-                f"npu_graphs_cuda: {group.name} re-issued with {len(q_ends)} requests and a block table of "
-                f"{tuple(table.shape)} (captured: at most {capacity} requests, block table width {width})"
-            )
-        calls.append((q_ends, kv_lens, table))
-
-
-def _check_lists(kwargs: dict) -> None:
-    if len(kwargs["actual_seq_lengths"]) != len(kwargs["actual_seq_lengths_kv"]):
-        raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
 
 
 def _check_block_table(table: torch.Tensor) -> torch.Tensor:
@@ -691,6 +642,37 @@ def _gather_rows_kernel(source_ptr, shape_ptr, table_ptr, width, BLOCK: tl.const
     tl.store(table_ptr + row * width + cols, values, mask=cols < width)
 
 
+def _row_requests(
+    tokens: int, q_ends: torch.Tensor, kv_lens: torch.Tensor, width: int, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For query rows ``0 .. tokens-1`` of a TND batch (``q_ends`` cumulative, ``kv_lens`` per request, device
+    tensors): each row's request (clamped to the last; rows past the last end attend nothing) and the KV positions
+    ``0 .. width-1`` it attends, right-down causal (``sparse_mode=3``): ``[T]``, ``[T, W]``. No host read."""
+    requests = q_ends.numel()
+    rows = torch.arange(tokens, device=device, dtype=torch.int32)
+    request = torch.searchsorted(q_ends, rows, right=True)  # [T], == requests past the last end
+    valid = request < requests
+    request = request.clamp(max=requests - 1)
+    q_start = torch.where(request > 0, q_ends[(request - 1).clamp(min=0)], 0)
+    q_len = q_ends[request] - q_start
+    kv_len = kv_lens[request]
+    limit = kv_len - q_len + (rows - q_start)  # last KV position row t attends
+    positions = torch.arange(width, device=device)
+    allowed = (positions[None, :] <= limit[:, None]) & (positions[None, :] < kv_len[:, None]) & valid[:, None]
+    return request, allowed
+
+
+def _paged_rows(cache: torch.Tensor, block_table: torch.Tensor, block_size: int, request: torch.Tensor) -> torch.Tensor:
+    """The block table's full width of ``cache`` (viewed as ``[blocks, block_size, ...]``) for each row's request,
+    float32 ``[T, W, ...]``. Rows of padded requests are gathered but never attended: a block id past the cache reads
+    block 0 instead."""
+    blocks = block_table.long()
+    num_blocks = cache.shape[0]
+    blocks = torch.where((blocks >= 0) & (blocks < num_blocks), blocks, 0)
+    width = blocks.shape[1] * block_size
+    return cache[blocks].reshape(blocks.shape[0], width, *cache.shape[2:])[request].float()
+
+
 def graph_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -711,30 +693,15 @@ def graph_attention(
     rows that attend nothing, are zero (the eager emulation leaves rows past the last request zero too). Query, key
     and value are float16 or bfloat16, one dtype, as the NPU op takes them."""
     dtypes("npu_fused_infer_attention_score", HALF, query=query, key=key, value=value)
-    tokens, heads, head_dim = query.shape
+    tokens, _, head_dim = query.shape
     kv_heads = num_key_value_heads or num_heads
-    requests = q_ends.numel()
-    width = block_table.shape[1] * block_size
-    rows = torch.arange(tokens, device=query.device, dtype=torch.int32)
-    request = torch.searchsorted(q_ends, rows, right=True)  # [T], == requests past the last end
-    valid = request < requests
-    request = request.clamp(max=requests - 1)
-    q_start = torch.where(request > 0, q_ends[(request - 1).clamp(min=0)], 0)
-    q_len = q_ends[request] - q_start
-    kv_len = kv_lens[request]
-    limit = kv_len - q_len + (rows - q_start)  # last KV position row t attends (right-down causal)
-    # rows of padded requests are gathered but never attended: any block id past the cache reads block 0 instead
-    blocks = block_table[:requests].long()  # [B, W/bs]
-    num_blocks = key.numel() // (block_size * kv_heads * head_dim)
-    blocks = torch.where((blocks >= 0) & (blocks < num_blocks), blocks, 0)
-    k = key.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
-    v = value.view(-1, block_size, kv_heads, head_dim)[blocks].reshape(requests, width, kv_heads, head_dim)
+    table = block_table[: q_ends.numel()]
+    request, allowed = _row_requests(tokens, q_ends, kv_lens, table.shape[1] * block_size, query.device)
     group = num_heads // kv_heads
-    k = k.float().repeat_interleave(group, dim=2)[request]  # [T, W, N, D]
-    v = v.float().repeat_interleave(group, dim=2)[request]
+    k = _paged_rows(key.view(-1, block_size, kv_heads, head_dim), table, block_size, request)  # [T, W, KVN, D]
+    v = _paged_rows(value.view(-1, block_size, kv_heads, head_dim), table, block_size, request)
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # [T, W, N, D]
     scores = torch.einsum("tnd,twnd->tnw", query.float(), k) * scale
-    positions = torch.arange(width, device=query.device)
-    allowed = (positions[None, :] <= limit[:, None]) & (positions[None, :] < kv_len[:, None]) & valid[:, None]
     scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row that attends nothing: all -inf -> zeros
     return torch.einsum("tnw,twnd->tnd", probs, v).to(query.dtype)
@@ -760,25 +727,11 @@ def graph_attention_mla(
     block table's full width; rows past the last request and rows that attend nothing (a padded request: KV length 0)
     are zero. Returns ``[N, T, 512]`` (NTD)."""
     dtypes("npu_fused_infer_attention_score_v2", HALF, query=query, query_rope=query_rope, latent=latent, rope=rope)
-    tokens = query.shape[0]
-    requests = q_ends.numel()
-    width = block_table.shape[1] * block_size
-    rows = torch.arange(tokens, device=query.device, dtype=torch.int32)
-    request = torch.searchsorted(q_ends, rows, right=True)
-    valid = request < requests
-    request = request.clamp(max=requests - 1)
-    q_start = torch.where(request > 0, q_ends[(request - 1).clamp(min=0)], 0)
-    q_len = q_ends[request] - q_start
-    kv_len = kv_lens[request]
-    limit = kv_len - q_len + (rows - q_start)
-    num_blocks = latent.shape[0]
-    blocks = block_table[:requests].long()
-    blocks = torch.where((blocks >= 0) & (blocks < num_blocks), blocks, 0)
-    c = latent.view(num_blocks, block_size, -1)[blocks].reshape(requests, width, -1)[request].float()  # [T, W, 512]
-    r = rope.view(num_blocks, block_size, -1)[blocks].reshape(requests, width, -1)[request].float()  # [T, W, 64]
+    table = block_table[: q_ends.numel()]
+    request, allowed = _row_requests(query.shape[0], q_ends, kv_lens, table.shape[1] * block_size, query.device)
+    c = _paged_rows(latent.view(latent.shape[0], block_size, -1), table, block_size, request)  # [T, W, 512]
+    r = _paged_rows(rope.view(rope.shape[0], block_size, -1), table, block_size, request)  # [T, W, 64]
     scores = torch.einsum("tnd,twd->tnw", query.float(), c) + torch.einsum("tnd,twd->tnw", query_rope.float(), r)
-    positions = torch.arange(width, device=query.device)
-    allowed = (positions[None, :] <= limit[:, None]) & (positions[None, :] < kv_len[:, None]) & valid[:, None]
     probs = torch.softmax((scores * scale).masked_fill(~allowed[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
     return torch.einsum("tnw,twd->ntd", probs, c).to(query.dtype)
 
