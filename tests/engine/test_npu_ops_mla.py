@@ -177,15 +177,43 @@ def test_fia_mla_with_v_up_projection_matches_decompressed_attention(version):
         start += ql
 
 
-def test_ring_mla_first_ring_and_context_chunks_match_one_softmax():
-    """Two prefill requests: new tokens causal (first ring), their context loaded in two chunks (no mask), merged
-    through the LSE; vs one softmax over context + causal new tokens per head."""
-    q_lens, ctx = [3, 5], [[4, 2], [6, 0]]  # request 1 has no key in the second chunk
+def _prefill_with_context():
+    """Two prefill requests with context in two chunks (request 1 has no key in the second): (query lengths, context
+    lengths per request and chunk, q_nope, q_rope, the new tokens' key / RoPE key (one head) / value, the chunks'
+    per-request (key, RoPE key, value), scale)."""
+    q_lens, ctx = [3, 5], [[4, 2], [6, 0]]
     t = sum(q_lens)
     q_nope, q_rope = rnd(t, N, NOPE), rnd(t, N, ROPE)
     k_new, r_new, v_new = rnd(t, N, NOPE), rnd(t, 1, ROPE), rnd(t, N, V)
     chunks = [[(rnd(n, N, NOPE), rnd(n, 1, ROPE), rnd(n, N, V)) for n in per_req] for per_req in zip(*ctx)]
-    scale = 0.1
+    return q_lens, ctx, q_nope, q_rope, k_new, r_new, v_new, chunks, 0.1
+
+
+def _one_softmax(case):
+    """(query row, head, output, LSE) of one float64 softmax over each request's context + its new tokens, causal."""
+    q_lens, ctx, q_nope, q_rope, k_new, r_new, v_new, chunks, scale = case
+    start = 0
+    for b, ql in enumerate(q_lens):
+        keys = [c[b][0] for c in chunks] + [k_new[start : start + ql]]
+        ropes = [c[b][1] for c in chunks] + [r_new[start : start + ql]]
+        values = [c[b][2] for c in chunks] + [v_new[start : start + ql]]
+        k, r, v = (torch.cat(x).double() for x in (keys, ropes, values))
+        context = sum(ctx[b])
+        for h in range(N):
+            for i in range(ql):
+                visible = context + i + 1
+                score = k[:visible, h] @ q_nope[start + i, h].double() + r[:visible, 0] @ q_rope[start + i, h].double()
+                score = score * scale
+                yield start + i, h, torch.softmax(score, 0) @ v[:visible, h], torch.logsumexp(score, 0).item()
+        start += ql
+
+
+def test_ring_mla_first_ring_and_context_chunks_match_one_softmax():
+    """Two prefill requests: new tokens causal (first ring), their context loaded in two chunks (no mask), merged
+    through the LSE; vs one softmax over context + causal new tokens per head."""
+    case = _prefill_with_context()
+    q_lens, ctx, q_nope, q_rope, k_new, r_new, v_new, chunks, scale = case
+    t = sum(q_lens)
     out = torch.empty(t, N, V, dtype=HALF)
     lse = torch.empty(N, t, dtype=torch.float32)
     ring = dict(
@@ -229,22 +257,9 @@ def test_ring_mla_first_ring_and_context_chunks_match_one_softmax():
             calc_type="calc_type_default",
             **ring,
         )
-    start = 0
-    for b, ql in enumerate(q_lens):
-        keys = [c[b][0] for c in chunks] + [k_new[start : start + ql]]
-        ropes = [c[b][1] for c in chunks] + [r_new[start : start + ql]]
-        values = [c[b][2] for c in chunks] + [v_new[start : start + ql]]
-        k, r, v = (torch.cat(x).double() for x in (keys, ropes, values))
-        context = sum(ctx[b])
-        for h in range(N):
-            for i in range(ql):
-                visible = context + i + 1
-                score = k[:visible, h] @ q_nope[start + i, h].double() + r[:visible, 0] @ q_rope[start + i, h].double()
-                score = score * scale
-                ref = torch.softmax(score, 0) @ v[:visible, h]
-                torch.testing.assert_close(out[start + i, h].double(), ref, **TOL)
-                assert lse[h, start + i].item() == pytest.approx(torch.logsumexp(score, 0).item(), abs=2e-2)
-        start += ql
+    for row, h, ref, ref_lse in _one_softmax(case):
+        torch.testing.assert_close(out[row, h].double(), ref, **TOL)
+        assert lse[h, row].item() == pytest.approx(ref_lse, abs=2e-2)
 
 
 def test_paged_cache_load_gathers_context_ranges():
@@ -474,19 +489,20 @@ def test_fia_rope_split_prefill_and_context_chunks_merged_match_one_softmax():
     chunks (sparse_mode 0; request 1 has no key in the second chunk: output 0, LSE -inf), every part's LSE, merged by
     npu_attention_update over rows = tokens x heads; vs one float64 softmax over context + causal new tokens per head
     and query row."""
-    q_lens, ctx = [3, 5], [[4, 2], [6, 0]]
+    case = _prefill_with_context()
+    q_lens, ctx, q_nope, q_rope, k_new, r_new, v_new, chunks, scale = case
     t = sum(q_lens)
-    q_nope, q_rope = rnd(t, N, NOPE), rnd(t, N, ROPE)
-    k_new, r_new, v_new = rnd(t, N, NOPE), rnd(t, 1, ROPE), rnd(t, N, V)
-    chunks = [[(rnd(n, N, NOPE), rnd(n, 1, ROPE), rnd(n, N, V)) for n in per_req] for per_req in zip(*ctx)]
     q_ends = torch.tensor(q_lens).cumsum(0).tolist()
-    out, lse = _rope_split(q_nope, q_rope, k_new, r_new.expand(-1, N, -1).contiguous(), v_new, q_ends, q_ends, True)
+    new = (k_new, r_new.expand(-1, N, -1).contiguous(), v_new)
+    out, lse = _rope_split(q_nope, q_rope, *new, q_ends, q_ends, True, scale=scale)
     assert out.shape == (t, N, V) and out.dtype == HALF and lse.shape == (t, N, 1) and lse.dtype == torch.float32
     outs, lses = [out.float().reshape(t * N, V)], [lse.reshape(t * N)]
     for chunk, kv_lens in zip(chunks, zip(*ctx)):
         k, r, v = (torch.cat([c[i] for c in chunk]) for i in range(3))
         kv_ends = torch.tensor(kv_lens).cumsum(0).tolist()
-        c_out, c_lse = _rope_split(q_nope, q_rope, k, r.expand(-1, N, -1).contiguous(), v, q_ends, kv_ends, False)
+        c_out, c_lse = _rope_split(
+            q_nope, q_rope, k, r.expand(-1, N, -1).contiguous(), v, q_ends, kv_ends, False, scale=scale
+        )
         outs.append(c_out.float().reshape(t * N, V))
         lses.append(c_lse.reshape(t * N))
     # request 1 (rows 3..7) has no key in the second chunk
@@ -494,20 +510,8 @@ def test_fia_rope_split_prefill_and_context_chunks_merged_match_one_softmax():
     merged, no_lse = mla.npu_attention_update(tuple(lses), tuple(outs), 0)
     assert no_lse is None and merged.dtype == torch.float32
     merged = merged.view(t, N, V)
-    start = 0
-    for b, ql in enumerate(q_lens):
-        keys = [c[b][0] for c in chunks] + [k_new[start : start + ql]]
-        ropes = [c[b][1] for c in chunks] + [r_new[start : start + ql]]
-        values = [c[b][2] for c in chunks] + [v_new[start : start + ql]]
-        k, r, v = (torch.cat(x).double() for x in (keys, ropes, values))
-        context = sum(ctx[b])
-        for h in range(N):
-            for i in range(ql):
-                visible = context + i + 1
-                score = k[:visible, h] @ q_nope[start + i, h].double() + r[:visible, 0] @ q_rope[start + i, h].double()
-                ref = torch.softmax(score * 0.1, 0) @ v[:visible, h]
-                torch.testing.assert_close(merged[start + i, h].double(), ref, **TOL)
-        start += ql
+    for row, h, ref, _ in _one_softmax(case):
+        torch.testing.assert_close(merged[row, h].double(), ref, **TOL)
 
 
 def test_fia_rope_split_without_the_lse_flag_returns_the_ops_zero():
