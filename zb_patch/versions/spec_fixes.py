@@ -451,32 +451,38 @@ def mla_draft_rope_rows(
         upstream=upstream,
         remove_when=remove_when,
     )
-    propose_patch = Patch(
-        id="mla-draft-rope-rows-propose",
-        group="mla-draft-rope-rows",
-        target=f"{proposer}._propose",
-        make=make_drafting,
-        fingerprints=propose,
-        why="Half of mla-draft-rope-rows (same group): the proposer's run-time call that builds the metadata of every "
-        "draft position, in order, before the draft model runs.",
-        how=drafting_how,
-        upstream=("vllm-ascend#5940",),
-        remove_when=remove_when,
+
+    def drafting(patch_id: str, method: str, fingerprints: dict[str, str], why: str) -> Patch:
+        return Patch(
+            id=patch_id,
+            group="mla-draft-rope-rows",
+            target=f"{proposer}.{method}",
+            make=make_drafting,
+            fingerprints=fingerprints,
+            why=why,
+            how=drafting_how,
+            upstream=("vllm-ascend#5940",),
+            remove_when=remove_when,
+        )
+
+    return (
+        rows,
+        drafting(
+            "mla-draft-rope-rows-propose",
+            "_propose",
+            propose,
+            "Half of mla-draft-rope-rows (same group): the proposer's run-time call that builds the metadata of every "
+            "draft position, in order, before the draft model runs.",
+        ),
+        drafting(
+            "mla-draft-rope-rows-dummy-run",
+            "dummy_run",
+            dummy_run,
+            "Third part of mla-draft-rope-rows (same group): the proposer's dummy run, which builds every draft "
+            "position's metadata for a FULL-graph capture; the captured graph must read the buffers the run-time "
+            "builds write.",
+        ),
     )
-    dummy_run_patch = Patch(
-        id="mla-draft-rope-rows-dummy-run",
-        group="mla-draft-rope-rows",
-        target=f"{proposer}.dummy_run",
-        make=make_drafting,
-        fingerprints=dummy_run,
-        why="Third part of mla-draft-rope-rows (same group): the proposer's dummy run, which builds every draft "
-        "position's metadata for a FULL-graph capture; the captured graph must read the buffers the run-time builds "
-        "write.",
-        how=drafting_how,
-        upstream=("vllm-ascend#5940",),
-        remove_when=remove_when,
-    )
-    return rows, propose_patch, dummy_run_patch
 
 
 # ----------------------------------------------------------------------------------------------------------------
