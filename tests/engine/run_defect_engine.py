@@ -13,6 +13,10 @@ result's ``defects`` entry (live objects, filled while generating):
 * ``returning-rows`` (any release): every row handed to the model with scheduled drafts while it was not in the
   previous step's sampled rows, with the draft input ids it got and the drafts proposed for that request when it was
   last sampled (``sample_tokens``: the proposal's row of each sampled request).
+* ``sample-indices`` (EAGLE, any release): at every draft-model call of the drafter (``_runnable``: the merged draft,
+  what a FULL draft graph replays), the rows of its persistent sample-index buffer past the call's real requests, up
+  to ``max_num_seqs``: those a graph captured for a padded batch reads. Recorded: calls, rows holding an index other
+  than 0, and those holding an index past every padded decode batch's tokens (``>= max_num_seqs * (1 + k)``).
 
     python tests/engine/run_defect_engine.py --record kv-owners,draft-lengths --models DIR --out result.json ...
 """
@@ -29,7 +33,7 @@ sys.path.insert(0, HERE)
 
 import run_engine  # noqa: E402  (the device report and the conventions of the tests' launcher)
 
-RECORDERS = ("kv-owners", "draft-lengths", "saved-drafts", "returning-rows")
+RECORDERS = ("kv-owners", "draft-lengths", "saved-drafts", "returning-rows", "sample-indices")
 
 
 def _runner(llm):
@@ -170,11 +174,34 @@ def record_returning_rows(runner, out: dict) -> None:
     NPUModelRunner.sample_tokens = sample_tokens
 
 
+def record_sample_indices(runner, out: dict) -> None:
+    drafter = runner.drafter
+    # the buffer and its keyword: vllm-ascend 0.13's EagleProposer names both last_token_indices
+    name = "token_indices_to_sample" if hasattr(drafter, "token_indices_to_sample") else "last_token_indices"
+    buffer = getattr(drafter, name)
+    max_num_seqs = runner.scheduler_config.max_num_seqs
+    past_every_batch = max_num_seqs * (1 + drafter.num_speculative_tokens)
+    out.update(calls=0, stale_rows=0, past_every_batch=0, largest=0, bound=past_every_batch)
+    run = drafter._runnable  # the bound merged-draft method (eager)
+
+    def _runnable(*args, **kwargs):
+        real = kwargs[name].shape[0]
+        rows = buffer[real:max_num_seqs].tolist()
+        out["calls"] += 1
+        out["stale_rows"] += sum(1 for i in rows if i != 0)
+        out["past_every_batch"] += sum(1 for i in rows if i >= past_every_batch)
+        out["largest"] = max([out["largest"], *rows])
+        return run(*args, **kwargs)
+
+    drafter._runnable = _runnable
+
+
 RECORD = {
     "kv-owners": record_kv_owners,
     "draft-lengths": record_draft_lengths,
     "saved-drafts": record_saved_drafts,
     "returning-rows": record_returning_rows,
+    "sample-indices": record_sample_indices,
 }
 
 

@@ -54,6 +54,11 @@ def main(argv: list[str]) -> int:
         mla.CALLS.clear()
         started["mla_op_calls"] = mla.CALLS
         started["dummy_batches"] = _count_dummy_batches()
+        if ON == "CUDA":  # FULL graphs: the task groups replayed with their update, by capture site (a live Counter)
+            import npu_graphs_cuda
+
+            npu_graphs_cuda.REPLAYED_GROUPS.clear()
+            started["graph_task_groups_replayed"] = npu_graphs_cuda.REPLAYED_GROUPS
         if not args.plant:
             return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)

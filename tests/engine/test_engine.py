@@ -91,6 +91,7 @@ EXPECTED = {
                 "stale-draft-placeholders-rows",
                 "readded-request-drafts",
                 "mtp-draft-slots",
+                "draft-sample-indices-past-batch",
                 "piecewise-replay-without-host-drain",
             }
         ),
@@ -119,6 +120,7 @@ EXPECTED = {
                 "mla-draft-rope-rows-propose",
                 "mla-draft-rope-rows-dummy-run",
                 "cudagraph-batch-sizes-after-rounding",
+                "draft-sample-indices-past-batch",
                 "piecewise-replay-without-host-drain",
             }
         ),

@@ -8,6 +8,7 @@ are skipped, and say so."""
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -160,12 +161,14 @@ def test_window_bounds_are_taken_only_where_they_bound_nothing():
 
 
 def test_block_table_rows_are_gathered_from_the_address_an_update_names():
-    """The kernel a task group runs before its attention (CPU: Triton's interpreter): the rows of the table at the
-    address in the group's parameters, with their row stride, and zero rows past the source's, against a loop."""
-    source = torch.randint(0, 1000, (4, 7), dtype=torch.int32)[:, :5]  # 4 rows of 5, row stride 7
-    table = torch.full((6, 5), -7, dtype=torch.int32)
-    address = torch.tensor([source.data_ptr()], dtype=torch.int64)
-    shape = torch.tensor([source.shape[0], source.stride(0)], dtype=torch.int32)
+    """The kernel a task group runs before its attention (compiled on a CUDA device, else Triton's CPU interpreter):
+    the rows of the table at the address in the group's parameters, with their row stride, and zero rows past the
+    source's, against a loop."""
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() else "cuda"
+    source = torch.randint(0, 1000, (4, 7), dtype=torch.int32, device=device)[:, :5]  # 4 rows of 5, row stride 7
+    table = torch.full((6, 5), -7, dtype=torch.int32, device=device)
+    address = torch.tensor([source.data_ptr()], dtype=torch.int64, device=device)
+    shape = torch.tensor([source.shape[0], source.stride(0)], dtype=torch.int32, device=device)
     npu_graphs_cuda._gather_rows_kernel[(6,)](address, shape, table, 5, BLOCK=8)
     expected = [[int(source[r, c]) if r < 4 else 0 for c in range(5)] for r in range(6)]
     assert table.tolist() == expected
@@ -417,4 +420,70 @@ def test_with_the_full_drain_a_busy_device_keeps_every_step_exact(standin):
     torch.cuda.synchronize()
     for step, out in zip((STEP1, STEP2), results):
         _close(out, layer.expected(*step))
+    npu_graphs_cuda.check()
+
+
+def _mla_call(version, q, q_rope, latent, rope, table, q_ends, kv_lens):
+    """The FULL MLA decode call as each release family makes it: FIA v1 with positional query / key / value and v1's
+    names (vllm-ascend 0.13 ``AscendMLAImpl._forward_decode``), or FIA v2 (0.18 / 0.23)."""
+    import torch_npu
+
+    common = dict(
+        query_rope=q_rope,
+        key_rope=rope,
+        num_key_value_heads=1,
+        input_layout="TND_NTD",
+        atten_mask=MASK,
+        sparse_mode=3,
+        block_table=table,
+        block_size=rope.shape[2],
+    )
+    if version == "v1":
+        v1 = dict(num_heads=q.shape[1], scale=0.07, antiquant_mode=0, antiquant_scale=None)
+        v1.update(actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens)
+        return torch_npu.npu_fused_infer_attention_score, (q, latent, latent), {**common, **v1}
+    v2 = dict(num_query_heads=q.shape[1], softmax_scale=0.07, actual_seq_qlen=q_ends, actual_seq_kvlen=kv_lens)
+    return torch_npu.npu_fused_infer_attention_score_v2, (q, latent, latent), {**common, **v2}
+
+
+@cuda
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_mla_task_group_replays_with_each_step_s_lists(standin, version):
+    """FIA's MLA mode captured in a task group (v1: 0.13's ``.out`` with positional tensors; v2: 0.18 / 0.23), then
+    two steps of replay + update (MTP k = 2: 3 requests of 3 rows and a padded one with KV length 0): each replay's
+    real rows equal the eager emulation with that step's lists, the padded rows are zero."""
+    from npu_ops import mla
+
+    heads, block = mla.FIA_MLA_HEADS[0], 16
+    latent = rnd(10, 1, block, mla.LATENT, dtype=HALF).cuda()
+    rope = rnd(10, 1, block, mla.ROPE, dtype=HALF).cuda()
+    table = torch.tensor([[3, 7, 0], [1, 9, 4], [5, 2, 8], [0, 0, 0]], dtype=torch.int32, device="cuda")
+    q = (rnd(12, heads, mla.LATENT, dtype=HALF) * 0.1).cuda()
+    q_rope = (rnd(12, heads, mla.ROPE, dtype=HALF) * 0.1).cuda()
+    out = torch.zeros(heads, 12, mla.LATENT, dtype=HALF, device="cuda")
+    lse = torch.empty(12, dtype=HALF, device="cuda")
+    steps = (([3, 6, 9, 12], [20, 35, 7, 0]), ([3, 6, 9, 12], [23, 38, 10, 0]))
+    graph, update_stream = torch.npu.NPUGraph(), torch.npu.Stream()
+    with torch.npu.graph(graph):
+        stream = torch.npu.current_stream()
+        event = torch.npu.ExternalEvent()
+        event.wait(stream)
+        event.reset(stream)
+        torch.npu.graph_task_group_begin(stream)
+        op, args, kwargs = _mla_call(version, q, q_rope, latent, rope, table, *steps[0])
+        op.out(*args, **kwargs, workspace=None, out=[out, lse])
+        handle = torch.npu.graph_task_group_end(stream)
+    for q_ends, kv_lens in steps:
+        graph.replay()
+        with torch.npu.stream(update_stream):
+            torch.npu.graph_task_update_begin(update_stream, handle)
+            op, args, kwargs = _mla_call(version, q, q_rope, latent, rope, table, q_ends, kv_lens)
+            op.out(*args, **kwargs, workspace=None, out=[out, lse])
+            torch.npu.graph_task_update_end(update_stream)
+            event.record(update_stream)
+        torch.cuda.synchronize()
+        op, args, kwargs = _mla_call(version, q[:9], q_rope[:9], latent, rope, table, q_ends[:3], kv_lens[:3])
+        eager, _ = op(*args, **kwargs)
+        torch.testing.assert_close(out[:, :9].float(), eager.float(), atol=2e-2, rtol=2e-2)
+        assert out[:, 9:].abs().sum() == 0
     npu_graphs_cuda.check()

@@ -161,6 +161,49 @@ def test_fia_mla_with_v_up_projection_matches_decompressed_attention(version):
         )
     assert out.shape == (N, t, LATENT)
     got = mla.npu_transpose_batchmatmul(out, w_uv, perm_y=(1, 0, 2))  # [T, N, V]
+    _assert_decompressed(got, q_lens, kv_lens, latent, rope_part, w_uk, w_uv, q_nope, q_rope, scale)
+
+
+def test_fia_mla_bnsd_one_token_per_request_matches_decompressed_attention():
+    """vllm-ascend 0.13's decode of a batch of new requests (one-token prompts: attn_state PrefillNoCache):
+    ``BNSD_NBSD``, one query token per batch entry, ``sparse_mode=0`` without mask, no query lengths; output
+    ``[N, B, 1, 512]``. Against attention over the decompressed keys and values (every key visible)."""
+    kv_lens, block_size = [1, 300, 17], 128
+    w_uk, w_uv = rnd(N, NOPE, LATENT, scale=0.05), rnd(N, LATENT, V, scale=0.05)
+    latent = [rnd(n, LATENT) for n in kv_lens]
+    rope_part = [rnd(n, ROPE) for n in kv_lens]
+    c_cache, r_cache, table = _paged(latent, rope_part, block_size, 8, torch.Generator().manual_seed(2))
+    b = len(kv_lens)
+    q_nope, q_rope = rnd(b, N, NOPE), rnd(b, N, ROPE)
+    scale = 1 / math.sqrt(NOPE + ROPE)
+    q_abs = torch.einsum("thp,hpl->thl", q_nope.double(), w_uk.double()).to(HALF)
+    out, _ = attention.npu_fused_infer_attention_score(
+        q_abs[:, :, None],
+        c_cache,
+        c_cache,
+        query_rope=q_rope[:, :, None],
+        key_rope=r_cache,
+        num_heads=N,
+        num_key_value_heads=1,
+        input_layout="BNSD_NBSD",
+        atten_mask=None,
+        sparse_mode=0,
+        scale=scale,
+        antiquant_mode=0,
+        antiquant_scale=None,
+        block_table=table,
+        block_size=block_size,
+        actual_seq_lengths=None,
+        actual_seq_lengths_kv=kv_lens,
+    )
+    assert out.shape == (N, b, 1, LATENT)
+    got = mla.npu_transpose_batchmatmul(out[:, :, 0], w_uv, perm_y=(1, 0, 2))
+    _assert_decompressed(got, [1] * b, kv_lens, latent, rope_part, w_uk, w_uv, q_nope, q_rope, scale)
+
+
+def _assert_decompressed(got, q_lens, kv_lens, latent, rope_part, w_uk, w_uv, q_nope, q_rope, scale):
+    """``got [T, N, V]`` equals float64 attention over each request's decompressed per-head keys / values, its query
+    rows right-down causal."""
     start = 0
     for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
         c, r = latent[b].double(), rope_part[b].double()
@@ -339,7 +382,19 @@ def _fia_v2(query=None, **over):
         (lambda: mla.npu_kv_rmsnorm_rope_cache(*_kv_args(), cache_mode="PA", c_kv_scale=torch.ones(1)), "c_kv_scale"),
         (lambda: _fia_v2(num_query_heads=16, query=rnd(2, 16, LATENT), query_rope=rnd(2, 16, ROPE)), "16 query"),
         (lambda: _fia_v2(query_rope=None), "without query_rope"),
-        (lambda: _fia_v2(input_layout="BNSD_NBSD"), "input_layout='BNSD_NBSD'"),
+        (lambda: _fia_v2(input_layout="BSND_NBSD"), "input_layout='BSND_NBSD'"),
+        (lambda: _fia_v2(input_layout="BNSD_NBSD"), "BNSD_NBSD with a mask"),
+        (
+            lambda: _fia_v2(
+                query=rnd(1, N, 2, LATENT),
+                query_rope=rnd(1, N, 2, ROPE),
+                input_layout="BNSD_NBSD",
+                atten_mask=None,
+                sparse_mode=0,
+                actual_seq_qlen=None,
+            ),
+            "only one query token per batch entry",
+        ),
         (lambda: _fia_v2(actual_seq_qlen=[1]), "query ends"),
         (lambda: _fia_v2(block_size=64), "block_size=64"),
         (
@@ -382,6 +437,8 @@ def _fia_v2(query=None, **over):
         "fia-16-heads",
         "fia-no-rope",
         "fia-layout",
+        "fia-bnsd-mask",
+        "fia-bnsd-2-queries",
         "fia-tnd-end",
         "fia-block-64",
         "fia-17-queries",

@@ -19,8 +19,12 @@ zero-bubble's business also with zero-bubble left out: ``ZB_PATCH_DISABLE=<a zer
   steps' device and host sequence lengths of a request at the limit differ (host 1 vs device max_model_len, then
   host 2, 3, ... vs device 1; the lengths count the step's rejected drafts, so rows still below the limit are hit and
   their drafts attend to one KV entry). With the fix: equal; tokens unchanged.
+* vllm-ascend 0.13 / 0.18 EAGLE sample indices past the real batch, ``draft-sample-indices-past-batch`` (#9867 /
+  #10080, in 0.21.0rc1): recorded on the eager engine at each draft-model call (the rows a padded FULL draft graph
+  would sample; the out-of-bounds gather itself needs graphs: the GPU machine's FULL_DECODE_ONLY runs). With the fix:
+  0 in every such row, as 0.23.0 gives natively.
 
-docs/e2e.md ("Release defects") has the measured numbers. Cost: 7 engine processes on 0.13 / 0.18, 4 on 0.23, two at
+docs/e2e.md ("Release defects") has the measured numbers. Cost: 10 engine processes on 0.13 / 0.18, 5 on 0.23, two at
 a time (E2E_BIG=1: one more per defect, its ``-without-fix`` run).
 """
 
@@ -91,6 +95,12 @@ MTP_SLOTS = Workload(
 )
 # draft lengths at max_model_len: MTP k = 3, every other request runs into max_model_len (64)
 MTP_LIMIT = replace(STALE, num_speculative_tokens=3, limit_every=2)
+# sample indices past the batch: prefill chunks of up to 64 tokens leave indices up to 63 in rows that preemption and
+# finished requests then leave past the real batch (found by running it: 11 of 109 drafter calls on 0.18.0 hold an
+# index past 4 * (1 + 2) = 12, every padded decode batch's tokens)
+SAMPLE_INDICES = Workload(
+    num_requests=12, max_prompt=120, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4, limit_every=0
+)
 
 
 @dataclass
@@ -230,6 +240,54 @@ def test_acceptance_with_the_fix_is_sync_s_up_to_the_max_model_len_clamp(stale_r
         return sum(r["accepted"].values()) / sum(r["drafted"].values())
 
     assert abs(rate(sync) - rate(fixes)) < 0.02, (rate(sync), rate(fixes))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vllm-ascend 0.13 / 0.18: the draft graph's sample indices past the real batch (vllm-ascend #9867 / #10080)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_index_runs(models, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sample-indices"))
+    configs = [("sync", False, {})]
+    if RELEASE != "0.23.0":  # 0.23.0 carries #9867 / #10080: nothing to fix
+        configs += [("sync+fix", False, {"ZB_PATCH": "1"}), ("async+zb", True, {"ZB_PATCH": "1"})]
+    jobs = [
+        engine(models, out, n, SAMPLE_INDICES, async_scheduling=a, env=e, record=("sample-indices",))
+        for n, a, e in configs
+    ]
+    runs = run_all(jobs, parallel=2)
+    _show(runs)
+    return {r.name: r for r in runs}
+
+
+def test_without_the_fix_the_draft_graph_would_sample_past_its_batch(sample_index_runs):
+    """The release's synchronous run: at the drafter's model calls, rows of the sample-index buffer past the real
+    requests hold indices of earlier, larger batches, some past the tokens of every padded decode batch
+    (``max_num_seqs * (1 + k)``): what a FULL draft graph, which samples the padded batch's rows, gathers out of bounds
+    (docs/e2e.md, the big workload in FULL_DECODE_ONLY). vllm-ascend 0.23.0 carries #9867: zeros there."""
+    run = sample_index_runs["sync"]
+    assert run.result is not None, run.stderr[-3000:]
+    seen = run.result["defects"]["sample-indices"]
+    assert seen["calls"] > 0, seen
+    if RELEASE == "0.23.0":
+        assert seen["stale_rows"] == 0, seen
+    else:
+        assert seen["past_every_batch"] > 0 and seen["largest"] >= seen["bound"], seen
+
+
+@pytest.mark.skipif(RELEASE == "0.23.0", reason="0.23.0 carries #9867 / #10080 (the release's own run above)")
+@pytest.mark.parametrize("name", ["sync+fix", "async+zb"])
+def test_with_the_fix_rows_past_the_batch_sample_index_0(sample_index_runs, name):
+    run = sample_index_runs[name]
+    assert run.result is not None, run.stderr[-3000:]
+    seen = run.result["defects"]["sample-indices"]
+    assert seen["calls"] > 0 and seen["stale_rows"] == 0, seen
+    assert "draft-sample-indices-past-batch" in _applied(run.result)
+    # eager: nothing reads the rows past the batch, so the fix changes no token (and in sync no count either)
+    fields = ("tokens", "drafted", "accepted") if name == "sync+fix" else ("tokens",)
+    assert divergences(sample_index_runs["sync"].result, run.result, fields) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------

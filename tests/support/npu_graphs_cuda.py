@@ -62,6 +62,7 @@ to the block table's width (fixed shapes): its cost is not the NPU op's.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import sys
@@ -83,6 +84,9 @@ WAIT_TIMEOUT_POLLS = 2_000_000
 SYNC_DEBUG = os.environ.get("NPU_GRAPHS_CUDA_SYNC") == "1"
 # Debugging: one stderr line per replay and per update (graph, replay, the update's host lists)
 TRACE = os.environ.get("NPU_GRAPHS_CUDA_TRACE") == "1"
+# replays of task groups shown to have had their step's update (checked at the graph's next replay), by capture site
+# (tests/engine/run_engine.py reports it)
+REPLAYED_GROUPS: collections.Counter = collections.Counter()
 
 
 class StaleTaskGroup(RuntimeError):
@@ -302,6 +306,7 @@ class NPUGraph:
                         f"{group.name}: replay {self.replays} of graph {self.id} ran without exactly one update "
                         f"issued for it (updates issued for replays {group.updated_for[-4:]})"
                     )
+            REPLAYED_GROUPS.update(group.site for group in self.groups)  # the previous replay had its update
         self.replays += 1
         if TRACE:
             print(f"npu_graphs_cuda: replay {self.replays} of graph {self.id} ({self.site})", file=sys.stderr)
@@ -548,13 +553,19 @@ class FusedInferAttentionScore(_TaskGroupAttention):
     SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_heads", "scale", "sparse_mode")
     Q_ENDS, KV_LENS = "actual_seq_lengths", "actual_seq_lengths_kv"
 
-    def out(self, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
-        self._out(kwargs, out)
+    def __init__(self, eager: Any) -> None:
+        super().__init__(eager)
+        self._mla = FusedInferAttentionScoreMLA(eager)
+
+    def out(self, *args: Any, out: list, workspace: Any = None, **kwargs: Any) -> None:
+        kwargs.update(zip(("query", "key", "value"), args))  # vllm-ascend 0.13's MLA decode passes them by position
+        if kwargs.get("query_rope") is not None:
+            self._mla._out(kwargs, out)
+        else:
+            self._out(kwargs, out)
 
     @classmethod
     def _check_mode(cls, kwargs: dict) -> None:
-        if kwargs.get("query_rope") is not None:
-            raise NotImplementedError(f"npu_graphs_cuda: {cls.OP}.out in MLA mode in a graph")
         known = set(cls.TENSOR_ARGS) | set(cls.SCALAR_ARGS) | {"block_table", "atten_mask", cls.Q_ENDS, cls.KV_LENS}
         # vllm-ascend 0.23 passes the window bounds; at their maximum (no sliding window) they bound nothing
         known |= {name for name in ("pre_tokens", "next_tokens") if kwargs.get(name) == _NO_WINDOW}
@@ -584,8 +595,10 @@ class FusedInferAttentionScoreV2(_TaskGroupAttention):
 
     OP = "npu_fused_infer_attention_score_v2"
     TENSOR_ARGS = ("query", "key", "value", "query_rope", "key_rope")
-    SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", "num_query_heads", "softmax_scale")
+    HEADS, SCALE = "num_query_heads", "softmax_scale"
+    SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", HEADS, SCALE)
     Q_ENDS, KV_LENS = "actual_seq_qlen", "actual_seq_kvlen"
+    DEFAULTS: dict = {}  # arguments taken only at these values (they select nothing else)
     MLA = True
 
     def out(self, query: Any, key: Any, value: Any, *, out: list, workspace: Any = None, **kwargs: Any) -> None:
@@ -595,6 +608,7 @@ class FusedInferAttentionScoreV2(_TaskGroupAttention):
     def _check_mode(cls, kwargs: dict) -> None:
         known = set(cls.TENSOR_ARGS) | set(cls.SCALAR_ARGS)
         known |= {"block_table", "atten_mask", "sparse_mode", cls.Q_ENDS, cls.KV_LENS}
+        known |= {name for name, value in cls.DEFAULTS.items() if name in kwargs and _is_default(kwargs[name], value)}
         extra = set(kwargs) - known
         if extra or kwargs.get("query_rope") is None or kwargs["value"] is not kwargs["key"]:
             raise NotImplementedError(
@@ -614,9 +628,26 @@ class FusedInferAttentionScoreV2(_TaskGroupAttention):
             call.q_ends,
             call.kv_lens,
             block_size=kwargs["block_size"],
-            num_heads=kwargs["num_query_heads"],
-            scale=kwargs["softmax_scale"],
+            num_heads=kwargs[self.HEADS],
+            scale=kwargs[self.SCALE],
         )
+
+
+class FusedInferAttentionScoreMLA(FusedInferAttentionScoreV2):
+    """``torch_npu.npu_fused_infer_attention_score`` (v1) in its MLA mode, the same mode under v1's argument names
+    (npu_ops/mla.py ``fia_v1_mla``; vllm-ascend 0.13 ``AscendMLAImpl._forward_decode`` and
+    ``update_mla_attn_params``): reached through :class:`FusedInferAttentionScore` ``.out`` when ``query_rope`` is
+    given."""
+
+    OP = "npu_fused_infer_attention_score"
+    HEADS, SCALE = "num_heads", "scale"
+    SCALAR_ARGS = ("input_layout", "block_size", "num_key_value_heads", HEADS, SCALE)
+    Q_ENDS, KV_LENS = "actual_seq_lengths", "actual_seq_lengths_kv"
+    DEFAULTS = {"antiquant_mode": 0, "antiquant_scale": None}
+
+
+def _is_default(given: Any, default: Any) -> bool:
+    return given is None if default is None else type(given) is type(default) and given == default
 
 
 def _check_block_table(table: torch.Tensor) -> torch.Tensor:

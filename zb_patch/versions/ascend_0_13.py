@@ -498,6 +498,12 @@ MTP_DRAFT_SLOTS = Patch(
     upstream=("vllm-ascend#7033",),
     remove_when=_REMOVE_WHEN,
 )
+DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+    {"vllm-ascend 0.13.0": "08a0f995a61d0d7d"},
+    buffer="last_token_indices",
+    release_lines="EagleProposer._propose, eagle_proposer.py:535-537; read by _run_merged_draft, :607",
+    remove_when=_REMOVE_WHEN,
+)
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
 
 PATCHES: tuple = (
@@ -513,6 +519,7 @@ PATCHES: tuple = (
     STALE_DRAFT_ROWS,
     READDED_REQUEST_DRAFTS,
     MTP_DRAFT_SLOTS,
+    DRAFT_SAMPLE_INDICES,
     PIECEWISE_NO_DRAIN,
 )
 

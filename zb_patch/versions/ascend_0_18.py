@@ -378,6 +378,12 @@ CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
     upstream=("vllm-ascend#6860",),
     remove_when=_REMOVE_WHEN,
 )
+DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+    {"vllm-ascend 0.18.0": "08404fc38be7261e"},
+    buffer="token_indices_to_sample",
+    release_lines="SpecDecodeBaseProposer._propose, eagle_proposer.py:701-702; read by _run_merged_draft, :809",
+    remove_when=_REMOVE_WHEN,
+)
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
 
 PATCHES: tuple = (
@@ -393,6 +399,7 @@ PATCHES: tuple = (
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
     *MLA_DRAFT_ROPE_ROWS,
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
+    DRAFT_SAMPLE_INDICES,
     PIECEWISE_NO_DRAIN,
 )
 

@@ -167,15 +167,29 @@ def _fia_mla(
     q_ends,
     kv_lens,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA attention over paged latent caches, ``TND_NTD``, right-down causal (see the two entry points)."""
+    """Absorbed MLA attention over paged latent caches (see the two entry points), in two layouts:
+
+    * ``TND_NTD``, right-down causal (``sparse_mode=3`` with the compressed mask): query rows of each request up to
+      its cumulative end, output ``[N, T, 512]``;
+    * ``BNSD_NBSD`` with one query token per batch entry (S = 1), ``sparse_mode=0`` without mask, no query lengths:
+      entry b attends to all ``kv_lens[b]`` keys (what right-down causal gives a single last token), output
+      ``[N, B, 1, 512]`` (vllm-ascend 0.13's decode of a batch its runner does not call speculative: every request
+      new, e.g. one-token prompts)."""
     dtypes(op, HALF, query=query, key=key, query_rope=query_rope, key_rope=key_rope)
     if value is not key:
         raise unsupported(op, "value other than key (the MLA mode attends over the latent cache as key and value)")
-    if input_layout != "TND_NTD":
-        raise unsupported(op, f"input_layout={input_layout!r} (only 'TND_NTD')")
-    if sparse_mode != 3:
-        raise unsupported(op, f"sparse_mode={sparse_mode} (only 3, right-down causal)")
-    if atten_mask is None:
+    if input_layout == "BNSD_NBSD":
+        if sparse_mode != 0 or atten_mask is not None or q_ends is not None:
+            raise unsupported(op, "BNSD_NBSD with a mask, sparse_mode other than 0 or query lengths")
+        if query.dim() != 4 or query.shape[2] != 1 or query_rope.dim() != 4 or query_rope.shape[2] != 1:
+            raise unsupported(op, f"BNSD_NBSD query {tuple(query.shape)}: only one query token per batch entry (S = 1)")
+        # one token per entry: the TND rows below with ends 1..B; right-down causal lets a last token see every key
+        query, query_rope, q_ends = query[:, :, 0], query_rope[:, :, 0], list(range(1, query.shape[0] + 1))
+    elif input_layout != "TND_NTD":
+        raise unsupported(op, f"input_layout={input_layout!r} (only 'TND_NTD' and 'BNSD_NBSD')")
+    elif sparse_mode != 3:
+        raise unsupported(op, f"sparse_mode={sparse_mode} (TND_NTD: only 3, right-down causal)")
+    elif atten_mask is None:
         raise unsupported(op, "sparse_mode=3 without atten_mask (the NPU op requires the compressed mask)")
     if num_heads not in FIA_MLA_HEADS or num_kv_heads != 1:
         raise unsupported(
@@ -195,7 +209,7 @@ def _fia_mla(
         raise unsupported(op, f"query ends {q_ends} / kv lengths {kv_lens} for {tokens} query rows (TND)")
     if block_table.shape[0] < len(q_ends):
         raise unsupported(op, f"block_table rows {block_table.shape[0]} < {len(q_ends)} requests")
-    CALLS[f"{op} MLA TND_NTD sparse_mode=3 paged"] += 1
+    CALLS[f"{op} MLA {input_layout} sparse_mode={sparse_mode} paged"] += 1
     out = torch.zeros(num_heads, tokens, LATENT, dtype=query.dtype, device=query.device)
     lse = torch.zeros(tokens, num_heads, 1, dtype=torch.float32, device=query.device)
     start = 0
@@ -219,6 +233,8 @@ def _fia_mla(
         lse[start:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)[..., None]
         out[:, start:end] = (torch.softmax(scores, dim=-1) @ c).to(query.dtype)
         start = end
+    if input_layout == "BNSD_NBSD":
+        return out[:, :, None], lse[:, :, None]
     return out, lse
 
 
