@@ -50,6 +50,8 @@ APPLIED_ON = {
     "stale-draft-placeholders-rows": ALL_RELEASES,
     # native from 0.20.2rc1 (#9221's drafter gate) and 0.21.0rc1 (#10147's masks)
     "draft-seq-lens-max-model-len": {"0.19.1rc1"},
+    # #9867 / #10080 (the draft graph's stale sample indices) in 0.21.0rc1
+    "draft-sample-indices-past-batch": {"0.19.1rc1", "0.20.2rc1"},
     # no release of the adapter's range gives the draft positions RoPE rows of their own
     "mla-draft-rope-rows": ALL_RELEASES,
     "mla-draft-rope-rows-propose": ALL_RELEASES,

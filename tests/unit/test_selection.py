@@ -138,7 +138,7 @@ MLA_ROPE_ROWS = ("mla-draft-rope-rows", "mla-draft-rope-rows-propose", "mla-draf
             "0.20.2rc1",
             V.SELECTED,
             "ascend-0.19-0.25",
-            ("slot-mapping-kernel", "valid-count-int64", *STALE_DRAFTS, *MLA_ROPE_ROWS),
+            ("slot-mapping-kernel", "valid-count-int64", *STALE_DRAFTS, "draft-sample-indices-past-batch", *MLA_ROPE_ROWS),
         ),
         ("0.24.0rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),
         ("0.25.1rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),

@@ -372,6 +372,24 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     roles=("worker",),
 )
 
+# The EAGLE draft graph's stale sample indices (vllm-ascend #9867 / #10080, in 0.21.0rc1): the fix of adapter
+# ascend-0.18. The fix landed in the proposer (_propose, dummy_run: the mla-draft-rope-rows group's targets); the
+# runner method wrapped here differs between 0.20.2rc1 and 0.21.0rc1 as well, and its fingerprints from 0.21.0rc1 on
+# name the releases that carry the fix.
+DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+    {"vllm-ascend 0.19.1rc1": "5254cc2f522b75a5", "vllm-ascend 0.20.2rc1": "b8c35c76869b8e2c"},
+    buffer="token_indices_to_sample",
+    release_lines="AscendSpecDecodeBaseProposer._propose, 0.19.1rc1 eagle_proposer.py:810, 0.20.2rc1 "
+    "llm_base_proposer.py:858; read by _run_merged_draft, :923 / :982",
+    remove_when="vllm-ascend >= 0.21.0rc1 (native there: #9867 / #10080 in the proposer).",
+    native_fingerprints={
+        "vllm-ascend 0.21.0rc1, 0.22.1rc1": "45534bf142b921f9",
+        "vllm-ascend 0.23.0rc1, 0.23.0, 0.23.0.post1": "d07e5bb62179c3ee",
+        "vllm-ascend 0.24.0rc1": "406ab0b98abbfc5c",
+        "vllm-ascend 0.25.1rc1": "ffca59f4c1e00b46",
+    },
+)
+
 # The decode RoPE rows every draft position shares (MLA / SFA targets): the group of adapter ascend-0.18.
 MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
     # 0.19.1rc1 defines the class in eagle_proposer; later releases re-export it there (as for
@@ -413,6 +431,7 @@ PATCHES = (
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
+    DRAFT_SAMPLE_INDICES,
     *MLA_DRAFT_ROPE_ROWS,
 )
 

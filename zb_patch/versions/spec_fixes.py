@@ -538,10 +538,17 @@ def make_propose_draft_token_ids(buffer: str) -> Callable[[Callable], Callable]:
     return make
 
 
-def draft_sample_indices(fingerprints: dict[str, str], buffer: str, release_lines: str, remove_when: str) -> Patch:
+def draft_sample_indices(
+    fingerprints: dict[str, str],
+    buffer: str,
+    release_lines: str,
+    remove_when: str,
+    native_fingerprints: dict[str, str] | None = None,
+) -> Patch:
     """The ``draft-sample-indices-past-batch`` patch for an adapter whose proposer keeps its sample indices in the
     persistent buffer ``buffer`` (``release_lines``: where the release writes it and where the graph reads it)."""
     return Patch(
+        native_fingerprints=native_fingerprints or {},
         id="draft-sample-indices-past-batch",
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids",
         make=make_propose_draft_token_ids(buffer),
