@@ -558,6 +558,8 @@ class FusedInferAttentionScore(_TaskGroupAttention):
         self._mla = FusedInferAttentionScoreMLA(eager)
 
     def out(self, *args: Any, out: list, workspace: Any = None, **kwargs: Any) -> None:
+        if len(args) > 3:
+            raise NotImplementedError(f"npu_graphs_cuda: {self.OP}.out with {len(args)} positional arguments")
         kwargs.update(zip(("query", "key", "value"), args))  # vllm-ascend 0.13's MLA decode passes them by position
         if kwargs.get("query_rope") is not None:
             self._mla._out(kwargs, out)

@@ -515,7 +515,7 @@ def make_check_and_update_cudagraph_mode(original: Callable) -> Callable:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# vllm-ascend 0.13 / 0.18, FULL decode graphs + EAGLE: the draft graph samples stale indices past the real batch
+# vllm-ascend 0.13 - 0.20.2rc1, FULL decode graphs + EAGLE: the draft graph samples stale indices past the batch
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -548,11 +548,11 @@ def draft_sample_indices(
     """The ``draft-sample-indices-past-batch`` patch for an adapter whose proposer keeps its sample indices in the
     persistent buffer ``buffer`` (``release_lines``: where the release writes it and where the graph reads it)."""
     return Patch(
-        native_fingerprints=native_fingerprints or {},
         id="draft-sample-indices-past-batch",
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids",
         make=make_propose_draft_token_ids(buffer),
         fingerprints=fingerprints,
+        native_fingerprints=native_fingerprints or {},
         why=f"(vllm-ascend #9867 / #10080, in 0.21.0rc1) The EAGLE drafter's FULL decode graph is captured for a padded "
         f"batch and samples the draft model's hidden states at the first `padded requests` rows of the persistent "
         f"buffer {buffer}, but each proposal writes only its real requests' rows ({release_lines}): the rows past "
