@@ -117,6 +117,8 @@ def test_published_releases_each_get_one_recorded_verdict():
 
 
 STALE_DRAFTS = ("stale-draft-placeholders", "stale-draft-placeholders-rows")  # vLLM #37159: no vLLM in range fixes it
+# the EAGLE draft graph's stale sample indices (#9867 / #10080): native from 0.21.0rc1
+SAMPLE_INDICES = ("draft-sample-indices-past-batch",)
 # the draft positions' shared decode RoPE rows: no release of the range gives each position its own
 MLA_ROPE_ROWS = ("mla-draft-rope-rows", "mla-draft-rope-rows-propose", "mla-draft-rope-rows-dummy-run")
 
@@ -138,7 +140,7 @@ MLA_ROPE_ROWS = ("mla-draft-rope-rows", "mla-draft-rope-rows-propose", "mla-draf
             "0.20.2rc1",
             V.SELECTED,
             "ascend-0.19-0.25",
-            ("slot-mapping-kernel", "valid-count-int64", *STALE_DRAFTS, "draft-sample-indices-past-batch", *MLA_ROPE_ROWS),
+            ("slot-mapping-kernel", "valid-count-int64", *STALE_DRAFTS, *SAMPLE_INDICES, *MLA_ROPE_ROWS),
         ),
         ("0.24.0rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),
         ("0.25.1rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),
