@@ -119,14 +119,9 @@ def test_fia_mla_with_v_up_projection_matches_decompressed_attention(version):
     """Decode / spec-verify queries (1..4 per request) over paged latent caches of 1..300 tokens: absorbed attention
     (the op) then W_UV (npu_transpose_batchmatmul) vs attention over the decompressed per-head keys and values."""
     q_lens, kv_lens, block_size = [1, 4, 3, 2], [1, 300, 129, 17], 128
-    w_uk, w_uv = rnd(N, NOPE, LATENT, scale=0.05), rnd(N, LATENT, V, scale=0.05)
-    latent = [rnd(n, LATENT) for n in kv_lens]
-    rope_part = [rnd(n, ROPE) for n in kv_lens]
-    c_cache, r_cache, table = _paged(latent, rope_part, block_size, 8, torch.Generator().manual_seed(1))
+    case = _decompressed_case(q_lens, kv_lens, block_size, seed=1)
+    w_uk, w_uv, latent, rope_part, c_cache, r_cache, table, q_nope, q_rope, scale, q_abs = case
     t = sum(q_lens)
-    q_nope, q_rope = rnd(t, N, NOPE), rnd(t, N, ROPE)
-    scale = 1 / math.sqrt(NOPE + ROPE)
-    q_abs = torch.einsum("thp,hpl->thl", q_nope.double(), w_uk.double()).to(HALF)  # the release's _q_proj_and_k_up_proj
     ends = torch.tensor(q_lens).cumsum(0).tolist()
     common = dict(atten_mask=MASK, sparse_mode=3, input_layout="TND_NTD", block_table=table, block_size=block_size)
     if version == "v2":
@@ -169,14 +164,9 @@ def test_fia_mla_bnsd_one_token_per_request_matches_decompressed_attention():
     ``BNSD_NBSD``, one query token per batch entry, ``sparse_mode=0`` without mask, no query lengths; output
     ``[N, B, 1, 512]``. Against attention over the decompressed keys and values (every key visible)."""
     kv_lens, block_size = [1, 300, 17], 128
-    w_uk, w_uv = rnd(N, NOPE, LATENT, scale=0.05), rnd(N, LATENT, V, scale=0.05)
-    latent = [rnd(n, LATENT) for n in kv_lens]
-    rope_part = [rnd(n, ROPE) for n in kv_lens]
-    c_cache, r_cache, table = _paged(latent, rope_part, block_size, 8, torch.Generator().manual_seed(2))
     b = len(kv_lens)
-    q_nope, q_rope = rnd(b, N, NOPE), rnd(b, N, ROPE)
-    scale = 1 / math.sqrt(NOPE + ROPE)
-    q_abs = torch.einsum("thp,hpl->thl", q_nope.double(), w_uk.double()).to(HALF)
+    case = _decompressed_case([1] * b, kv_lens, block_size, seed=2)
+    w_uk, w_uv, latent, rope_part, c_cache, r_cache, table, q_nope, q_rope, scale, q_abs = case
     out, _ = attention.npu_fused_infer_attention_score(
         q_abs[:, :, None],
         c_cache,
@@ -199,6 +189,20 @@ def test_fia_mla_bnsd_one_token_per_request_matches_decompressed_attention():
     assert out.shape == (N, b, 1, LATENT)
     got = mla.npu_transpose_batchmatmul(out[:, :, 0], w_uv, perm_y=(1, 0, 2))
     _assert_decompressed(got, [1] * b, kv_lens, latent, rope_part, w_uk, w_uv, q_nope, q_rope, scale)
+
+
+def _decompressed_case(q_lens, kv_lens, block_size, seed):
+    """Per-head up-projections, each request's latent / RoPE keys and their paged caches, and queries (absorbed as
+    the release's _q_proj_and_k_up_proj does): (w_uk, w_uv, latent, rope_part, c_cache, r_cache, table, q_nope,
+    q_rope, scale, q_abs)."""
+    w_uk, w_uv = rnd(N, NOPE, LATENT, scale=0.05), rnd(N, LATENT, V, scale=0.05)
+    latent = [rnd(n, LATENT) for n in kv_lens]
+    rope_part = [rnd(n, ROPE) for n in kv_lens]
+    c_cache, r_cache, table = _paged(latent, rope_part, block_size, 8, torch.Generator().manual_seed(seed))
+    q_nope, q_rope = rnd(sum(q_lens), N, NOPE), rnd(sum(q_lens), N, ROPE)
+    scale = 1 / math.sqrt(NOPE + ROPE)
+    q_abs = torch.einsum("thp,hpl->thl", q_nope.double(), w_uk.double()).to(HALF)
+    return w_uk, w_uv, latent, rope_part, c_cache, r_cache, table, q_nope, q_rope, scale, q_abs
 
 
 def _assert_decompressed(got, q_lens, kv_lens, latent, rope_part, w_uk, w_uv, q_nope, q_rope, scale):
