@@ -160,6 +160,23 @@ def test_window_bounds_are_taken_only_where_they_bound_nothing():
             npu_graphs_cuda.FusedInferAttentionScore._check_mode({**kw, **window})
 
 
+@pytest.mark.parametrize(
+    "op", ["FusedInferAttentionScore", "FusedInferAttentionScoreV2", "FusedInferAttentionScoreMLA"]
+)
+def test_a_captured_right_down_causal_call_needs_its_mask(op):
+    """Every ``.out`` form a task group takes refuses ``sparse_mode=3`` without the compressed mask, as the NPU op and
+    the eager emulations do; with it the call's mode is taken."""
+    cls = getattr(npu_graphs_cuda, op)
+    cache = torch.zeros(1, 1, 16, 8)
+    kwargs = dict(input_layout="TND", sparse_mode=3, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    if cls.MLA:
+        kwargs.update(query=cache, key=cache, value=cache, query_rope=cache, key_rope=cache, input_layout="TND_NTD")
+    kwargs.update({cls.Q_ENDS: [3], cls.KV_LENS: [7]})
+    with pytest.raises(NotImplementedError, match=f"{cls.OP}.out with sparse_mode=3 without atten_mask"):
+        cls(None)._check(kwargs)
+    cls(None)._check({**kwargs, "atten_mask": MASK})
+
+
 def test_block_table_rows_are_gathered_from_the_address_an_update_names():
     """The kernel a task group runs before its attention (compiled on a CUDA device, else Triton's CPU interpreter):
     the rows of the table at the address in the group's parameters, with their row stride, and zero rows past the

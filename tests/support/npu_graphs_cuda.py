@@ -472,6 +472,8 @@ class _TaskGroupAttention:
 
     def _check(self, kwargs: dict) -> None:
         self._check_mode(kwargs)
+        if kwargs.get("sparse_mode") == 3 and kwargs.get("atten_mask") is None:
+            raise NotImplementedError(f"npu_graphs_cuda: {self.OP}.out with sparse_mode=3 without atten_mask")
         if len(kwargs[self.Q_ENDS]) != len(kwargs[self.KV_LENS]):
             raise NotImplementedError("npu_graphs_cuda: query and kv length lists of different lengths")
 
