@@ -15,8 +15,9 @@ result's ``defects`` entry (live objects, filled while generating):
   last sampled (``sample_tokens``: the proposal's row of each sampled request).
 * ``sample-indices`` (EAGLE, any release): at every draft-model call of the drafter (``_runnable``: the merged draft,
   what a FULL draft graph replays), the rows of its persistent sample-index buffer past the call's real requests, up
-  to ``max_num_seqs``: those a graph captured for a padded batch reads. Recorded: calls, rows holding an index other
-  than 0, and those holding an index past every padded decode batch's tokens (``>= max_num_seqs * (1 + k)``).
+  to ``max_num_seqs``: those a graph captured for a padded batch reads. Recorded: calls, calls with such rows that an
+  earlier, wider call wrote, rows holding an index other than 0, and those holding an index past every padded decode
+  batch's tokens (``>= max_num_seqs * (1 + k)``).
 
     python tests/engine/run_defect_engine.py --record kv-owners,draft-lengths --models DIR --out result.json ...
 """
@@ -181,13 +182,16 @@ def record_sample_indices(runner, out: dict) -> None:
     buffer = getattr(drafter, name)
     max_num_seqs = runner.scheduler_config.max_num_seqs
     past_every_batch = max_num_seqs * (1 + drafter.num_speculative_tokens)
-    out.update(calls=0, stale_rows=0, past_every_batch=0, largest=0, bound=past_every_batch)
+    out.update(calls=0, after_wider=0, stale_rows=0, past_every_batch=0, largest=0, bound=past_every_batch)
+    widest = [0]  # the most rows a call has written so far
     run = drafter._runnable  # the bound merged-draft method (eager)
 
     def _runnable(*args, **kwargs):
         real = kwargs[name].shape[0]
         rows = buffer[real:max_num_seqs].tolist()
         out["calls"] += 1
+        out["after_wider"] += real < min(widest[0], max_num_seqs)  # rows past the batch that an earlier call wrote
+        widest[0] = max(widest[0], real)
         out["stale_rows"] += sum(1 for i in rows if i != 0)
         out["past_every_batch"] += sum(1 for i in rows if i >= past_every_batch)
         out["largest"] = max([out["largest"], *rows])
