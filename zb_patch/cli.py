@@ -232,6 +232,8 @@ def patches_markdown(adapter_id: str) -> str:
         out.append(f"#### `{p.id}`{group}")
         out.append("")
         out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
+        if p.requires:
+            out.append("- **requires** " + ", ".join(f"`{r}`" for r in p.requires) + " (applied only with it)")
         out.append("- **replaces** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.fingerprints.items()))
         if p.native_fingerprints:
             out.append(
@@ -302,6 +304,8 @@ def cmd_patches(args) -> int:
             print(f"     target:      {p.target}")
             for alias in p.aliases:
                 print(f"     alias:       {alias}")
+            if p.requires:
+                print(f"     requires:    {', '.join(p.requires)}")
             print(f"     why:         {p.why}")
             if p.how:
                 print(f"     how:         {p.how}")

@@ -616,6 +616,9 @@ class Patch:
     # patches that only work together share a group: disabling one (ZB_PATCH_DISABLE) disables the group, so a
     # half of an interdependent change is never applied
     group: str = ""
+    # ids of patches of the same set this one acts through: when one of them is not applied (disabled, native), this
+    # one is not either (one direction only: disabling this one leaves them applied)
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         split_target(self.target)
@@ -841,6 +844,10 @@ class PatchSet:
         targets = [p.target for p in self.patches]
         if len(set(targets)) != len(targets):
             raise ValueError(f"{name}: two patches replace the same target")
+        for i, p in enumerate(self.patches):
+            for r in p.requires:
+                if r not in ids[:i]:
+                    raise ValueError(f"{name}: {p.id} requires {r}, which is not listed before it")
 
     # -- what is needed --------------------------------------------------------------------------
     def modules(self, enabled: Iterable[str] | None = None) -> list[str]:
@@ -873,6 +880,12 @@ class PatchSet:
                 skipped[p.id] = (NATIVE, why_native)
                 continue
             chosen.append(p)
+        for p in list(chosen):  # a required patch is listed before the patches that require it
+            missing = [r for r in p.requires if r in skipped]
+            if missing:
+                chosen.remove(p)
+                verdict = skipped[missing[0]][0]
+                skipped[p.id] = (verdict, f"needs {missing[0]}, which is not applied ({verdict}): it acts through it")
         return chosen, skipped
 
     # -- verification --------------------------------------------------------------------------

@@ -54,6 +54,11 @@ def main(argv: list[str]) -> int:
         mla.CALLS.clear()
         started["mla_op_calls"] = mla.CALLS
         started["dummy_batches"] = _count_dummy_batches()
+        # host drains before graph replays that zb-patch's graph-replay fixes left out or replaced (a live Counter)
+        from zb_patch.versions import graph_replay
+
+        graph_replay.DRAINS.clear()
+        started["host_drains_left_out"] = graph_replay.DRAINS
         if ON == "CUDA":  # FULL graphs: the task groups replayed with their update, by capture site (a live Counter)
             import npu_graphs_cuda
 

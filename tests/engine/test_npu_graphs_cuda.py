@@ -440,6 +440,34 @@ def test_with_the_full_drain_a_busy_device_keeps_every_step_exact(standin):
     npu_graphs_cuda.check()
 
 
+@cuda
+def test_with_the_full_ordering_on_the_device_a_busy_device_keeps_every_step_exact(standin):
+    """full-replay-ordered-on-device on real streams: in place of each drain a boundary event on the replay's stream,
+    and the update stream waits for it before the update. The host queues all three steps while the device is still
+    busy (it never waits) and each step reads its own lists, every record seen."""
+    from zb_patch.versions import graph_replay
+
+    ordering = graph_replay.FullOrdering
+    ordering.reset()
+    layer, update_stream = Layer(), torch.npu.Stream()
+    layer.capture(*STEP1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    steps, results = (STEP1, STEP2, STEP1), []
+    for step in steps:
+        ordering.at_drain(torch, lambda: pytest.fail("a host drain"))
+        layer.graph.replay()
+        ordering.before_update(update_stream)
+        layer.update(update_stream, *step)
+        results.append(layer.out.clone())
+    assert not torch.cuda.current_stream().query(), "the host queued every step while the device was busy"
+    torch.cuda.synchronize()
+    for step, out in zip(steps, results):
+        _close(out, layer.expected(*step))
+    npu_graphs_cuda.check()
+    ordering.reset()
+
+
 def _mla_call(version, q, q_rope, latent, rope, table, q_ends, kv_lens):
     """The FULL MLA decode call as each release family makes it: FIA v1 with positional query / key / value and v1's
     names (vllm-ascend 0.13 ``AscendMLAImpl._forward_decode``), or FIA v2 (0.18 / 0.23)."""

@@ -72,6 +72,7 @@ def patched(request):
     import importlib
 
     ps = _adapter().ADAPTER.patch_set
+    graph_replay.FullOrdering.reset()
     if request.param:
         for module in ps.modules():  # the engine-core target's module too (a worker process has it imported)
             importlib.import_module(module)
@@ -122,7 +123,8 @@ def _step(vc, mode, metadata=None):
 
 
 def _host_drains(dev):
-    return [d for d in dev.drains if ACL_GRAPH in d.site]
+    """The host drains before replays: the release's, and those full-replay-ordered-on-device runs as released."""
+    return [d for d in dev.drains if ACL_GRAPH in d.site or "zb_patch/versions/graph_replay.py" in d.site]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -144,23 +146,26 @@ class Piece:
 
 
 @pytest.mark.parametrize(
-    "patched,runtime_mode,async_scheduling,drained",
+    "patched,runtime_mode,async_scheduling,drains",
     [
-        (False, "PIECEWISE", True, True),  # the release: a host drain before every piece replay
-        (True, "PIECEWISE", True, False),  # the fix: none (async + spec decode)
-        (True, "PIECEWISE", False, True),  # the fix leaves other configurations alone
-        (False, "FULL", True, True),
-        (True, "FULL", True, True),  # FULL keeps its drain
+        (False, "PIECEWISE", True, 3),  # the release: a host drain before every piece replay
+        (True, "PIECEWISE", True, 0),  # the fix: none (async + spec decode)
+        (True, "PIECEWISE", False, 3),  # the fix leaves other configurations alone
+        (False, "FULL", True, 3),
+        # FULL, ordered on the device: the first replay's drain becomes a boundary; the later ones follow a replay
+        # no update came after (this graph holds no task group), so they drain as released
+        (True, "FULL", True, 2),
+        (True, "FULL", False, 3),
     ],
     indirect=["patched"],
 )
-def test_host_drain_before_replay(env, graph_state, patched, runtime_mode, async_scheduling, drained):
+def test_host_drain_before_replay(env, graph_state, patched, runtime_mode, async_scheduling, drains):
     from vllm.config import CUDAGraphMode
     from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
     vc, _ = _runner(env, async_scheduling=async_scheduling)
     piece = Piece()
-    skipped = graph_replay.Drains.skipped
+    skipped, replaced = graph_replay.DRAINS["skipped"], graph_replay.DRAINS["replaced"]
     with G.activate() as dev:
         wrapper = ACLGraphWrapper(piece, vc, runtime_mode=getattr(CUDAGraphMode, runtime_mode))
         gen = torch.Generator().manual_seed(2)
@@ -171,8 +176,10 @@ def test_host_drain_before_replay(env, graph_state, patched, runtime_mode, async
             if step:  # the first call captured; the others replay
                 assert torch.allclose(out, torch.tanh(piece.x @ piece.w)), step
         replays = 3
-        assert len(_host_drains(dev)) == (replays if drained else 0), dev.drains
-        assert graph_replay.Drains.skipped - skipped == (0 if drained else replays)
+        assert len(_host_drains(dev)) == drains, dev.drains
+        left_out = replays - drains
+        assert graph_replay.DRAINS["skipped"] - skipped == (left_out if runtime_mode == "PIECEWISE" else 0)
+        assert graph_replay.DRAINS["replaced"] - replaced == (left_out if runtime_mode == "FULL" else 0)
         assert dev.idle()
 
 
@@ -285,7 +292,7 @@ def test_full_steps_read_their_own_host_lists(env, graph_state, patched):
     with G.activate() as dev:
         vc, model, outputs = _run_full_steps(env, graph_state, dev)
         _assert_each_replay_read_its_own_step(dev)
-        assert len(_host_drains(dev)) == len(STEPS)
+        assert len(_host_drains(dev)) == (0 if patched else len(STEPS))
         assert all(out.isfinite().all() and out.abs().sum() > 0 for out in outputs)
         assert not torch.equal(outputs[0], outputs[1]), "each step's lists change the result"
         for kv_lens, out in zip(STEPS, outputs):
@@ -350,46 +357,64 @@ def test_without_the_full_drain_an_orderly_device_hides_the_race(env, graph_stat
         _assert_each_replay_read_its_own_step(dev)
 
 
-@contextlib.contextmanager
-def _event_ordered_updates(acl_graph):
-    """A device-side replacement of the FULL drain, as a model only (not shipped: docs/graph-modes.md): the replay
-    records an event on its stream where the drain was, and the runner's update waits for it on the update stream
-    before re-issuing any task group; the host never blocks."""
-    from vllm_ascend.worker import model_runner_v1
-
-    name = "update_full_graph_params" if FAMILY == "0.18" else "update_attn_params"
-    update, call = getattr(model_runner_v1, name), acl_graph.ACLGraphWrapper.__call__
-    boundary = []
-
-    def wrapper_call(self, *args, **kwargs):
-        event = torch.npu.Event()
-        event.record(torch.npu.current_stream())
-        boundary[:] = [event]
-        return call(self, *args, **kwargs)
-
-    def ordered_update(*args, **kwargs):
-        stream = args[1] if FAMILY == "0.18" else args[0]
-        if boundary:
-            stream.wait_event(boundary.pop())
-        return update(*args, **kwargs)
-
-    with _without_the_drain(acl_graph):
-        acl_graph.ACLGraphWrapper.__call__ = wrapper_call
-        setattr(model_runner_v1, name, ordered_update)
-        try:
-            yield
-        finally:
-            acl_graph.ACLGraphWrapper.__call__ = call
-            setattr(model_runner_v1, name, update)
-
-
+@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_event_ordered_updates_cover_the_race_in_the_model(env, graph_state, schedule):
-    """In the double's model, ordering each update behind an event recorded before its replay closes both failure
-    modes of the race above without any host drain (what a device-side replacement would have to show on an NPU)."""
-    with G.activate(run_ahead=True, schedule=schedule) as dev, _event_ordered_updates(graph_state):
-        vc, model, _ = _run_full_steps(env, graph_state, dev)
-        assert _host_drains(dev) == []
+def test_full_ordering_on_the_device_keeps_a_host_that_runs_ahead_exact(env, graph_state, patched, schedule):
+    """full-replay-ordered-on-device: no host drain before a FULL replay; each update waits on its stream for the
+    boundary recorded where the drain was. The race of the two tests above, same host and schedules: every replay
+    runs with its own step's lists and no record is lost."""
+    with G.activate(run_ahead=True, schedule=schedule) as dev:
+        replaced = graph_replay.DRAINS["replaced"]
+        vc, model, outputs = _run_full_steps(env, graph_state, dev)
+        assert _host_drains(dev) == [] and graph_replay.DRAINS["replaced"] - replaced == len(STEPS)
+        assert outputs == [None] * len(STEPS), "the host ran ahead of the device at every step"
         torch.npu.synchronize()
         _assert_each_replay_read_its_own_step(dev)
         assert torch.equal(model.outputs[-1].clone(), _eager(vc, model, STEPS[-1]))
+
+
+@pytest.fixture
+def ordering_without_waits(monkeypatch):
+    """Planted mistake: the boundary is recorded and the update counted, the update stream never waits for it."""
+
+    def before_update(cls, update_stream):
+        cls.replays_without_update = 0
+
+    monkeypatch.setattr(graph_replay.FullOrdering, "before_update", classmethod(before_update))
+
+
+@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
+def test_a_boundary_nobody_waits_for_lets_the_update_overtake(env, graph_state, patched, ordering_without_waits):
+    """What the stream wait does: without it, the patched path reproduces failure 1."""
+    with G.activate(run_ahead=True, schedule="side-streams-first") as dev:
+        _run_full_steps(env, graph_state, dev, steps=STEPS[:2])
+        assert _host_drains(dev) == []
+        with pytest.raises(G.StaleTaskGroup, match=r"ran in replay 1 .* issued for replay 2"):
+            torch.npu.synchronize()
+
+
+@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
+def test_a_replay_without_its_update_drains_the_next_one(env, graph_state, patched):
+    """A FULL replay no update came after (the MTP drafter's k replays per update): the next replay drains as
+    released, and the pairing resumes after the next update."""
+    with G.activate(run_ahead=True, schedule="side-streams-first") as dev:
+        vc, runner = _runner(env)
+        model = TwoAttentionLayers(vc)
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+        runner.model = ACLGraphWrapper(model, vc, runtime_mode=CUDAGraphMode.FULL)
+        runner.update_stream = torch.npu.Stream()
+        positions = torch.arange(T)
+        with _step(vc, "FULL", _metadata(CAPTURE_LENS)):
+            runner.model(input_ids=None, positions=positions)
+        kept, replaced = graph_replay.DRAINS["kept"], graph_replay.DRAINS["replaced"]
+        with _step(vc, "FULL", _metadata(STEPS[0])):
+            _forward(runner, positions)  # replay + update: boundary
+        drains_before = len(_host_drains(dev))
+        with _step(vc, "FULL", _metadata(STEPS[1])):
+            runner.model(input_ids=None, positions=positions)  # replay, no update: boundary
+        assert graph_replay.DRAINS["replaced"] - replaced == 2 and len(_host_drains(dev)) == drains_before
+        with _step(vc, "FULL", _metadata(STEPS[1])), pytest.raises(G.DeviceHang):
+            _forward(runner, positions)  # follows a replay without update: the release's drain, which hangs here
+        assert graph_replay.DRAINS["kept"] - kept == 1 and len(_host_drains(dev)) == drains_before + 1

@@ -295,6 +295,29 @@ def test_advisory_warns_without_blocking(upstream):
     assert verdicts["#42"] == ("advisory", R.ADVISORY) and verdicts["#43"] == ("advisory", R.OK)
 
 
+def test_a_patch_is_not_applied_without_the_patch_it_requires(upstream):
+    mod = upstream.load()
+    orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]
+    base = _patch(upstream, "Runner.step", _double_step, pid="base")
+    needs = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="needs", requires=("base",))
+    rep = PatchSet("t", [base, needs]).apply(disabled={"base"})
+    v = {i.id: (i.verdict, i.reason) for i in rep.items}
+    assert v["base"] == (R.DISABLED, "disabled by ZB_PATCH_DISABLE")
+    assert v["needs"][0] == R.DISABLED and "needs base, which is not applied" in v["needs"][1]
+    assert mod.Runner.__dict__["step"] is orig_step and mod.Runner.__dict__["prepare"] is orig_prep
+    ps = PatchSet("t", [base, needs])
+    rep = ps.apply(disabled={"needs"})  # one direction only: the required patch stays
+    assert {i.id: i.verdict for i in rep.items} == {"base": R.APPLIED, "needs": R.DISABLED}
+    ps.unpatch()
+
+
+def test_a_required_patch_is_listed_first(upstream):
+    base = _patch(upstream, "Runner.step", _double_step, pid="base")
+    needs = _patch(upstream, "Runner.prepare", lambda o: o, pid="needs", requires=("base",))
+    with pytest.raises(ValueError, match="needs requires base, which is not listed before it"):
+        PatchSet("t", [needs, base])
+
+
 def test_disabling_one_patch_of_a_group_disables_the_group(upstream):
     mod = upstream.load()
     orig_step, orig_prep = mod.Runner.__dict__["step"], mod.Runner.__dict__["prepare"]

@@ -256,7 +256,7 @@ GUARDS = (
         {"vllm-ascend 0.13.0": "be6741c407147770"},
         "launches the graph replay first, then updates task-group parameters for FULL replays only: a PIECEWISE "
         "piece holds no task group, so its replay needs no host drain (piecewise-replay-without-host-drain); the "
-        "FULL order is the one the kept FULL drain protects (docs/graph-modes.md)",
+        "FULL order is the one full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
@@ -505,6 +505,46 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     remove_when=_REMOVE_WHEN,
 )
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
+FULL_ORDERED_UPDATE_ATTN_PARAMS = graph_replay.full_replay_ordered_on_device(
+    "",
+    "vllm_ascend.compilation.acl_graph:update_attn_params",
+    {"vllm-ascend 0.13.0": "1d8b09dcf1275bb1"},
+    aliases=(
+        "vllm_ascend.worker.model_runner_v1:update_attn_params",
+        "vllm_ascend.spec_decode.eagle_proposer:update_attn_params",
+    ),
+    stream_arg=0,
+)
+FULL_ORDERED_UPDATE_MLA_ATTN_PARAMS = graph_replay.full_replay_ordered_on_device(
+    "-mla-attn",
+    "vllm_ascend.compilation.acl_graph:update_mla_attn_params",
+    {"vllm-ascend 0.13.0": "2f17428cb1637d22"},
+    aliases=(
+        "vllm_ascend.worker.model_runner_v1:update_mla_attn_params",
+        "vllm_ascend.spec_decode.eagle_proposer:update_mla_attn_params",
+    ),
+    stream_arg=0,
+)
+FULL_ORDERED_UPDATE_ATTN_DCP_PCP_PARAMS = graph_replay.full_replay_ordered_on_device(
+    "-attn-dcp-pcp",
+    "vllm_ascend.compilation.acl_graph:update_attn_dcp_pcp_params",
+    {"vllm-ascend 0.13.0": "4015cc2d6c33f949"},
+    aliases=(
+        "vllm_ascend.worker.model_runner_v1:update_attn_dcp_pcp_params",
+        "vllm_ascend.spec_decode.eagle_proposer:update_attn_dcp_pcp_params",
+    ),
+    stream_arg=0,
+)
+FULL_ORDERED_UPDATE_MLA_ATTN_DCP_PCP_PARAMS = graph_replay.full_replay_ordered_on_device(
+    "-mla-attn-dcp-pcp",
+    "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params",
+    {"vllm-ascend 0.13.0": "66535df4507a2c1d"},
+    aliases=(
+        "vllm_ascend.worker.model_runner_v1:update_mla_attn_dcp_pcp_params",
+        "vllm_ascend.spec_decode.eagle_proposer:update_mla_attn_dcp_pcp_params",
+    ),
+    stream_arg=0,
+)
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -521,6 +561,10 @@ PATCHES: tuple = (
     MTP_DRAFT_SLOTS,
     DRAFT_SAMPLE_INDICES,
     PIECEWISE_NO_DRAIN,
+    FULL_ORDERED_UPDATE_ATTN_PARAMS,
+    FULL_ORDERED_UPDATE_MLA_ATTN_PARAMS,
+    FULL_ORDERED_UPDATE_ATTN_DCP_PCP_PARAMS,
+    FULL_ORDERED_UPDATE_MLA_ATTN_DCP_PCP_PARAMS,
 )
 
 ADAPTER = Adapter(

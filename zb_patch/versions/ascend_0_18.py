@@ -145,7 +145,7 @@ GUARDS = (
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward",
         {"vllm-ascend 0.18.0": "6b004d8c5e422857"},
         "launches the graph replay first, then updates the FULL graph's task-group parameters (ENPU off): the order "
-        "the kept FULL drain protects (docs/graph-modes.md)",
+        "full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed",
@@ -385,6 +385,17 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     remove_when=_REMOVE_WHEN,
 )
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
+FULL_ORDERED_ON_DEVICE = graph_replay.full_replay_ordered_on_device(
+    "",
+    "vllm_ascend.compilation.acl_graph:update_full_graph_params",
+    {"vllm-ascend 0.18.0": "3e71b000d42df215"},
+    aliases=(
+        "vllm_ascend.worker.model_runner_v1:update_full_graph_params",
+        "vllm_ascend.spec_decode.eagle_proposer:update_full_graph_params",
+        "vllm_ascend.worker.v2.aclgraph_utils:update_full_graph_params",
+    ),
+    stream_arg=1,
+)
 
 PATCHES: tuple = (
     UPDATE_STATES,
@@ -401,6 +412,7 @@ PATCHES: tuple = (
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
     DRAFT_SAMPLE_INDICES,
     PIECEWISE_NO_DRAIN,
+    FULL_ORDERED_ON_DEVICE,
 )
 
 ADAPTER = Adapter(

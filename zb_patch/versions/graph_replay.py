@@ -1,70 +1,127 @@
-"""The ACL-graph replay fix ``piecewise-replay-without-host-drain`` (adapters ascend-0.13 / ascend-0.18; its spec,
-:func:`piecewise_replay_without_host_drain`, says why and how): vllm-ascend 0.13.0 / 0.18.0 drain the device from the
-host before every graph replay (``ACLGraphWrapper.__call__``: ``torch.npu.synchronize()`` at 0.13.0,
-``torch.npu.current_stream().synchronize()`` at 0.18.0), in PIECEWISE mode before every piece of every step. The fix
-gives a PIECEWISE wrapper's call a ``torch`` in which those two drains do nothing; everything else the release's
-``__call__`` does is unchanged, FULL replays keep their drain.
+"""The ACL-graph replay fixes of adapters ascend-0.13 / ascend-0.18 (their specs say why and how):
+vllm-ascend 0.13.0 / 0.18.0 drain the device from the host before every graph replay (``ACLGraphWrapper.__call__``:
+``torch.npu.synchronize()`` at 0.13.0, ``torch.npu.current_stream().synchronize()`` at 0.18.0).
 
-The FULL drain (vllm-ascend #4233) is kept: it orders the host's task-group parameter updates of step N+1 after the
-device finished step N's replay (docs/graph-modes.md, "The FULL drain").
+* ``piecewise-replay-without-host-drain`` (:func:`piecewise_replay_without_host_drain`): in PIECEWISE mode, before
+  every piece of every step, the two drains do nothing.
+* ``full-replay-ordered-on-device`` (:func:`full_replay_ordered_on_device`): before a FULL replay the drain becomes
+  an event on the replay's stream, and the task-group updates wait for it on their update stream
+  (:class:`FullOrdering`; docs/graph-modes.md). It acts through the first fix's wrapper.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import Patch
+from ..registry import MARK_ID, Patch
 
-PIECEWISE = "PIECEWISE"
-
-
-class Drains:
-    """Host drains the fix skipped in this process (diagnostics: tests, reports)."""
-
-    skipped = 0
+PIECEWISE, FULL = "PIECEWISE", "FULL"
 
 
-class NoDrainStream:
-    """A stream whose ``synchronize()`` does nothing (counted in :class:`Drains`); every other name is the stream's."""
+# Host drains the fixes left out in this process (diagnostics: tests, the engine's run report): "skipped" before
+# PIECEWISE replays; "replaced" before FULL replays, by a device boundary; "kept" before FULL replays that followed a
+# replay no update came after (run as released).
+DRAINS: collections.Counter = collections.Counter()
 
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+
+def _skip() -> None:
+    DRAINS["skipped"] += 1
+
+
+class HookedStream:
+    """A stream whose ``synchronize()`` calls ``on_drain(stream.synchronize)``; every other name is the stream's."""
+
+    def __init__(self, stream: Any, on_drain: Callable[[Callable[[], Any]], None]) -> None:
+        self._stream, self._on_drain = stream, on_drain
 
     def synchronize(self) -> None:
-        Drains.skipped += 1
+        self._on_drain(self._stream.synchronize)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
-class NoDrainNpu:
-    """``torch.npu`` without its two host drains: ``synchronize()`` does nothing and ``current_stream()`` hands out a
-    :class:`NoDrainStream`; every other name is ``torch.npu``'s."""
+class HookedNpu:
+    """``torch.npu`` whose two host drains, ``synchronize()`` and ``current_stream().synchronize()``, call
+    ``on_drain(the real drain)``; every other name is ``torch.npu``'s."""
 
-    def __init__(self, npu: Any) -> None:
-        self._npu = npu
+    def __init__(self, npu: Any, on_drain: Callable[[Callable[[], Any]], None]) -> None:
+        self._npu, self._on_drain = npu, on_drain
 
     def synchronize(self, device: Any = None) -> None:
-        Drains.skipped += 1
+        self._on_drain(lambda: self._npu.synchronize(device))
 
-    def current_stream(self, *args: Any, **kwargs: Any) -> NoDrainStream:
-        return NoDrainStream(self._npu.current_stream(*args, **kwargs))
+    def current_stream(self, *args: Any, **kwargs: Any) -> HookedStream:
+        return HookedStream(self._npu.current_stream(*args, **kwargs), self._on_drain)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._npu, name)
 
 
-class NoDrainTorch:
-    """``torch`` as the release's ``ACLGraphWrapper.__call__`` sees it while the fix runs it: ``torch.npu`` is a
-    :class:`NoDrainNpu`; every other name is ``torch``'s."""
+class HookedTorch:
+    """``torch`` as the release's ``ACLGraphWrapper.__call__`` sees it while a fix runs it: ``torch.npu`` is a
+    :class:`HookedNpu`; every other name is ``torch``'s."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, on_drain: Callable[[Callable[[], Any]], None]) -> None:
         self._torch = torch
-        self.npu = NoDrainNpu(torch.npu)
+        self.npu = HookedNpu(torch.npu, on_drain)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
+
+
+class NoDrainTorch(HookedTorch):
+    """PIECEWISE: both drains do nothing (counted in :data:`DRAINS`)."""
+
+    def __init__(self, torch: Any) -> None:
+        super().__init__(torch, lambda drain: _skip())
+
+
+class FullOrdering:
+    """The device-side ordering that replaces the drain before a FULL replay (this process's state; a worker has one
+    runner). The hazard the drain guards against (vllm-ascend #4233): the update of a task group for replay N+1,
+    issued on an update stream after that replay is queued, runs before replay N has consumed the group. Here:
+
+    * where the release drains before a replay, an event (the *boundary*) is recorded on the replay's stream instead:
+      it completes once everything queued before the replay has run, replay N included;
+    * before each task-group update the update stream waits for the latest boundary, so the update runs after every
+      replay queued before the one it serves, and its external-event record after their resets;
+    * a replay that follows a replay no update came after (the releases' MTP drafter replays its FULL graph k times
+      per update) is drained as released: that pairing is outside what the boundary covers."""
+
+    boundary: Any = None
+    # the boundary before: an event is not destroyed while it may still be pending (the host is at most about one
+    # step ahead: zero-bubble waits each step for the previous step's accepted counts)
+    retired: Any = None
+    serial = 0
+    replays_without_update = 0
+    waited: dict[Any, int] = {}  # update stream -> serial of the boundary it waits behind
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.boundary, cls.retired, cls.serial, cls.replays_without_update, cls.waited = None, None, 0, 0, {}
+
+    @classmethod
+    def at_drain(cls, torch: Any, drain: Callable[[], Any]) -> None:
+        if cls.replays_without_update:
+            DRAINS["kept"] += 1
+            drain()
+        else:
+            event = torch.npu.Event()
+            event.record(torch.npu.current_stream())
+            cls.retired, cls.boundary, cls.serial = cls.boundary, event, cls.serial + 1
+            DRAINS["replaced"] += 1
+        cls.replays_without_update += 1
+
+    @classmethod
+    def before_update(cls, update_stream: Any) -> None:
+        cls.replays_without_update = 0
+        if cls.boundary is not None and cls.waited.get(update_stream) != cls.serial:
+            update_stream.wait_event(cls.boundary)
+            cls.waited[update_stream] = cls.serial
 
 
 def wants_no_drain(vllm_config: Any) -> bool:
@@ -76,25 +133,47 @@ def wants_no_drain(vllm_config: Any) -> bool:
     )
 
 
+FULL_ORDERING_ID = "full-replay-ordered-on-device"
+# the releases' task-group update entry points, defined in acl_graph beside the wrapper (0.18.0: one; 0.13.0: four,
+# one patch each, the first of them named here)
+UPDATE_ENTRY_POINTS = ("update_full_graph_params", "update_attn_params")
+
+
+def full_ordering_installed(namespace: dict) -> bool:
+    """Whether ``full-replay-ordered-on-device`` replaced the update entry point of this ``acl_graph`` module."""
+    return any(getattr(namespace.get(name), MARK_ID, "").startswith(FULL_ORDERING_ID) for name in UPDATE_ENTRY_POINTS)
+
+
 def make_call(original: Callable) -> Callable:
-    """The wrapper of ``ACLGraphWrapper.__call__``: a PIECEWISE wrapper that is about to capture or replay (the forward
-    context's runtime mode is PIECEWISE) runs the release's ``__call__`` with the module's ``torch`` rebound to a
-    :class:`NoDrainTorch`, then the name is restored; every other call is the release's, unchanged."""
+    """The wrapper of ``ACLGraphWrapper.__call__``, for a wrapper about to capture or replay in its own mode (the
+    forward context's runtime mode) under async scheduling with speculative decoding: PIECEWISE runs the release's
+    ``__call__`` with the module's ``torch`` rebound to a :class:`NoDrainTorch`; FULL, while
+    ``full-replay-ordered-on-device`` is applied, to a :class:`HookedTorch` whose drains go to
+    :meth:`FullOrdering.at_drain`; the name is restored after the call. Every other call is the release's,
+    unchanged."""
     namespace = original.__globals__  # vllm_ascend.compilation.acl_graph's module namespace
-    stand_ins: dict[int, NoDrainTorch] = {}  # one per torch module seen (built once, not per piece and step)
+    stand_ins: dict[tuple[int, str], HookedTorch] = {}  # per torch module seen and mode (built once)
 
     def __call__(wrapper, *args, **kwargs):
-        if getattr(wrapper.runtime_mode, "name", None) != PIECEWISE or not wants_no_drain(wrapper.vllm_config):
+        mode = getattr(wrapper.runtime_mode, "name", None)
+        if mode not in (PIECEWISE, FULL) or not wants_no_drain(wrapper.vllm_config):
+            return original(wrapper, *args, **kwargs)
+        if mode == FULL and not full_ordering_installed(namespace):
             return original(wrapper, *args, **kwargs)
         from vllm.forward_context import get_forward_context
 
-        mode = getattr(get_forward_context().cudagraph_runtime_mode, "name", None)
         torch = namespace["torch"]
-        if mode != PIECEWISE or isinstance(torch, NoDrainTorch):
+        if getattr(get_forward_context().cudagraph_runtime_mode, "name", None) != mode or isinstance(
+            torch, HookedTorch
+        ):
             return original(wrapper, *args, **kwargs)
-        stand_in = stand_ins.get(id(torch))
+        stand_in = stand_ins.get((id(torch), mode))
         if stand_in is None:
-            stand_in = stand_ins[id(torch)] = NoDrainTorch(torch)
+            if mode == PIECEWISE:
+                stand_in = NoDrainTorch(torch)
+            else:
+                stand_in = HookedTorch(torch, functools.partial(FullOrdering.at_drain, torch))
+            stand_ins[(id(torch), mode)] = stand_in
         namespace["torch"] = stand_in
         try:
             return original(wrapper, *args, **kwargs)
@@ -102,6 +181,21 @@ def make_call(original: Callable) -> Callable:
             namespace["torch"] = torch
 
     return __call__
+
+
+def make_ordered_update(stream_arg: int) -> Callable[[Callable], Callable]:
+    """``make`` of a task-group update entry point whose update stream is positional argument ``stream_arg``: the
+    stream waits for :class:`FullOrdering`'s latest boundary, then the release's update runs."""
+
+    def make(original: Callable) -> Callable:
+        def ordered_update(*args, **kwargs):
+            stream = args[stream_arg] if len(args) > stream_arg else kwargs["update_stream"]
+            FullOrdering.before_update(stream)
+            return original(*args, **kwargs)
+
+        return ordered_update
+
+    return make
 
 
 def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
@@ -124,7 +218,8 @@ def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
         "decoding, and only while the forward context's runtime mode is PIECEWISE (the wrapper captures or replays): "
         "the release's __call__ runs with its module's `torch` rebound to a stand-in whose torch.npu.synchronize() "
         "and current_stream().synchronize() do nothing (counted), then the name is restored; the release's capture, "
-        "replay and dispatch are unchanged. FULL replays keep their drain. Without the drain a PIECEWISE step orders "
+        "replay and dispatch are unchanged. A FULL wrapper's drains are full-replay-ordered-on-device's, which runs "
+        "through this wrapper (it acts only while that fix is applied). Without the drain a PIECEWISE step orders "
         "host and device as eager mode does (attention runs eagerly between the pieces); the host's reuse of staging "
         "buffers is ordered by the per-step event waits of async + spec decode (docs/graph-modes.md). vllm-ascend "
         "#9025 makes the same change (drain only in FULL mode) from 0.20.2rc1 on; earlier attempts on the 0.13 / 0.18 "
@@ -146,4 +241,47 @@ def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
         ),
         remove_when="vllm-ascend >= 0.20.2rc1 drains only before FULL replays (#9025; served by adapter "
         "ascend-0.19-0.25 or native); this adapter covers its release only, so the patch goes with it",
+    )
+
+
+def full_replay_ordered_on_device(
+    suffix: str, target: str, fingerprints: dict[str, str], *, aliases: tuple[str, ...], stream_arg: int
+) -> Patch:
+    """One task-group update entry point of vllm-ascend 0.13.0 / 0.18.0 (``target``, bound by name in ``aliases``),
+    ordered behind :class:`FullOrdering`'s boundary; the patches of one release share the group
+    ``full-replay-ordered-on-device``."""
+    return Patch(
+        id=FULL_ORDERING_ID + suffix,
+        group=FULL_ORDERING_ID,
+        requires=("piecewise-replay-without-host-drain",),
+        target=target,
+        aliases=aliases,
+        make=make_ordered_update(stream_arg),
+        fingerprints=fingerprints,
+        roles=("worker",),
+        why="Before every FULL replay of the target model (and of the MTP drafter) ACLGraphWrapper.__call__ drains "
+        "the device from the host (vllm-ascend #4233, narrowed by #6432; kept in FULL mode through 0.30.0rc2): the "
+        "host cannot queue step N+1 before the device has run all of step N, so in FULL_DECODE_ONLY, the graph mode "
+        "of the releases' MTP tutorials, zero-bubble's overlap of host preparation with the device ends at every "
+        "step. What the drain protects: each attention layer's FIA call is captured in a task group whose "
+        "parameters an update re-issues, on an update stream, after the replay is queued; without an ordering, the "
+        "update for replay N+1 can run before replay N has reached the group (replay N attends with step N+1's "
+        "lengths), and its external-event record can be consumed by replay N's reset (the device hang of #4233). "
+        "Both reproduce on the release's own code without the drain (tests/patches/test_graph_modes.py, "
+        "tests/engine/test_npu_graphs_cuda.py).",
+        how="Wrappers (zb_patch.versions.graph_replay.FullOrdering), under async scheduling with speculative decoding "
+        "only. Where the release drains before a FULL replay, piecewise-replay-without-host-drain's wrapper of "
+        "ACLGraphWrapper.__call__ records an event on the replay's stream instead (the boundary: it completes when "
+        "everything queued before the replay has run, the previous replays included); this entry point makes its "
+        "update stream wait for the latest boundary before the release's update runs, so every task-group update, "
+        "and the external-event record after it, runs after the replays queued before the one it serves -- the "
+        "order the drain gave, kept on the device, without the host waiting. It rests on the contract the release's "
+        "own record relies on: a task update is a task of its update stream, ordered by that stream's events. A "
+        "replay that follows a replay no update came after (the MTP drafter's FULL graph replayed k times per "
+        "update) is drained as released. 0.13.0's drain is device-wide; it also orders other streams' work, which "
+        "under async scheduling with speculative decoding is ordered by the per-step event waits "
+        "(docs/graph-modes.md). Task-group updates run unchanged.",
+        upstream=("vllm-ascend#4233", "vllm-ascend#6432"),
+        remove_when="upstream orders the FULL replay and its task-group updates on the device (every release up to "
+        "0.30.0rc2 drains from the host); this adapter covers its release only, so the patch goes with it",
     )
