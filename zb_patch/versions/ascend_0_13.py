@@ -505,45 +505,21 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     remove_when=_REMOVE_WHEN,
 )
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
-FULL_ORDERED_UPDATE_ATTN_PARAMS = graph_replay.full_replay_ordered_on_device(
-    "",
-    "vllm_ascend.compilation.acl_graph:update_attn_params",
-    {"vllm-ascend 0.13.0": "1d8b09dcf1275bb1"},
-    aliases=(
-        "vllm_ascend.worker.model_runner_v1:update_attn_params",
-        "vllm_ascend.spec_decode.eagle_proposer:update_attn_params",
-    ),
-    stream_arg=0,
-)
-FULL_ORDERED_UPDATE_MLA_ATTN_PARAMS = graph_replay.full_replay_ordered_on_device(
-    "-mla-attn",
-    "vllm_ascend.compilation.acl_graph:update_mla_attn_params",
-    {"vllm-ascend 0.13.0": "2f17428cb1637d22"},
-    aliases=(
-        "vllm_ascend.worker.model_runner_v1:update_mla_attn_params",
-        "vllm_ascend.spec_decode.eagle_proposer:update_mla_attn_params",
-    ),
-    stream_arg=0,
-)
-FULL_ORDERED_UPDATE_ATTN_DCP_PCP_PARAMS = graph_replay.full_replay_ordered_on_device(
-    "-attn-dcp-pcp",
-    "vllm_ascend.compilation.acl_graph:update_attn_dcp_pcp_params",
-    {"vllm-ascend 0.13.0": "4015cc2d6c33f949"},
-    aliases=(
-        "vllm_ascend.worker.model_runner_v1:update_attn_dcp_pcp_params",
-        "vllm_ascend.spec_decode.eagle_proposer:update_attn_dcp_pcp_params",
-    ),
-    stream_arg=0,
-)
-FULL_ORDERED_UPDATE_MLA_ATTN_DCP_PCP_PARAMS = graph_replay.full_replay_ordered_on_device(
-    "-mla-attn-dcp-pcp",
-    "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params",
-    {"vllm-ascend 0.13.0": "66535df4507a2c1d"},
-    aliases=(
-        "vllm_ascend.worker.model_runner_v1:update_mla_attn_dcp_pcp_params",
-        "vllm_ascend.spec_decode.eagle_proposer:update_mla_attn_dcp_pcp_params",
-    ),
-    stream_arg=0,
+# the four task-group update entry points (id suffix, name, fingerprint), each bound by name in the runner and proposer
+FULL_ORDERED_ON_DEVICE = tuple(
+    graph_replay.full_replay_ordered_on_device(
+        suffix,
+        f"vllm_ascend.compilation.acl_graph:{name}",
+        {"vllm-ascend 0.13.0": fingerprint},
+        aliases=(f"vllm_ascend.worker.model_runner_v1:{name}", f"vllm_ascend.spec_decode.eagle_proposer:{name}"),
+        stream_arg=0,
+    )
+    for suffix, name, fingerprint in (
+        ("", "update_attn_params", "1d8b09dcf1275bb1"),
+        ("-mla-attn", "update_mla_attn_params", "2f17428cb1637d22"),
+        ("-attn-dcp-pcp", "update_attn_dcp_pcp_params", "4015cc2d6c33f949"),
+        ("-mla-attn-dcp-pcp", "update_mla_attn_dcp_pcp_params", "66535df4507a2c1d"),
+    )
 )
 
 PATCHES: tuple = (
@@ -561,10 +537,7 @@ PATCHES: tuple = (
     MTP_DRAFT_SLOTS,
     DRAFT_SAMPLE_INDICES,
     PIECEWISE_NO_DRAIN,
-    FULL_ORDERED_UPDATE_ATTN_PARAMS,
-    FULL_ORDERED_UPDATE_MLA_ATTN_PARAMS,
-    FULL_ORDERED_UPDATE_ATTN_DCP_PCP_PARAMS,
-    FULL_ORDERED_UPDATE_MLA_ATTN_DCP_PCP_PARAMS,
+    *FULL_ORDERED_ON_DEVICE,
 )
 
 ADAPTER = Adapter(
