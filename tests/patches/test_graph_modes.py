@@ -254,9 +254,8 @@ def _forward(runner, positions):
     return runner._generate_process_reqs_hidden_states(T, None, positions, None, None, {})
 
 
-def _run_full_steps(env, graph_state, dev, *, steps=STEPS):
-    """Capture the two layers in a FULL graph, then run ``steps`` through the runner's forward step. Returns the
-    model (its static buffers) and each step's graph output (None while the device is behind)."""
+def _captured_full_runner(env, graph_state):
+    """A runner whose model is the two layers captured in a FULL graph: (config, runner, model, positions)."""
     from vllm.config import CUDAGraphMode
     from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
@@ -268,6 +267,13 @@ def _run_full_steps(env, graph_state, dev, *, steps=STEPS):
     with _step(vc, "FULL", _metadata(CAPTURE_LENS)):
         runner.model(input_ids=None, positions=positions)  # capture (the wrapper sets capturing itself)
     assert len(graph_state.get_graph_params().handles[T]) == len(LAYERS)
+    return vc, runner, model, positions
+
+
+def _run_full_steps(env, graph_state, dev, *, steps=STEPS):
+    """Capture the two layers in a FULL graph, then run ``steps`` through the runner's forward step. Returns the
+    model (its static buffers) and each step's graph output (None while the device is behind)."""
+    vc, runner, model, positions = _captured_full_runner(env, graph_state)
     outputs = []
     for kv_lens in steps:
         with _step(vc, "FULL", _metadata(kv_lens)):
@@ -398,16 +404,7 @@ def test_a_replay_without_its_update_drains_the_next_one(env, graph_state, patch
     """A FULL replay no update came after (the MTP drafter's k replays per update): the next replay drains as
     released, and the pairing resumes after the next update."""
     with G.activate(run_ahead=True, schedule="side-streams-first") as dev:
-        vc, runner = _runner(env)
-        model = TwoAttentionLayers(vc)
-        from vllm.config import CUDAGraphMode
-        from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
-
-        runner.model = ACLGraphWrapper(model, vc, runtime_mode=CUDAGraphMode.FULL)
-        runner.update_stream = torch.npu.Stream()
-        positions = torch.arange(T)
-        with _step(vc, "FULL", _metadata(CAPTURE_LENS)):
-            runner.model(input_ids=None, positions=positions)
+        vc, runner, _, positions = _captured_full_runner(env, graph_state)
         kept, replaced = graph_replay.DRAINS["kept"], graph_replay.DRAINS["replaced"]
         with _step(vc, "FULL", _metadata(STEPS[0])):
             _forward(runner, positions)  # replay + update: boundary
