@@ -93,6 +93,10 @@ EXPECTED = {
                 "mtp-draft-slots",
                 "draft-sample-indices-past-batch",
                 "piecewise-replay-without-host-drain",
+                "full-replay-ordered-on-device",
+                "full-replay-ordered-on-device-mla-attn",
+                "full-replay-ordered-on-device-attn-dcp-pcp",
+                "full-replay-ordered-on-device-mla-attn-dcp-pcp",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -122,6 +126,7 @@ EXPECTED = {
                 "cudagraph-batch-sizes-after-rounding",
                 "draft-sample-indices-past-batch",
                 "piecewise-replay-without-host-drain",
+                "full-replay-ordered-on-device",
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,

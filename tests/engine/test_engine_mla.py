@@ -11,10 +11,11 @@ Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` 
 0.23 the fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings"
 8), and the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's
 shared rows; E2E_BIG=1 repeats all three). On 0.13 the verdict's acceptance differences at k >= 2 are each explained
-by one draft pass in a batch with a prefill (docs/e2e.md "Findings" 9). On 0.23 zero-bubble is the release's own (``async`` is native zero-bubble,
-``async+zb`` adds zb-patch's slot-mapping kernel) and MLA prefill goes through FIA's RoPE-split TND mode with the
-context chunks merged by ``npu_attention_update`` (0.13 / 0.18: Ring MLA). ``MLA_WORKLOAD`` at the tutorial's k = 3
-(about 2 minutes on two cores: four engine processes, two at a time); E2E_BIG=1 runs k = 1, 2, 3.
+by one draft pass in a batch with a prefill (docs/e2e.md "Findings" 9). On 0.23 zero-bubble is the release's own
+(``async`` is native zero-bubble, ``async+zb`` adds zb-patch's slot-mapping kernel) and MLA prefill goes through FIA's
+RoPE-split TND mode with the context chunks merged by ``npu_attention_update`` (0.13 / 0.18: Ring MLA). ``MLA_WORKLOAD``
+at the tutorial's k = 3 (about 2 minutes on two cores: four engine processes, two at a time); E2E_BIG=1 runs k = 1, 2,
+3.
 """
 
 from __future__ import annotations
