@@ -54,7 +54,6 @@ def main(argv: list[str]) -> int:
         mla.CALLS.clear()
         started["mla_op_calls"] = mla.CALLS
         started["dummy_batches"] = _count_dummy_batches()
-        started["mtp_passes"] = _record_mtp_passes(sys._getframe(1).f_locals["llm"])
         # host drains before graph replays that zb-patch's graph-replay fixes left out or replaced (a live Counter)
         from zb_patch.versions import graph_replay
 
@@ -81,44 +80,6 @@ def main(argv: list[str]) -> int:
 
         npu_graphs_cuda.check()  # an ExternalEvent wait that never saw its record: a hang on the NPU
     return rc
-
-
-def _record_mtp_passes(llm) -> dict:
-    """vllm-ascend 0.13's MtpProposer runs its k draft passes only in a batch without a prefill; in a batch with one it
-    runs one pass and repeats its draft k times (``_propose``: ``if with_prefill: ... break``). A live record, per
-    request, of each proposal's passes and whether its batch held a prefill, keyed like the child's verifications (the
-    request's token count when its drafts are verified: the drafter's last input position + 2). Empty elsewhere."""
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    drafter = getattr(runner, "drafter", None)
-    record: dict = {}
-    if type(drafter).__module__ != "vllm_ascend.spec_decode.mtp_proposer" or not hasattr(drafter, "model"):
-        return record
-    propose, forward = drafter._propose, drafter.model.forward
-    current: dict = {}  # the proposal under way
-
-    def _propose(*args, **kwargs):
-        last = kwargs.get("last_token_indices")
-        if last is None:  # as the release's _propose defaults it: each request's last query token
-            last = kwargs["common_attn_metadata"].query_start_loc[1:] - 1
-        current.update(rows=list(runner.input_batch.req_ids), last=last, passes=0, keys={})
-        try:
-            return propose(*args, **kwargs)
-        finally:
-            for req_id, key in current["keys"].items():
-                record.setdefault(req_id, {})[key] = [current["passes"], current["with_prefill"]]
-            current.clear()
-
-    def model_forward(*args, **kwargs):
-        if current:
-            if current["passes"] == 0:  # the first pass: whether the batch holds a prefill, the rows' positions
-                current["with_prefill"] = bool(runner.with_prefill)  # what _propose reads (mtp_proposer.py:265-267)
-                positions = kwargs["positions"][current["last"]].tolist()
-                current["keys"] = {r: str(p + 2) for r, p in zip(current["rows"], positions)}
-            current["passes"] += 1
-        return forward(*args, **kwargs)
-
-    drafter._propose, drafter.model.forward = _propose, model_forward
-    return record
 
 
 def _count_dummy_batches() -> dict:

@@ -10,7 +10,8 @@ workload of :mod:`.workload`; writes the run's result as JSON.
 Per-request drafted / accepted counts (and every verification's position), drafted / accepted per draft position and
 preemptions are read where vLLM's scheduler counts them (``make_spec_decoding_stats`` per request,
 ``_preempt_request``), and how the steps were scheduled (``schedule``: overlapped with an outstanding step or not),
-without changing what it does; what zero-bubble did is read from the runner (``_zero_bubble_state``).
+without changing what it does; what zero-bubble did is read from the runner (``_zero_bubble_state``), and on
+vllm-ascend 0.13's MTP drafter how many draft passes made each proposal (``_record_draft_passes``).
 
 The tests start this through a launcher that first installs the NPU emulation (tests/engine/run_engine.py): it
 calls :func:`main` with ``llm_overrides`` (its worker class), ``after_build`` (planted mistakes) and ``device``.
@@ -124,17 +125,19 @@ def main(
         raise RuntimeError("the engine self-test needs the EngineCore in this process (one worker)")
     _take_drafts_in_process(llm)
     _dummy_batch_when_no_model_ran(llm)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    draft_passes = _record_draft_passes(runner)
     extra = after_build() if after_build else {}
     reqs = wl.requests(VOCAB)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
     outs = llm.generate(prompts, params, use_tqdm=False)
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     # LLM numbers requests in submission order ("0", "1", ...); the engine core's ids add "-<random suffix>"
     result = {
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
         **{field: [c[i] for i in range(wl.num_speculative_tokens)] for field, c in per_pos.items()},
+        "draft_passes": {rid.split("-")[0]: by_pos for rid, by_pos in draft_passes.items()},
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
         "scheduling": scheduling,
         "zero_bubble": _zero_bubble_state(runner),
@@ -194,6 +197,46 @@ def _zero_bubble_state(runner) -> dict:
     if native is not None:
         return {"kind": "native", "active": bool(native)}
     return {"kind": "none", "active": False}
+
+
+def _record_draft_passes(runner) -> dict:
+    """vllm-ascend 0.13's ``MtpProposer`` runs its k draft passes only in a batch without a prefill; in a batch with
+    one it runs one pass and repeats that draft k times (``_propose``: ``if with_prefill: ... break``; docs/e2e.md
+    "Findings" 9), so which drafts a request gets depends on what else its batch holds. A live record, per request,
+    of each proposal's passes of the draft model and whether the runner's batch held a prefill, ``{request: {position:
+    [passes, with_prefill]}}`` keyed like the verifications (where the first draft sits: the drafter's last input
+    position + 2). Empty for every other drafter, and for a proposal whose draft model was not called (a graph
+    replay): no record, no excuse in the verdict."""
+    drafter = getattr(runner, "drafter", None)
+    record: dict[str, dict[str, list]] = {}
+    if type(drafter).__module__ != "vllm_ascend.spec_decode.mtp_proposer" or not hasattr(drafter, "_propose"):
+        return record
+    propose, forward = drafter._propose, drafter.model.forward
+    current: dict[str, Any] = {}  # the proposal under way
+
+    def _propose(*args, **kwargs):
+        last = kwargs.get("last_token_indices")
+        if last is None:  # as the release's _propose defaults it: each request's last query token
+            last = kwargs["common_attn_metadata"].query_start_loc[1:] - 1
+        current.update(rows=list(runner.input_batch.req_ids), last=last, passes=0, keys={})
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            for req_id, key in current["keys"].items():
+                record.setdefault(req_id, {})[key] = [current["passes"], current["with_prefill"]]
+            current.clear()
+
+    def model_forward(*args, **kwargs):
+        if current:
+            if current["passes"] == 0:  # the first pass: whether the batch holds a prefill, the rows' positions
+                current["with_prefill"] = bool(runner.with_prefill)  # what _propose reads (mtp_proposer.py:265-267)
+                positions = kwargs["positions"][current["last"]].tolist()
+                current["keys"] = {r: str(p + 2) for r, p in zip(current["rows"], positions)}
+            current["passes"] += 1
+        return forward(*args, **kwargs)
+
+    drafter._propose, drafter.model.forward = _propose, model_forward
+    return record
 
 
 def _take_drafts_in_process(llm) -> None:
