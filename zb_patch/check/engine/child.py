@@ -137,7 +137,7 @@ def main(
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
         **{field: {rid.split("-")[0]: n for rid, n in c.items()} for field, c in counts.items()},
         **{field: [c[i] for i in range(wl.num_speculative_tokens)] for field, c in per_pos.items()},
-        "draft_passes": {rid.split("-")[0]: by_pos for rid, by_pos in draft_passes.items()},
+        "draft_passes": _draft_passes(draft_passes),
         "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
         "scheduling": scheduling,
         "zero_bubble": _zero_bubble_state(runner),
@@ -199,43 +199,51 @@ def _zero_bubble_state(runner) -> dict:
     return {"kind": "none", "active": False}
 
 
-def _record_draft_passes(runner) -> dict:
+def _record_draft_passes(runner) -> list:
     """vllm-ascend 0.13's ``MtpProposer`` runs its k draft passes only in a batch without a prefill; in a batch with
     one it runs one pass and repeats that draft k times (``_propose``: ``if with_prefill: ... break``; docs/e2e.md
-    "Findings" 9), so which drafts a request gets depends on what else its batch holds. A live record, per request,
-    of each proposal's passes of the draft model and whether the runner's batch held a prefill, ``{request: {position:
-    [passes, with_prefill]}}`` keyed like the verifications (where the first draft sits: the drafter's last input
-    position + 2). Empty for every other drafter, and for a proposal whose draft model was not called (a graph
-    replay): no record, no excuse in the verdict."""
+    "Findings" 9), so which drafts a request gets depends on what else its batch holds. Records every proposal: its
+    requests, where their drafts will sit (a device tensor, read after generating: no host wait while the engine
+    runs), its draft passes (one ``compute_logits`` per pass, outside any graph) and whether the runner's batch held
+    a prefill; :func:`_draft_passes` turns the list into the result's field. Empty for every other drafter."""
     drafter = getattr(runner, "drafter", None)
-    record: dict[str, dict[str, list]] = {}
+    proposals: list[list] = []
     if type(drafter).__module__ != "vllm_ascend.spec_decode.mtp_proposer" or not hasattr(drafter, "_propose"):
-        return record
-    propose, forward = drafter._propose, drafter.model.forward
-    current: dict[str, Any] = {}  # the proposal under way
+        return proposals
+    propose, compute_logits = drafter._propose, drafter.model.compute_logits
+    signature = inspect.signature(propose)
+    active: list[list] = []  # the proposal under way
 
     def _propose(*args, **kwargs):
-        last = kwargs.get("last_token_indices")
+        a = signature.bind(*args, **kwargs).arguments
+        last = a.get("last_token_indices")
         if last is None:  # as the release's _propose defaults it: each request's last query token
-            last = kwargs["common_attn_metadata"].query_start_loc[1:] - 1
-        current.update(rows=list(runner.input_batch.req_ids), last=last, passes=0, keys={})
+            last = a["common_attn_metadata"].query_start_loc[1:] - 1
+        # the first pass's input position of each request; its first draft sits two tokens on
+        proposal = [list(runner.input_batch.req_ids), a["target_positions"][last] + 2, 0, bool(runner.with_prefill)]
+        proposals.append(proposal)
+        active.append(proposal)
         try:
             return propose(*args, **kwargs)
         finally:
-            for req_id, key in current["keys"].items():
-                record.setdefault(req_id, {})[key] = [current["passes"], current["with_prefill"]]
-            current.clear()
+            active.pop()
 
-    def model_forward(*args, **kwargs):
-        if current:
-            if current["passes"] == 0:  # the first pass: whether the batch holds a prefill, the rows' positions
-                current["with_prefill"] = bool(runner.with_prefill)  # what _propose reads (mtp_proposer.py:265-267)
-                positions = kwargs["positions"][current["last"]].tolist()
-                current["keys"] = {r: str(p + 2) for r, p in zip(current["rows"], positions)}
-            current["passes"] += 1
-        return forward(*args, **kwargs)
+    def count_pass(*args, **kwargs):
+        if active:
+            active[-1][2] += 1
+        return compute_logits(*args, **kwargs)
 
-    drafter._propose, drafter.model.forward = _propose, model_forward
+    drafter._propose, drafter.model.compute_logits = _propose, count_pass
+    return proposals
+
+
+def _draft_passes(proposals: list) -> dict[str, dict[str, list]]:
+    """``{request: {position: [passes, with_prefill]}}`` from :func:`_record_draft_passes`'s proposals, keyed like the
+    verifications (the request's token count when its drafts are verified)."""
+    record: dict[str, dict[str, list]] = {}
+    for req_ids, positions, passes, with_prefill in proposals:
+        for req_id, pos in zip(req_ids, positions.tolist()):
+            record.setdefault(req_id.split("-")[0], {})[str(pos)] = [passes, with_prefill]
     return record
 
 
