@@ -29,7 +29,7 @@ if version("vllm-ascend") != "0.18.0":
 from test_engine import emulated_child  # noqa: E402, F401 (a module-wide fixture: the tests' launcher)
 
 from zb_patch.check.engine import model as tiny_model  # noqa: E402
-from zb_patch.check.engine.run import run_all, run_config  # noqa: E402
+from zb_patch.check.engine.run import CHILD_ENV, run_all, run_config  # noqa: E402
 from zb_patch.check.engine.workload import Workload  # noqa: E402
 
 K = 3
@@ -40,14 +40,11 @@ RANK_WORKLOADS = (
 )
 
 
-def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
-    import transformers
-    from greedy_reference import reference_tokens
-
-    models = str(tmp_path / "models")
-    target = tiny_model.write_deepseek_model(models)
+def _run_ranks(tmp_path, models: str, configs, extra_args=()) -> dict:
+    """{(configuration, rank): Run} for the two ranks of each configuration of ``configs`` (run.CONFIGS names), the
+    two ranks of one configuration together, one configuration after another, each with its own rendezvous port."""
     jobs, keys = [], []
-    for config in ("sync", "async+zb"):
+    for config in configs:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -64,13 +61,26 @@ def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
             os.makedirs(folder)
             jobs.append(
                 lambda c=config, f=folder, w=wl, e=env: run_config(
-                    c, models, f, w, ("--drafter", "deepseek-mtp"), timeout=600, env_overrides=e
+                    c, models, f, w, extra_args, timeout=600, env_overrides=e
                 )
             )
             keys.append((config, rank))
-    # the two ranks of one configuration run together (two at a time, in order)
-    done = dict(zip(keys, run_all(jobs, parallel=2)))
-    model = transformers.DeepseekV3ForCausalLM.from_pretrained(target, dtype=tiny_model.DTYPE).eval()
+    return dict(zip(keys, run_all(jobs, parallel=2)))
+
+
+def _greedy_model(target: str):
+    import transformers
+
+    return transformers.DeepseekV3ForCausalLM.from_pretrained(target, dtype=tiny_model.DTYPE).eval()
+
+
+def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
+    from greedy_reference import reference_tokens
+
+    models = str(tmp_path / "models")
+    target = tiny_model.write_deepseek_model(models)
+    done = _run_ranks(tmp_path, models, ("sync", "async+zb"), ("--drafter", "deepseek-mtp"))
+    model = _greedy_model(target)
     for (config, rank), run in done.items():
         wl = RANK_WORKLOADS[rank]
         assert run.result is not None, (config, rank, run.log[-3000:])
@@ -90,3 +100,39 @@ def test_two_ranks_finish_with_greedy_tokens_and_zb_patch_on_both(tmp_path):
     # (under async scheduling its collect-only steps run one each)
     assert all(done[(config, 1)].result["dummy_batches"]["calls"] > 0 for config in ("sync", "async+zb"))
     assert done[("sync", 0)].result["dummy_batches"]["calls"] == 0
+
+
+MULTIPROCESS_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_dp_engine_core.py")
+
+
+def test_each_rank_s_multiprocess_engine_core_runs_zero_bubble_and_dummy_batches(tmp_path, monkeypatch):
+    """What ``vllm serve --data-parallel-size 2`` runs per rank: the rank's engine core in a process of its own, a
+    ``DPEngineCoreProc`` with vLLM's own data-parallel busy loop (tests/engine/run_dp_engine_core.py; no rule of the
+    engine child's). Sync and async scheduling with ``ZB_PATCH=1``: both ranks finish with transformers' greedy
+    tokens; in each engine core process zb-patch is applied and (async) zero-bubble active and correcting steps;
+    rank 1 runs out of work first and runs dummy batches there."""
+    from greedy_reference import reference_tokens
+
+    monkeypatch.setenv(CHILD_ENV, MULTIPROCESS_LAUNCHER)
+    models = str(tmp_path / "models")
+    target = tiny_model.write_deepseek_model(models)
+    done = _run_ranks(tmp_path, models, ("sync", "async+zb"))
+    model = _greedy_model(target)
+    for (config, rank), run in done.items():
+        assert run.result is not None, (config, rank, run.log[-3000:])
+        res, core = run.result, run.result["engine_core"]
+        assert res["client"] == "SyncMPClient" and core["pid"] != res["launcher_pid"], (config, rank, res["client"])
+        assert (core["engine_core_class"], core["data_parallel_rank"]) == ("DPEngineCoreProc", rank), (config, core)
+        assert core["zb_patch_status"]["state"] == "applied", (config, rank, core["zb_patch_status"])
+        assert res["tokens"] == reference_tokens(model, RANK_WORKLOADS[rank]), (config, rank)
+        zb = core["zero_bubble"]
+        if config == "async+zb":
+            assert zb["kind"] == "zb-patch" and zb["active"] and zb["corrected_steps"] > 0, (rank, zb)
+        else:  # the release's sync path with zb-patch's fixes only
+            assert zb["kind"] == "none", (rank, zb)
+        print(
+            f"\n{config}, rank {rank} ({core['engine_core_class']}, pid {core['pid']}): "
+            f"{sum(len(t) for t in res['tokens'].values())} tokens, zero-bubble {zb}, dummy batches "
+            f"{core['dummy_batches']}, {run.seconds:.0f} s"
+        )
+    assert all(done[(config, 1)].result["engine_core"]["dummy_batches"] > 0 for config in ("sync", "async+zb"))
