@@ -304,6 +304,7 @@ def mtp_slot_runs(models, tmp_path_factory):
         ("sync", False, {}),
         ("sync+fixes", False, {"ZB_PATCH": "1"}),
         ("async+zb", True, {"ZB_PATCH": "1"}),
+        ("sync+fixes-without-lengths-fix", False, {"ZB_PATCH": "1", "ZB_PATCH_DISABLE": "mtp-draft-lengths"}),
     ]
     if WITHOUT_FIX:
         configs.append(("sync+fixes-without-fix", False, {"ZB_PATCH": "1", "ZB_PATCH_DISABLE": "mtp-draft-slots"}))
@@ -344,8 +345,34 @@ def test_with_the_fix_every_later_draft_write_is_the_writer_s(mtp_slot_runs, nam
 
 def test_mtp_slot_fix_keeps_the_tokens(mtp_slot_runs):
     sync = mtp_slot_runs["sync"].result
-    for name in ("sync+fixes", "async+zb"):
+    for name in ("sync+fixes", "async+zb", "sync+fixes-without-lengths-fix"):
         assert mtp_slot_runs[name].result["tokens"] == sync["tokens"], name
+
+
+@pytest.mark.parametrize("name", ["sync", "sync+fixes-without-lengths-fix"])
+def test_mtp_later_drafts_attend_with_the_first_step_s_lengths(mtp_slot_runs, name):
+    """docs/e2e.md "Findings" 4: on the dense backend 0.13's later MTP draft steps attend with the first step's
+    seq_lens_list / actual_seq_lengths_q (another request's KV, without their own newest entry), so the drafts after
+    the first are not the model's: never accepted here, the first draft is."""
+    run = mtp_slot_runs[name]
+    assert run.result is not None, run.stderr[-3000:]
+    accepted = run.result["accepted_per_pos"]
+    print(f"\n{name}: accepted per position {accepted} of {run.result['drafted_per_pos']}")
+    assert accepted[0] > 0 and accepted[1:] == [0] * (len(accepted) - 1), accepted
+    assert "mtp-draft-lengths" not in _applied(run.result)
+
+
+@pytest.mark.parametrize("name", ["sync+fixes", "async+zb"])
+def test_with_the_lengths_fix_every_mtp_draft_position_is_accepted_at_times(mtp_slot_runs, name):
+    """mtp-draft-lengths: each later step's lists follow the seq_lens the release moved on (one query token per
+    request), so every draft position is the model's and accepted at times, less often than the one before."""
+    run = mtp_slot_runs[name]
+    assert run.result is not None, run.stderr[-3000:]
+    accepted, drafted = run.result["accepted_per_pos"], run.result["drafted_per_pos"]
+    print(f"\n{name}: accepted per position {accepted} of {drafted}")
+    rates = [a / d for a, d in zip(accepted, drafted)]
+    assert all(rates[i] > rates[i + 1] > 0 for i in range(len(rates) - 1)), rates
+    assert "mtp-draft-lengths" in _applied(run.result)
 
 
 # ---------------------------------------------------------------------------------------------------------------
