@@ -165,8 +165,8 @@ def make_mtp_draft_forward_context(original):
 def _follow_draft_seq_lens(metadata) -> None:
     """Dense metadata (``attention_v1.AscendMetadata``: host ``seq_lens``, ``seq_lens_list``,
     ``actual_seq_lengths_q``) whose ``seq_lens`` differ from ``seq_lens_list`` is a later draft step's (the first
-    step's are built equal; each later step adds one to ``seq_lens`` only): one query token per request, the
-    lengths the release's ``seq_lens``."""
+    step's are built equal; each later step adds one to ``seq_lens`` only): it gets one query token per request and
+    the moved-on ``seq_lens`` as its lengths."""
     import torch
 
     cls = type(metadata)
@@ -555,9 +555,9 @@ MTP_DRAFT_LENGTHS = Patch(
     "it before each draft model call). For a draft model's call outside a FULL graph, each attention_v1.AscendMetadata "
     "whose host seq_lens differ from its seq_lens_list (the first step's are built equal; a later step is the only "
     "one that moves seq_lens alone) gets seq_lens_list = seq_lens and actual_seq_lengths_q = 1 .. batch size, what "
-    "the release gives its MLA decode metadata at the same step. Host lists only, no device op or wait. Left to the "
-    "release: MLA metadata, FULL graph replays (their parameters are updated from the graph's own lists), context "
-    "parallelism (other metadata classes).",
+    "the release gives its MLA decode metadata at the same step. Host lists only, no device op or wait. Left as "
+    "released: MLA metadata, FULL graph replays of the draft model (not shown with the change), context parallelism "
+    "(other metadata classes).",
     upstream=("vllm-ascend#7033",),
     remove_when=_REMOVE_WHEN,
 )
