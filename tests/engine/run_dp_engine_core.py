@@ -39,37 +39,18 @@ def main(argv: list[str]) -> int:
 
     npu_engine.install()
     import dp_engine_core
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     from zb_patch.check.engine import child
-    from zb_patch.check.engine.model import DTYPE, VOCAB
     from zb_patch.check.engine.workload import Workload
 
     dp_engine_core.observe_engine_core()
     wl = Workload(**json.loads(args.workload))
-    target, speculative_config = child._target_and_draft(args.models, "deepseek-mtp", wl.num_speculative_tokens)
     llm = LLM(
-        model=target,
-        skip_tokenizer_init=True,
-        dtype=DTYPE,
-        enforce_eager=True,
-        seed=0,
-        max_model_len=wl.max_model_len,
-        max_num_seqs=wl.max_num_seqs,
-        max_num_batched_tokens=wl.max_num_batched_tokens,
-        enable_chunked_prefill=True,
-        num_gpu_blocks_override=wl.num_gpu_blocks,
-        enable_prefix_caching=False,
-        async_scheduling=args.async_scheduling,
-        distributed_executor_backend="uni",
-        speculative_config=speculative_config,
+        **child.llm_arguments(args.models, "deepseek-mtp", wl, "eager", args.async_scheduling),
         worker_cls=npu_engine.WORKER_CLS,
     )
-    reqs = wl.requests(VOCAB)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = child.generate(llm, wl)
     (engine_core,) = llm.collective_rpc(dp_engine_core.report)
     result = {
         "tokens": {o.request_id.split("-")[0]: list(o.outputs[0].token_ids) for o in outs},

@@ -86,7 +86,6 @@ def main(
     # EngineCore in this process: its scheduler is what _observe_scheduler counts, and the tests' emulation
     # exists only in the process that installed it (their launcher sets this before it imports vLLM).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from .model import DTYPE, VOCAB
     from .workload import Workload
 
     wl = Workload(**json.loads(args.workload))
@@ -98,27 +97,10 @@ def main(
 
         current_platform.pre_register_and_update()
     counts, per_pos, scheduling = _observe_scheduler()
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
-    target, speculative_config = _target_and_draft(args.models, args.drafter, wl.num_speculative_tokens)
-    graphs = {} if args.graph_mode == "eager" else {"compilation_config": {"cudagraph_mode": args.graph_mode.upper()}}
     llm = LLM(
-        model=target,
-        skip_tokenizer_init=True,
-        dtype=DTYPE,
-        enforce_eager=args.graph_mode == "eager",
-        **graphs,
-        seed=0,
-        max_model_len=wl.max_model_len,
-        max_num_seqs=wl.max_num_seqs,
-        max_num_batched_tokens=wl.max_num_batched_tokens,
-        enable_chunked_prefill=True,
-        num_gpu_blocks_override=wl.num_gpu_blocks,
-        enable_prefix_caching=False,
-        async_scheduling=args.async_scheduling,
-        distributed_executor_backend="uni",
-        speculative_config=speculative_config,
+        **llm_arguments(args.models, args.drafter, wl, args.graph_mode, args.async_scheduling),
         **(llm_overrides or {}),
     )
     if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
@@ -128,10 +110,7 @@ def main(
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     draft_passes = _record_draft_passes(runner)
     extra = after_build() if after_build else {}
-    reqs = wl.requests(VOCAB)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = generate(llm, wl)
     # LLM numbers requests in submission order ("0", "1", ...); the engine core's ids add "-<random suffix>"
     result = {
         "tokens": {o.request_id: list(o.outputs[0].token_ids) for o in outs},
@@ -155,6 +134,45 @@ def main(
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0
+
+
+def llm_arguments(models: str, drafter: str, wl, graph_mode: str, async_scheduling: bool) -> dict:
+    """``LLM(...)``'s arguments for ``drafter``'s models in ``models`` (the layout of .model's writers), the workload
+    ``wl`` (a :class:`.workload.Workload`), the graph mode and the scheduling: one worker, no tokenizer, greedy."""
+    from .model import DTYPE
+
+    target, speculative_config = _target_and_draft(models, drafter, wl.num_speculative_tokens)
+    graphs = {} if graph_mode == "eager" else {"compilation_config": {"cudagraph_mode": graph_mode.upper()}}
+    return dict(
+        model=target,
+        skip_tokenizer_init=True,
+        dtype=DTYPE,
+        enforce_eager=graph_mode == "eager",
+        **graphs,
+        seed=0,
+        max_model_len=wl.max_model_len,
+        max_num_seqs=wl.max_num_seqs,
+        max_num_batched_tokens=wl.max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        num_gpu_blocks_override=wl.num_gpu_blocks,
+        enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
+        distributed_executor_backend="uni",
+        speculative_config=speculative_config,
+    )
+
+
+def generate(llm, wl) -> list:
+    """The workload's requests through ``llm``, greedy, each with its own output length; vLLM's outputs."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .model import VOCAB
+
+    reqs = wl.requests(VOCAB)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False) for _, n in reqs]
+    return llm.generate(prompts, params, use_tqdm=False)
 
 
 def _target_and_draft(models: str, drafter: str, k: int) -> tuple[str, dict]:
