@@ -4,7 +4,6 @@ launcher installed before vLLM forked it (:func:`observe_engine_core`)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 # in the engine core's process: its class, and its dummy batches (a rank without work while another still steps)
@@ -35,7 +34,6 @@ def report(worker) -> dict:
 
     return {
         "pid": os.getpid(),
-        "process_name": multiprocessing.current_process().name,
         "zb_patch_status": child._zb_patch_status(),
         "zero_bubble": child._zero_bubble_state(worker.model_runner),
         "engine_core_class": ENGINE_CORE["class"],

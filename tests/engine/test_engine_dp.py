@@ -9,7 +9,8 @@ Synchronous scheduling with ``ZB_PATCH=1`` (zb-patch's fixes on both ranks) and 
 (zero-bubble active and correcting steps on both ranks): both ranks finish, each with transformers' greedy tokens.
 Under async scheduling a step may run no model (the batch queue's collect-only step); the engine child then runs a
 dummy batch, as vLLM's multiprocess data-parallel engine core does (``zb_patch.check.engine.child``,
-docs/e2e.md "Data parallelism 2").
+docs/e2e.md "Data parallelism 2"). The same two ranks also run through that multiprocess engine core itself
+(``DPEngineCoreProc``, tests/engine/run_dp_engine_core.py), with its own busy loop.
 """
 
 from __future__ import annotations
