@@ -166,15 +166,13 @@ def _follow_draft_seq_lens(metadata) -> None:
     """Dense metadata (``attention_v1.AscendMetadata``: host ``seq_lens``, ``seq_lens_list``,
     ``actual_seq_lengths_q``) whose ``seq_lens`` differ from ``seq_lens_list`` is a later draft step's (the first
     step's are built equal; each later step adds one to ``seq_lens`` only): it gets one query token per request and
-    the moved-on ``seq_lens`` as its lengths."""
-    import torch
-
+    the moved-on ``seq_lens`` as its lengths. Called once per draft pass: no import, no device read."""
     cls = type(metadata)
     if (cls.__name__, cls.__module__) != ("AscendMetadata", "vllm_ascend.attention.attention_v1"):
         return  # MLA metadata (the release updates its decode part), context-parallel metadata
     seq_lens = metadata.seq_lens
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.device.type != "cpu":
-        return
+    if getattr(getattr(seq_lens, "device", None), "type", None) != "cpu":
+        return  # lengths on the device (cross-attention metadata): reading them would wait for it
     lens = seq_lens.tolist()
     if lens != metadata.seq_lens_list:
         metadata.seq_lens_list = lens
