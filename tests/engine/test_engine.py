@@ -333,7 +333,7 @@ def test_async_matches_sync(runs, name):
     where run.compare (the operators' verdict) reports a note: requests that end at max_model_len (vLLM's sync run
     verifies one draft more there, 0.13.0, 0.18.0 and 0.23.0), requests preempted in either run, and requests with
     drafts verified with prompt tokens (0.13's sync scheduler); with and without zb-patch alike (docs/e2e.md,
-    "Findings"; test_zero_bubble_matches_classic_async_exactly holds zb-patch to classic async exactly; the notes'
+    "Verdict"; test_zero_bubble_matches_classic_async_exactly holds zb-patch to classic async exactly; the notes'
     rules: test_selftest_compare.py)."""
     wl, res = runs
     assert wl.reaches_max_model_len(tiny_model.VOCAB) or not wl.limit_every, "no request reaches max_model_len"
@@ -492,7 +492,7 @@ def planted(runs, models, tmp_path_factory):
 # there when it asks (a race with the executor's async-output thread): the scheduler's counts are then exact, and the
 # runner subtracts the previous step's rejected drafts again. Forced with run_engine.py --output-ready-early on a
 # 2-request MTP k = 1 workload, request 1 goes wrong from output index 2 in classic async, and in zero-bubble without
-# its own test of exact counts (docs/e2e.md, "Findings" 7). The fix exact-counts-after-early-output carries the test
+# its own test of exact counts (docs/e2e.md). The fix exact-counts-after-early-output carries the test
 # for the classic path.
 EARLY = Workload(num_requests=2, max_prompt=10, min_tokens=6, max_tokens=6, num_speculative_tokens=1)
 EXACT_FIX = "exact-counts-after-early-output"

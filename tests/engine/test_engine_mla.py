@@ -4,14 +4,14 @@ deepseek-mtp``), through the release's own MLA backend (``AscendMLAMetadataBuild
 emulated MLA ops of tests/support/npu_ops/mla.py, one engine process per configuration of the operators' command
 (``run.CONFIGS``; docs/e2e.md, "MLA (DeepSeek-style) + MTP"): ``sync`` and ``async+fixes`` (zb-patch's fixes of the
 releases' own defects only), ``async+zb`` (``ZB_PATCH=1``); with E2E_BIG=1 also classic ``async`` as released
-(reported, not judged: on 0.13 at k = 3 it stops on vLLM #37159's stale ``-1`` placeholder, docs/e2e.md "Findings"
-3).
+(reported, not judged: on 0.13 at k = 3 it stops on vLLM #37159's stale ``-1`` placeholder, docs/e2e.md
+"stale-draft-placeholders").
 
 Tokens must be identical in every run and ``async+zb`` equal to ``async+fixes`` in every recorded field. On 0.18 and
-0.23 the fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md "Findings"
-8), and the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's
+0.23 the fixes include ``mla-draft-rope-rows`` (every draft position's decode RoPE rows its own, docs/e2e.md),
+and the whole verdict passes; the sync run is repeated with that fix left out (``ZB_PATCH_DISABLE``: the release's
 shared rows; E2E_BIG=1 repeats all three). On 0.13 the acceptance differences at k >= 2 are each one draft pass in a
-batch with a prefill (docs/e2e.md "Findings" 9), which the verdict excuses (rule 5), and the verdict passes. On 0.23
+batch with a prefill (docs/e2e.md, "One draft pass"), which the verdict excuses (rule 5), and it passes. On 0.23
 zero-bubble is the release's own (``async`` is native zero-bubble, ``async+zb`` adds zb-patch's slot-mapping kernel) and
 MLA prefill goes through FIA's RoPE-split TND mode with the context chunks merged by ``npu_attention_update`` (0.13 /
 0.18: Ring MLA). ``MLA_WORKLOAD`` at the tutorial's k = 3 (about 2 minutes on two cores: four engine processes, two at a
@@ -44,14 +44,14 @@ if RELEASE not in ("0.13.0", "0.18.0", "0.23.0"):
 # the releases zb-patch fixes the shared draft RoPE rows on (0.13's MtpProposer builds its drafts otherwise)
 ROPE_ROWS_FIXED = RELEASE in ("0.18.0", "0.23.0")
 NATIVE_ZERO_BUBBLE = RELEASE == "0.23.0"
-# 0.13's MtpProposer drafts one pass in a batch with a prefill (docs/e2e.md "Findings" 9; the child's draft_passes)
+# 0.13's MtpProposer drafts one pass in a batch with a prefill (docs/e2e.md "One draft pass"; the child's draft_passes)
 ONE_PASS_PROPOSALS = RELEASE == "0.13.0"
 
 BIG = bool(os.environ.get("E2E_BIG"))
 KS = (1, 2, 3) if BIG else (3,)
 # 8 requests, prompts up to 60 tokens prefilled in chunks of 32 (the later chunks load their context: Ring MLA's
 # context-chunk mode + npu_paged_cache_load), outputs up to 100 tokens in 3 KV blocks of 128 (requests grow past a
-# block: preemption); no request at max_model_len (vLLM #37159 stops the async runs there, docs/e2e.md "Findings" 3)
+# block: preemption); no request at max_model_len (vLLM #37159 stops the async runs there, docs/e2e.md)
 MLA_WORKLOAD = Workload(num_requests=8, max_prompt=60, max_tokens=100, max_model_len=256, limit_every=0)
 DRAFTER = ("--drafter", "deepseek-mtp")
 DRAFT_MODEL = {"0.13.0": "DeepSeekMTP", "0.18.0": "AscendDeepSeekMTP", "0.23.0": "AscendDeepSeekMTP"}[RELEASE]
@@ -209,9 +209,9 @@ COUNT_FAILURE = re.compile(
 def test_mla_verdict(sweep):
     """The operators' verdict (verdict.compare) on each k's runs: PASS with one draft pass (k = 1), on 0.18 / 0.23 with
     the fixes (mla-draft-rope-rows among them), and on 0.13 at every k, where at k >= 2 the acceptance differences
-    of "Findings" 9 are notes naming the one draft pass (rule 5); with the RoPE rows shared (0.18 / 0.23, "Findings"
-    8) its failures at k >= 2 are all drafted / accepted counts against sync, none about tokens, zero-bubble or zb vs
-    async+fixes."""
+    of docs/e2e.md "One draft pass" are notes naming it (rule 5); with the RoPE rows shared (0.18 / 0.23,
+    mla-draft-rope-rows left out) its failures at k >= 2 are all drafted / accepted counts against sync, none about
+    tokens, zero-bubble or zb vs async+fixes."""
     for variant, k, runs in _each(sweep, complete=True):
         wl = Workload(**{**MLA_WORKLOAD.to_json(), "num_speculative_tokens": k})
         failures, notes = compare({n: r for n, r in runs.items() if r is not None}, wl, tiny_model.VOCAB)
@@ -229,8 +229,8 @@ def test_mla_verdict(sweep):
 
 @pytest.mark.skipif(not ONE_PASS_PROPOSALS, reason="vllm-ascend 0.13.0's MtpProposer only")
 def test_sync_and_async_acceptance_differ_only_where_one_proposal_ran_one_pass(sweep):
-    """docs/e2e.md "Findings" 9: 0.13.0's MtpProposer runs its k draft passes only in a batch without a prefill (with
-    one, its first draft k times); sync and async scheduling batch the requests differently (0.13's sync scheduler
+    """docs/e2e.md "One draft pass": 0.13.0's MtpProposer runs its k draft passes only in a batch without a prefill
+    (with one, its first draft k times); sync and async scheduling batch the requests differently (0.13's sync scheduler
     verifies drafts with a prompt's last chunk, rule 5, which moves the chunk boundaries). Every decode verification
     whose acceptance differs between sync and async+fixes had its drafts from one pass in a batch with a prefill in
     one run and from k passes in the other; verifications from proposals of the same kind agree. Both kinds occur."""
@@ -284,7 +284,7 @@ def test_mla_acceptance_is_partial_and_varies(sweep):
 
 @pytest.mark.skipif(not ROPE_ROWS_FIXED, reason="0.18 / 0.23: the drafter builds every draft position before its model")
 def test_draft_positions_keep_their_rope_rows_with_the_fix(sweep):
-    """docs/e2e.md "Findings" 8: with mla-draft-rope-rows (applied in every run of the fixed variant, left out of every
+    """docs/e2e.md: with mla-draft-rope-rows (applied in every run of the fixed variant, left out of every
     run of the other), every draft position is accepted at times, below the one before (and the verdict passes:
     test_mla_verdict); with the rows shared as released, the drafts change from k = 2 on (at k = 3 the last position
     is never accepted), and at k = 1 (one draft pass, nothing built after it) the two variants are the same."""

@@ -231,7 +231,7 @@ def test_zero_bubble_equals_classic_async_with_the_fix(stale_runs):
 
 def test_acceptance_with_the_fix_is_sync_s_up_to_the_max_model_len_clamp(stale_runs):
     """Every request of this workload ends at max_model_len, where vLLM's sync and async schedulers verify different
-    numbers of drafts (docs/e2e.md, Findings: the clamp on the optimistic count); the acceptance rate stays sync's
+    numbers of drafts (docs/e2e.md, "The max_model_len clamp"); the acceptance rate stays sync's
     within 2 points (the drafts fed are the request's own: tests/patches/test_release_defects.py checks them one by
     one on the runner)."""
     sync, fixes = stale_runs["sync"].result, stale_runs["async+fixes"].result
@@ -351,7 +351,7 @@ def test_mtp_slot_fix_keeps_the_tokens(mtp_slot_runs):
 
 @pytest.mark.parametrize("name", ["sync", "sync+fixes-without-lengths-fix"])
 def test_mtp_later_drafts_attend_with_the_first_step_s_lengths(mtp_slot_runs, name):
-    """docs/e2e.md "Findings" 4: on the dense backend 0.13's later MTP draft steps attend with the first step's
+    """docs/e2e.md "mtp-draft-lengths": on the dense backend 0.13's later MTP draft steps attend with the first step's
     seq_lens_list / actual_seq_lengths_q (another request's KV, without their own newest entry), so the drafts after
     the first are not the model's: never accepted here, the first draft is."""
     run = mtp_slot_runs[name]

@@ -219,7 +219,7 @@ def _one_pass_at_12(sync_accepts_at_12: int = 1, sync_passes_at_12: int = 1, asy
 
 
 def test_drafts_from_one_pass_in_one_run_excuse_a_different_acceptance():
-    """vllm-ascend 0.13's MTP drafter repeats its first draft when the batch holds a prefill ("Findings" 9): where one
+    """vllm-ascend 0.13's MTP drafter repeats its first draft when the batch holds a prefill (verdict rule 5): where one
     run's drafts came from one pass and the other's from one pass per draft, only the first draft is the same, so
     the accepted counts may differ there (the first draft accepted in both) and the positions part from there on."""
     failures, notes = compare(_one_pass_at_12(), WL, VOCAB)

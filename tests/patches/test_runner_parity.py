@@ -236,7 +236,7 @@ def test_mla_018_draft_rope_rows_overwritten_without_the_fix(H, release, sess):
     """vllm-ascend 0.18 as released (``fixes=False``: both runs without the fixes of the release's defects) builds
     every draft position's metadata before the MTP model runs, and the decode RoPE rows are views of one static
     buffer (rotary_embedding._cos_mla / _sin_mla): each later build overwrites the rows of the earlier positions
-    (docs/e2e.md, Findings 8), in both runs alike; with the fixes (test_mla_metadata_parity) no position's rows
+    (docs/e2e.md, mla-draft-rope-rows), in both runs alike; with the fixes (test_mla_metadata_parity) no position's rows
     change between its build and the draft model's read."""
     res = H.parity(sess, _mla_shape(2), 120, seed=2, release=release, method="mtp", fixes=False)
     assert res["divergences"] == 0, res["examples"]

@@ -546,7 +546,7 @@ MTP_DRAFT_LENGTHS = Patch(
     "first step's lengths: its own newest KV entry is not seen, and the first step's cumulative query ends (k + 1 "
     "tokens per decode request) assign the one-token rows to the wrong requests, so a later draft reads another "
     "request's KV and depends on what else is in the batch. On the test model every draft after the first is "
-    "rejected (docs/e2e.md, Findings 4), and which ones are accepted by chance differs between sync and async "
+    "rejected (docs/e2e.md), and which ones are accepted by chance differs between sync and async "
     "scheduling. With or without async scheduling and zero-bubble. vllm-ascend #7033 (0.16.0rc1) deleted "
     "MtpProposer; never backported to 0.13.",
     how="Wrapper of the set_ascend_forward_context binding in vllm_ascend.spec_decode.mtp_proposer (the proposer enters "

@@ -302,7 +302,7 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
     "InputBatch.update_req_spec_token_ids writes them into token_ids_cpu) and the `-1` reaches the model: "
     "IndexError in the embedding on CPU, an out-of-bounds gather on a device. Seen with vLLM 0.18's max_model_len "
     "clamp, which leaves a request at the limit 0 tokens for a step (its count is optimistic), at k >= 2, in "
-    "classic async and with zero-bubble alike (docs/e2e.md, Findings). Every upstream fix proposed (#37629, #40768, "
+    "classic async and with zero-bubble alike (docs/e2e.md). Every upstream fix proposed (#37629, #40768, "
     "#43434, #46899) was closed unmerged.",
     how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body: the drafts proposed in the previous "
     "step for each request that was sampled there and is not in this step's batch are kept (a device clone of its "

@@ -75,7 +75,7 @@ def patches(worker_fingerprints: Mapping[str, str], count_fingerprints: Mapping[
         "thread, won on host-bound steps. The scheduler then sends counts that already have that step's rejected "
         "drafts subtracted, and the runner's _update_states, which assumes optimistic counts, subtracts them again: "
         "positions, seq_lens and slots fall short and the step reads and writes the wrong KV entries (wrong tokens; "
-        "reproduced by forcing the early path, docs/e2e.md 'Findings' 7). vLLM 0.23 no longer processes an output early."
+        "reproduced by forcing the early path, docs/e2e.md). vLLM 0.23 no longer processes an output early."
     )
     upstream = ("vllm 0.23 step_with_batch_queue (no done() check)",)
     remove_when = "the adapter's releases are retired (zero-bubble is native from vllm-ascend 0.19.1rc1 on)"

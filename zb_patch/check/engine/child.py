@@ -219,8 +219,8 @@ def _zero_bubble_state(runner) -> dict:
 
 def _record_draft_passes(runner) -> list:
     """vllm-ascend 0.13's ``MtpProposer`` runs its k draft passes only in a batch without a prefill; in a batch with
-    one it runs one pass and repeats that draft k times (``_propose``: ``if with_prefill: ... break``; docs/e2e.md
-    "Findings" 9), so which drafts a request gets depends on what else its batch holds. Records every proposal: its
+    one it runs one pass and repeats that draft k times (``_propose``: ``if with_prefill: ... break``; docs/e2e.md,
+    verdict rule 5), so which drafts a request gets depends on what else its batch holds. Records every proposal: its
     requests, where their drafts will sit (a device tensor, read after generating: no host wait while the engine
     runs), its draft passes (one ``compute_logits`` per pass, outside any graph) and whether the runner's batch held
     a prefill; :func:`_draft_passes` turns the list into the result's field. Empty for every other drafter."""

@@ -66,7 +66,7 @@ BIG = Workload(
 )
 # BIG without requests at max_model_len, on 8 KV blocks (20-37 preemptions at k = 1..4): at k >= 2 on BIG, vLLM
 # 0.18's async scheduling (with and without zb-patch) feeds a stale -1 draft placeholder to the model when a request
-# at the limit skipped a step (docs/e2e.md, "Findings"), so the k = 1..4 table runs this one
+# at the limit skipped a step (vLLM #37159, docs/e2e.md), so the k = 1..4 table runs this one
 BIG_NO_LIMIT = replace(BIG, limit_every=0, num_gpu_blocks=8)
 
 
