@@ -93,7 +93,7 @@ SLOT_MAPPING_KERNEL = Patch(
 # Later correctness fixes, each applied only where the installed code lacks it. "native" is decided by the
 # fingerprint of the installed target (native_fingerprints), never by a version string; a target whose
 # fingerprint is in neither map refuses the whole adapter. Pre-/post-fix fingerprints per release:
-# docs/releases/ascend-0.19-0.25.md section 3.2 and docs/releases/ascend-0.19-0.25-fixes.json.
+# docs/releases/ascend-0.19-0.25-fingerprints.json and docs/releases/ascend-0.19-0.25-fixes.json.
 # ----------------------------------------------------------------------------------------------------
 
 
