@@ -309,7 +309,7 @@ def eagle_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tens
     return w
 
 
-# -- MTP: a MiMo-style pair (dense Qwen2 target + one MTP layer in the same checkpoint), docs/e2e.md "MTP" ---------
+# -- MTP: a MiMo-style pair (dense Qwen2 target + one MTP layer in one checkpoint), docs/e2e.md "MTP drafter" ------
 
 
 def write_mtp_model(root: str, seed: int = 0) -> str:
@@ -372,7 +372,7 @@ def mtp_weights(succ: torch.Tensor, cls: torch.Tensor) -> dict[str, torch.Tensor
     return w
 
 
-# -- DeepSeek-V3-style: MLA attention + its MTP layer (write_deepseek_model), docs/e2e.md "DeepSeek MLA + MTP" -----
+# -- DeepSeek-V3-style: MLA + its MTP layer (write_deepseek_model), docs/e2e.md "MLA (DeepSeek-style) + MTP" -----
 
 # The widths the NPU MLA ops take (FIA's MLA mode, Ring MLA, npu_kv_rmsnorm_rope_cache): latent 512, RoPE 64, no-RoPE
 # query / key and value heads of 128, 32 query heads. The construction uses two heads; the other 30 have zero weights.
