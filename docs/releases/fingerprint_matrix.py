@@ -6,10 +6,10 @@ same normalised-AST hash the adapters record and ``zb-patch fingerprints`` print
 when the module or the definition is absent from that tree (for a method: not defined *in that class*,
 e.g. still inherited from vLLM).
 
-Usage (from a venv with zb-patch installed; see the .md for how the trees were obtained):
+Usage (from a venv with zb-patch installed; S a folder of unpacked release trees, see the .md):
 
     python docs/releases/fingerprint_matrix.py \\
-        --tree v0.19.1rc1=/work/src/vllm_ascend-v0.19.1rc1:/work/src/vllm-0.19.1 \\
+        --tree v0.19.1rc1=$S/vllm_ascend-v0.19.1rc1:$S/vllm-0.19.1 \\
         ... \\
         --json docs/releases/ascend-0.19-0.25-fingerprints.json --md -
 
