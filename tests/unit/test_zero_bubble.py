@@ -316,7 +316,7 @@ def test_correction_base_is_checked():
 
 
 # ------------------------------------------------------------------------------------------------
-# bounds, dtypes and paddings the runner relies on (each test below kills mutants of docs/mutation.md)
+# bounds, dtypes and paddings the runner relies on (each test below kills mutants: docs/mutation.md)
 # ------------------------------------------------------------------------------------------------
 # previous batch: 3 rows in 5-row buffers (rows 3, 4: stale, with drafts). Row 0 had 1 draft (rejected: valid 1), row 1
 # no draft (a discarded partial prefill: valid 0), row 2 two drafts (both accepted: valid 3).
