@@ -85,7 +85,9 @@ def main(argv: list[str]) -> int:
         "--configs",
         default="sync,async,async+zb",
         help="configurations (zb_patch.check.engine.run.CONFIGS), comma-separated; NAME~ID runs NAME with "
-        "ZB_PATCH_DISABLE=ID (e.g. async+zb~piecewise-replay-without-host-drain: zb-patch with the release's drain)",
+        "ZB_PATCH_DISABLE=ID (e.g. async+zb~piecewise-drain-once-per-step: zb-patch with the release's drain before "
+        "every piece), NAME@ID with ZB_PATCH_ENABLE=ID (an opt-in patch, e.g. "
+        "async+zb@full-replay-ordered-on-device)",
     )
     ap.add_argument(
         "--repeats",
@@ -224,15 +226,14 @@ def main(argv: list[str]) -> int:
         rep_dir = os.path.join(runs_dir, f"r{rep}")
         os.makedirs(rep_dir, exist_ok=True)
         for name in configs:
-            base, _, disabled = name.partition("~")
-            run_dir = os.path.join(rep_dir, disabled) if disabled else rep_dir  # same tag as NAME: its own folder
+            base, env = _config_env(name)
+            run_dir = os.path.join(rep_dir, name) if env else rep_dir  # same tag as NAME: its own folder
             os.makedirs(run_dir, exist_ok=True)
             probe_path = os.path.join(rep_dir, f"{name}-probe.json")
             os.environ[PROBE_ENV] = probe_path
             os.environ[SYNC_ENV] = "off" if args.dry_run else args.sync_debug
             os.environ[PROFILE_ENV] = f"{args.profile_from},{args.profile_steps}"
             os.environ[DEVICE_MS_ENV] = "0" if args.dry_run else str(args.device_ms)
-            env = {"ZB_PATCH_DISABLE": disabled} if disabled else None
             r = _run(run, base, models, run_dir, wl, ("--bench", *graph_flags), timeout(), env)
             label = f"{name} #{rep + 1}"
             if os.path.isfile(probe_path):
@@ -438,6 +439,16 @@ def reference_main(models: str, workload: str, out: str) -> int:
     with open(out, "w") as fh:
         json.dump({"tokens": tokens, "matmul_precision": torch.get_float32_matmul_precision()}, fh)
     return 0
+
+
+def _config_env(name: str) -> tuple[str, dict[str, str] | None]:
+    """``NAME``, ``NAME~ID`` (ZB_PATCH_DISABLE=ID) or ``NAME@ID`` (ZB_PATCH_ENABLE=ID): the configuration of
+    zb_patch.check.engine.run.CONFIGS and the environment set on top of its own."""
+    for mark, variable in (("~", "ZB_PATCH_DISABLE"), ("@", "ZB_PATCH_ENABLE")):
+        base, _, ids = name.partition(mark)
+        if ids:
+            return base, {variable: ids}
+    return name, None
 
 
 def summarize_repeats(probes: dict, configs: list[str]) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import io
 import json
@@ -90,12 +91,18 @@ def doctor_data(import_targets: bool = True) -> dict:
                         importlib.import_module(mod)
                     except Exception as exc:  # reported through the targets that stay unresolved
                         data.setdefault("import_errors", {})[mod] = f"{type(exc).__name__}: {exc}"
-            report, _ = adapter.patch_set.verify(versions, settings.disabled, import_missing=import_targets)
+            report, _ = adapter.patch_set.verify(
+                versions, settings.disabled, settings.opted_in, import_missing=import_targets
+            )
             in_range = adapter.in_range(versions)
+            specs = {p.id: p for p in adapter.patch_set.patches}
             items = []
             for item in report.items:
                 d = item.as_dict()
-                d["enabled"] = item.verdict not in (R.DISABLED,)
+                d["enabled"] = item.verdict not in (R.DISABLED, R.OPT_IN, R.SUPERSEDED)
+                if item.id in specs:
+                    d["rests_on"] = dataclasses.asdict(specs[item.id].rests_on)
+                    d["opt_in"] = specs[item.id].opt_in
                 d["in_range"] = in_range
                 d["fingerprint_ok"] = item.matched is not None if item.kind != "advisory" else None
                 items.append(d)
@@ -174,6 +181,18 @@ def _print_doctor(d: dict, out) -> None:
             )
             if it["reason"] and it["verdict"] not in ("ok",):
                 w(f"  {'':<8} {it['reason']}\n")
+        opt_in = [it for it in a["items"] if it.get("opt_in")]
+        if opt_in:
+            w(f"\n  Opt-in patches of {a['id']} (ZB_PATCH_ENABLE=id,...; not applied by default):\n")
+            for it in opt_in:
+                w(
+                    f"    {it['id']}  [{it['verdict']}]\n      rests on: {it['rests_on']['kind']} -- "
+                    f"{it['rests_on']['evidence']}\n"
+                )
+            w(
+                "    Check one on this deployment before serving with it: `ZB_PATCH_ENABLE=<id> zb-patch selftest "
+                "--engine` (tokens through this engine, with and without it).\n"
+            )
     w("\n")
     state = "ON" if s["enabled"] else "off (set ZB_PATCH=1 to enable)"
     w(f"zb-patch is {state}\n")
@@ -232,8 +251,14 @@ def patches_markdown(adapter_id: str) -> str:
         out.append(f"#### `{p.id}`{group}")
         out.append("")
         out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
+        opt = " **Opt-in** (`ZB_PATCH_ENABLE`)." if p.opt_in else ""
+        out.append(f"- **rests on** `{p.rests_on.kind}`: {p.rests_on.evidence}.{opt}")
         if p.requires:
             out.append("- **requires** " + ", ".join(f"`{r}`" for r in p.requires) + " (applied only with it)")
+        if p.supersedes:
+            out.append(
+                "- **supersedes** " + ", ".join(f"`{r}`" for r in p.supersedes) + " (stands in for it when enabled)"
+            )
         out.append("- **replaces** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.fingerprints.items()))
         if p.native_fingerprints:
             out.append(
@@ -300,12 +325,16 @@ def cmd_patches(args) -> int:
             print(f"   notes: {a.notes}")
         for p in a.patch_set.patches:
             group = f", group: {p.group}" if p.group else ""
-            print(f"\n   patch {p.id}  (roles: {', '.join(p.roles)}{group})")
+            default = "opt-in: ZB_PATCH_ENABLE" if p.opt_in else "applied by default"
+            print(f"\n   patch {p.id}  (roles: {', '.join(p.roles)}{group}; {default})")
+            print(f"     rests on:    {p.rests_on.line()}")
             print(f"     target:      {p.target}")
             for alias in p.aliases:
                 print(f"     alias:       {alias}")
             if p.requires:
                 print(f"     requires:    {', '.join(p.requires)}")
+            if p.supersedes:
+                print(f"     supersedes:  {', '.join(p.supersedes)} (stands in for it when enabled)")
             print(f"     why:         {p.why}")
             if p.how:
                 print(f"     how:         {p.how}")

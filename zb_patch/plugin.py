@@ -17,6 +17,8 @@ Environment (all validated; an invalid value names the variable and its valid va
 
 * ``ZB_PATCH``          ``1`` on, ``0`` / unset off.
 * ``ZB_PATCH_DISABLE``  comma-separated patch ids to leave out, or ``*`` for all (guards are still verified).
+* ``ZB_PATCH_ENABLE``   comma-separated opt-in patch ids to apply, or ``*`` for all: the patches whose correctness
+  rests on an NPU runtime contract no NPU run has shown (``rests on: npu-contract``); each one applied logs a WARNING.
 * ``ZB_PATCH_STRICT``   ``1``: any refusal or invalid setting raises (the process fails to start) instead of
   being logged.
 """
@@ -34,6 +36,7 @@ LOGGER_NAME = "vllm.zb_patch"  # a child of vLLM's logger: vLLM's handler, forma
 ENV_VARS = {
     "ZB_PATCH": "1 to switch zb-patch on; 0 or unset leaves vLLM untouched",
     "ZB_PATCH_DISABLE": "comma-separated patch ids to leave out, or * for all",
+    "ZB_PATCH_ENABLE": "comma-separated opt-in patch ids (rests on: npu-contract) to apply, or * for all",
     "ZB_PATCH_STRICT": "1 turns any refusal into a startup error; 0 or unset logs it and runs unpatched",
 }
 _BOOL_VALUES = ("0", "1")
@@ -89,24 +92,35 @@ class Settings:
         self.errors: list[str] = []
         self.enabled = self._bool("ZB_PATCH")
         self.strict = self._bool("ZB_PATCH_STRICT")
-        self.disabled: frozenset[str] = frozenset()
         for key in sorted(self.raw):
             if key not in ENV_VARS:
                 self.errors.append(f"{key} is not a zb-patch variable (valid: {', '.join(ENV_VARS)})")
-        value = self.raw.get("ZB_PATCH_DISABLE", "").strip()
-        if value:
-            ids = frozenset(x.strip() for x in value.split(",") if x.strip())
-            if "*" not in ids:
-                from .versions import adapters
+        self.disabled = self._ids("ZB_PATCH_DISABLE", opt_in_only=False)
+        self.opted_in = self._ids("ZB_PATCH_ENABLE", opt_in_only=True)
+        both = sorted((self.disabled & self.opted_in) - {"*"})
+        if both:
+            self.errors.append(f"ZB_PATCH_ENABLE and ZB_PATCH_DISABLE both name {', '.join(both)}: name each in one")
 
-                known = sorted({p.id for a in adapters() for p in a.patch_set.patches})
-                unknown = sorted(ids - set(known))
-                if unknown:
-                    self.errors.append(
-                        f"ZB_PATCH_DISABLE={value!r}: unknown patch id(s) {', '.join(unknown)} "
-                        f"(valid: * or {', '.join(known) if known else '(no patches defined)'})"
-                    )
-            self.disabled = ids
+    def _ids(self, key: str, *, opt_in_only: bool) -> frozenset[str]:
+        """The patch ids of a comma-separated variable (``*``: all); an id no adapter has is an error listing the
+        valid ones (for ZB_PATCH_ENABLE: the opt-in patches)."""
+        value = self.raw.get(key, "").strip()
+        ids = frozenset(x.strip() for x in value.split(",") if x.strip())
+        if not ids or "*" in ids:
+            return ids
+        from .versions import adapters
+
+        patches = [p for a in adapters() for p in a.patch_set.patches]
+        valid = sorted({p.id for p in patches if p.opt_in or not opt_in_only})
+        unknown = sorted(ids - set(valid))
+        if unknown:
+            by_default = sorted(set(unknown) & {p.id for p in patches})
+            note = f"; applied by default, not opt-in: {', '.join(by_default)}" if by_default else ""
+            self.errors.append(
+                f"{key}={value!r}: unknown {'opt-in ' if opt_in_only else ''}patch id(s) {', '.join(unknown)}{note} "
+                f"(valid: * or {', '.join(valid) if valid else '(none defined)'})"
+            )
+        return ids
 
     def _bool(self, key: str) -> bool:
         value = self.raw.get(key, "").strip()
@@ -122,6 +136,7 @@ class Settings:
             "enabled": self.enabled,
             "strict": self.strict,
             "disabled": sorted(self.disabled),
+            "opted_in": sorted(self.opted_in),
             "errors": list(self.errors),
             "raw": dict(self.raw),
         }
@@ -288,7 +303,7 @@ class Activation:
                 mods = adapter.patch_set.modules()
                 if not all(R._module_ready(m) for m in mods):
                     continue
-                report = adapter.patch_set.apply(self.versions, self.settings.disabled)
+                report = adapter.patch_set.apply(self.versions, self.settings.disabled, self.settings.opted_in)
                 if report.verdict in (R.APPLIED, R.ALREADY, R.OK):
                     self._accepted(adapter, report, probed=self.selection.verdict == V.PROBE)
                     return
@@ -326,6 +341,12 @@ class Activation:
             parts.append(f"native [{', '.join(native)}]")
         if disabled:
             parts.append(f"disabled [{', '.join(disabled)}]")
+        opt_in = report.by_verdict(R.OPT_IN)
+        if opt_in:
+            parts.append(f"opt-in, not enabled [{', '.join(opt_in)}]")
+        superseded = report.by_verdict(R.SUPERSEDED)
+        if superseded:
+            parts.append(f"superseded [{', '.join(superseded)}]")
         parts.append(f"{guards} guards verified")
         self.reason = f"{adapter.id} {how}"
         for item in report.items:
@@ -337,6 +358,17 @@ class Activation:
                     item.id,
                     item.matched,
                     item.reason,
+                )
+        specs = {p.id: p for p in adapter.patch_set.patches}
+        for pid in applied + already:
+            if specs[pid].opt_in:
+                _logger().warning(
+                    "%s adapter=%s opt-in patch %s applied (ZB_PATCH_ENABLE): not shown on an NPU; rests on %s; "
+                    "check it on this deployment with `zb-patch selftest --engine`",
+                    self._prefix(),
+                    adapter.id,
+                    pid,
+                    specs[pid].rests_on.evidence,
                 )
         _logger().info(
             "%s adapter=%s %s: %s; versions %s",

@@ -590,6 +590,44 @@ class Advisory:
     upstream: tuple[str, ...] = ()
 
 
+# What a patch's correctness rests on (``Patch.rests_on``). Every kind but NPU_CONTRACT applies with ZB_PATCH=1;
+# an NPU_CONTRACT patch applies only when named in ZB_PATCH_ENABLE (opt-in).
+HOST = "host"
+ONE_STREAM = "one-stream"
+UPSTREAM = "upstream"
+BACKPORT = "backport"
+NPU_CONTRACT = "npu-contract"
+RESTS_ON_KINDS: Mapping[str, str] = {
+    HOST: "host code only: true on every accelerator",
+    ONE_STREAM: "program order within one device stream (and host waits on events of that stream): true on every "
+    "accelerator",
+    UPSTREAM: "the same change ships in a vLLM / vllm-ascend release that runs on NPUs",
+    BACKPORT: "upstream's design ported onto this release's code; the port verified on the stand-ins (CPU emulation, "
+    "CUDA standing in for the NPU)",
+    NPU_CONTRACT: "a CANN / torch_npu behaviour that no NPU run has shown and no NPU release relies on: opt-in "
+    "(ZB_PATCH_ENABLE)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RestsOn:
+    """What a patch's correctness rests on: one of :data:`RESTS_ON_KINDS` and the evidence, written out (the PR and
+    first release for ``upstream``, the design and how the port was verified for ``backport``, the runtime behaviour
+    relied on for ``npu-contract``)."""
+
+    kind: str
+    evidence: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in RESTS_ON_KINDS:
+            raise ValueError(f"rests_on kind {self.kind!r} is not one of {', '.join(RESTS_ON_KINDS)}")
+        if not self.evidence.strip():
+            raise ValueError(f"rests_on {self.kind}: the evidence must be written out")
+
+    def line(self) -> str:
+        return f"{self.kind} -- {self.evidence}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """One replacement of one target.
@@ -619,8 +657,20 @@ class Patch:
     # ids of patches of the same set this one acts through: when one of them is not applied (disabled, native), this
     # one is not either (one direction only: disabling this one leaves them applied)
     requires: tuple[str, ...] = ()
+    # what its correctness rests on (required, by keyword)
+    rests_on: RestsOn = dataclasses.field(kw_only=True)
+    # ids of patches of the same set with the same target that this one stands in for when it is enabled: they are
+    # not applied then (verdict "superseded"), and what requires them is served by this one
+    supersedes: tuple[str, ...] = ()
+
+    @property
+    def opt_in(self) -> bool:
+        """Applied only when named in ZB_PATCH_ENABLE: its correctness rests on an unshown NPU contract."""
+        return self.rests_on.kind == NPU_CONTRACT
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rests_on, RestsOn):
+            raise ValueError(f"patch {self.id}: rests_on (a RestsOn of kind {', '.join(RESTS_ON_KINDS)}) is required")
         split_target(self.target)
         for alias in self.aliases:
             split_target(alias)
@@ -739,6 +789,8 @@ APPLIED = "applied"
 ALREADY = "already-applied"
 NATIVE = "native"
 DISABLED = "disabled"
+OPT_IN = "opt-in"  # an npu-contract patch not named in ZB_PATCH_ENABLE
+SUPERSEDED = "superseded"  # an enabled patch of the same target stands in for it
 REFUSED = "refused"
 PENDING = "pending"
 OK = "ok"
@@ -750,7 +802,7 @@ class ItemReport:
     id: str
     target: str
     kind: str  # "patch" | "guard"
-    verdict: str  # ok / applied / already-applied / native / disabled / refused / pending
+    verdict: str  # ok / applied / already-applied / native / disabled / opt-in / superseded / refused / pending
     found: bool = False
     fingerprint: str | None = None
     expected: dict = dataclasses.field(default_factory=dict)
@@ -841,13 +893,25 @@ class PatchSet:
         ids = [p.id for p in self.patches]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{name}: duplicate patch ids")
-        targets = [p.target for p in self.patches]
-        if len(set(targets)) != len(targets):
-            raise ValueError(f"{name}: two patches replace the same target")
+        by_target: dict[str, list[Patch]] = {}
+        for p in self.patches:
+            by_target.setdefault(p.target, []).append(p)
+        for target, same in by_target.items():
+            if len(same) > 1 and not all(
+                q.id in p.supersedes or p.id in q.supersedes for i, p in enumerate(same) for q in same[i + 1 :]
+            ):
+                raise ValueError(
+                    f"{name}: two patches replace the same target {target} and neither supersedes the other"
+                )
         for i, p in enumerate(self.patches):
-            for r in p.requires:
+            for r in p.requires + p.supersedes:
                 if r not in ids[:i]:
-                    raise ValueError(f"{name}: {p.id} requires {r}, which is not listed before it")
+                    raise ValueError(f"{name}: {p.id} names {r}, which is not listed before it")
+            for r in p.supersedes:
+                if self.patches[ids.index(r)].target != p.target:
+                    raise ValueError(f"{name}: {p.id} supersedes {r}, whose target is another")
+                if not p.opt_in:
+                    raise ValueError(f"{name}: {p.id} supersedes {r} but is applied by default (only opt-in may)")
 
     # -- what is needed --------------------------------------------------------------------------
     def modules(self, enabled: Iterable[str] | None = None) -> list[str]:
@@ -860,9 +924,30 @@ class PatchSet:
             mods.append(split_target(g.target)[0])
         return sorted(set(mods))
 
-    def select(self, versions: Any, disabled: Iterable[str]) -> tuple[list[Patch], dict[str, tuple[str, str]]]:
-        """Split patches into (to apply, {id: (verdict, reason)} for native / disabled ones)."""
+    def opted_in(self, enabled: Iterable[str]) -> dict[str, str]:
+        """The opt-in patches of this set that ``enabled`` (ZB_PATCH_ENABLE: ids or ``*``) switches on, each with the
+        id that named it: a named patch brings its group (patches that only work together) and the opt-in patches
+        it requires."""
+        enabled = set(enabled)
+        by_id = {p.id: p for p in self.patches}
+        on: dict[str, str] = {}
+        todo = [(p.id, p.id) for p in self.patches if p.opt_in and ("*" in enabled or p.id in enabled)]
+        while todo:
+            pid, named_by = todo.pop()
+            if pid in on:
+                continue
+            on[pid] = named_by
+            p = by_id[pid]
+            todo += [(q.id, named_by) for q in self.patches if p.group and q.group == p.group and q.opt_in]
+            todo += [(r, named_by) for r in p.requires if by_id[r].opt_in]
+        return on
+
+    def select(
+        self, versions: Any, disabled: Iterable[str], enabled: Iterable[str] = ()
+    ) -> tuple[list[Patch], dict[str, tuple[str, str]]]:
+        """Split patches into (to apply, {id: (verdict, reason)} for native / disabled / opt-in / superseded ones)."""
         disabled = set(disabled)
+        opted_in = self.opted_in(enabled)
         chosen, skipped = [], {}
         off_groups = {p.group: p.id for p in self.patches if p.group and (p.id in disabled or "*" in disabled)}
         for p in self.patches:
@@ -875,24 +960,44 @@ class PatchSet:
                     f"disabled with {off_groups[p.group]} (group {p.group!r}: these patches only work together)",
                 )
                 continue
+            if p.opt_in and p.id not in opted_in:
+                skipped[p.id] = (
+                    OPT_IN,
+                    f"opt-in, rests on an NPU contract no NPU run has shown: ZB_PATCH_ENABLE={p.id} applies it",
+                )
+                continue
             why_native = p.native(versions) if (p.native and versions is not None) else None
             if why_native:
                 skipped[p.id] = (NATIVE, why_native)
                 continue
             chosen.append(p)
-        for p in list(chosen):  # a required patch is listed before the patches that require it
-            missing = [r for r in p.requires if r in skipped]
+        # a required or superseded patch is listed before the patches that name it
+        stands_in = {}  # superseded id -> the chosen patch that stands in for it
+        for p in list(chosen):
+            missing = [r for r in p.requires if r in skipped and r not in stands_in]
             if missing:
                 chosen.remove(p)
                 verdict = skipped[missing[0]][0]
                 skipped[p.id] = (verdict, f"needs {missing[0]}, which is not applied ({verdict}): it acts through it")
+                continue
+            for r in p.supersedes:
+                stands_in[r] = p.id
+                superseded = next((q for q in chosen if q.id == r), None)
+                if superseded is not None:
+                    chosen.remove(superseded)
+                    skipped[r] = (SUPERSEDED, f"superseded by {p.id} (ZB_PATCH_ENABLE), which replaces the same target")
         return chosen, skipped
 
     # -- verification --------------------------------------------------------------------------
     def verify(
-        self, versions: Any = None, disabled: Iterable[str] = (), *, import_missing: bool = False
+        self,
+        versions: Any = None,
+        disabled: Iterable[str] = (),
+        enabled: Iterable[str] = (),
+        *,
+        import_missing: bool = False,
     ) -> tuple[SetReport, list[tuple[Patch, Resolved]]]:
-        chosen, skipped = self.select(versions, disabled)
+        chosen, skipped = self.select(versions, disabled, enabled)
         items: list[ItemReport] = []
         resolved: list[tuple[Patch, Resolved]] = []
         problems: list[str] = []
@@ -995,9 +1100,9 @@ class PatchSet:
         return report, resolved
 
     # -- application --------------------------------------------------------------------------
-    def apply(self, versions: Any = None, disabled: Iterable[str] = ()) -> SetReport:
-        """Verify everything, then apply everything or nothing."""
-        report, resolved = self.verify(versions, disabled)
+    def apply(self, versions: Any = None, disabled: Iterable[str] = (), enabled: Iterable[str] = ()) -> SetReport:
+        """Verify everything, then apply everything or nothing (``enabled``: the opt-in patches switched on)."""
+        report, resolved = self.verify(versions, disabled, enabled)
         if report.verdict != OK:
             for item in report.items:
                 if item.kind == "patch" and item.verdict in (OK, ALREADY):

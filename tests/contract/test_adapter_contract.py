@@ -125,6 +125,7 @@ def test_apply_and_unpatch_every_real_target_restores_identity(worker_modules):
             why="contract",
             upstream=("-",),
             remove_when="-",
+            rests_on=R.RestsOn(R.HOST, "the contract test's pass-through"),
         )
         for i, (t, fps) in enumerate(targets.items())
     ]

@@ -89,11 +89,7 @@ EXPECTED = {
                 "mtp-draft-slots",
                 "mtp-draft-lengths",
                 "draft-sample-indices-past-batch",
-                "piecewise-replay-without-host-drain",
-                "full-replay-ordered-on-device",
-                "full-replay-ordered-on-device-mla-attn",
-                "full-replay-ordered-on-device-attn-dcp-pcp",
-                "full-replay-ordered-on-device-mla-attn-dcp-pcp",
+                "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,
@@ -121,8 +117,7 @@ EXPECTED = {
                 "mla-draft-rope-rows-dummy-run",
                 "cudagraph-batch-sizes-after-rounding",
                 "draft-sample-indices-past-batch",
-                "piecewise-replay-without-host-drain",
-                "full-replay-ordered-on-device",
+                "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),
         plants=ZERO_BUBBLE_PLANTS,

@@ -10,9 +10,11 @@ task-group update) and the release's update functions (0.18 ``update_full_graph_
 
 Asserted (docs/graph-modes.md):
 
-* PIECEWISE: the release drains the device from the host before every piece replay; with the adapter applied
-  (piecewise-replay-without-host-drain) it does not (async + spec decode), and still does without async
-  scheduling; FULL replays are drained either way. Replays equal the eager code on the static buffers.
+* PIECEWISE: the release drains the device from the host before every piece replay, the target's and the drafter's;
+  with the adapter's defaults (piecewise-drain-once-per-step) once per target forward, before its first piece, and
+  never in the drafter's; with the opt-in piecewise-replay-without-host-drain never (async + spec decode); both
+  leave other configurations to the release. FULL replays are drained unless full-replay-ordered-on-device is
+  enabled. Replays equal the eager code on the static buffers.
 * FULL_DECODE_ONLY: every replay's task groups run with the host lists of their own step (the update the runner
   issues after the replay), and the result equals the eager attention with those lists -- on a device that keeps up
   and on one the host runs ahead of, under several schedules, with the release's drain in place.
@@ -66,18 +68,32 @@ def _adapter():
     )
 
 
+# what the ``patched`` fixture applies: nothing, the adapter's defaults (ZB_PATCH=1), or the defaults and opt-in patches
+VARIANTS = {
+    "release": None,
+    "default": (),
+    "no-drain": ("piecewise-replay-without-host-drain",),
+    "full-ordering": ("full-replay-ordered-on-device",),
+    "every-opt-in": ("*",),
+}
+
+
 @pytest.fixture
 def patched(request):
-    """The adapter applied (``request.param``) or not; unpatched after the test."""
+    """The adapter applied as :data:`VARIANTS` ``[request.param]`` says; unpatched after the test."""
     import importlib
 
     ps = _adapter().ADAPTER.patch_set
     graph_replay.FullOrdering.reset()
-    if request.param:
+    graph_replay.OncePerForwardTorch.drained_forward = None
+    enabled = VARIANTS[request.param]
+    if enabled is not None:
         for module in ps.modules():  # the engine-core target's module too (a worker process has it imported)
             importlib.import_module(module)
-        report = ps.apply(detect())
+        report = ps.apply(detect(), enabled=enabled)
         assert report.verdict == R.APPLIED, report.reason
+        opt_in = {p.id for p in ps.patches if p.opt_in}
+        assert set(report.by_verdict(R.APPLIED)) & opt_in == set(ps.opted_in(enabled))
     yield request.param
     ps.unpatch()
 
@@ -102,7 +118,7 @@ def _runner(env, *, async_scheduling=True):
 
 
 @contextlib.contextmanager
-def _step(vc, mode, metadata=None):
+def _step(vc, mode, metadata=None, *, drafter=False):
     """The forward context of one step as vllm-ascend's set_ascend_forward_context leaves it for these paths."""
     from vllm.config import CUDAGraphMode, set_current_vllm_config
     from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
@@ -117,8 +133,9 @@ def _step(vc, mode, metadata=None):
         ),
     ):
         ctx = get_forward_context()
-        for name in ("capturing", "is_draft_model", "flash_comm_v1_enabled", "sp_enabled"):
+        for name in ("capturing", "flash_comm_v1_enabled", "sp_enabled"):
             setattr(ctx, name, False)
+        ctx.is_draft_model = drafter  # set_ascend_forward_context(is_draft_model=True) in the proposers
         yield ctx
 
 
@@ -135,8 +152,8 @@ def _host_drains(dev):
 class Piece:
     """A piece of a piecewise-compiled model: plain torch ops on static buffers."""
 
-    def __init__(self):
-        gen = torch.Generator().manual_seed(1)
+    def __init__(self, seed=1):
+        gen = torch.Generator().manual_seed(seed)
         self.x, self.w = torch.randn(T, 8, generator=gen), torch.randn(8, 8, generator=gen)
         self.out = torch.zeros(T, 8)
 
@@ -145,41 +162,89 @@ class Piece:
         return self.out
 
 
+PIECES, DRAFTS = 3, 2  # pieces of each model; drafter forwards per step (k)
+
+
 @pytest.mark.parametrize(
-    "patched,runtime_mode,async_scheduling,drains",
+    "patched,async_scheduling,target_drains,drafter_drains",
     [
-        (False, "PIECEWISE", True, 3),  # the release: a host drain before every piece replay
-        (True, "PIECEWISE", True, 0),  # the fix: none (async + spec decode)
-        (True, "PIECEWISE", False, 3),  # the fix leaves other configurations alone
-        (False, "FULL", True, 3),
-        # FULL, ordered on the device: the first replay's drain becomes a boundary; the later ones follow a replay
-        # no update came after (this graph holds no task group), so they drain as released
-        (True, "FULL", True, 2),
-        (True, "FULL", False, 3),
+        ("release", True, PIECES, PIECES),  # a host drain before every piece replay, the drafter's included
+        ("default", True, 1, 0),  # once per target forward, before its first piece; none in the drafter's
+        ("no-drain", True, 0, 0),  # opt-in: none
+        ("every-opt-in", True, 0, 0),
+        ("default", False, PIECES, PIECES),  # other configurations are the release's
+        ("no-drain", False, PIECES, PIECES),
     ],
     indirect=["patched"],
 )
-def test_host_drain_before_replay(env, graph_state, patched, runtime_mode, async_scheduling, drains):
+def test_piecewise_host_drains_per_forward(env, graph_state, patched, async_scheduling, target_drains, drafter_drains):
+    """Each step: the target's forward over its pieces, then the drafter's k forwards over its own, every forward in
+    a forward context of its own (as the runner and the proposer set them). Drains counted per forward; every replay
+    equals the eager computation on that step's inputs."""
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    vc, _ = _runner(env, async_scheduling=async_scheduling)
+    target, drafter = [Piece(seed) for seed in range(PIECES)], [Piece(10 + seed) for seed in range(PIECES)]
+    once, skipped = graph_replay.DRAINS["once"], graph_replay.DRAINS["skipped"]
+    with G.activate() as dev:
+        wrap = [ACLGraphWrapper(p, vc, runtime_mode=CUDAGraphMode.PIECEWISE) for p in target + drafter]
+        gen = torch.Generator().manual_seed(2)
+        for step in range(4):
+            for piece in target + drafter:
+                piece.x.copy_(torch.randn(T, 8, generator=gen))
+            before = len(_host_drains(dev))
+            with _step(vc, "PIECEWISE"):
+                outs = [w() for w in wrap[:PIECES]]
+            after_target = len(_host_drains(dev))
+            for _ in range(DRAFTS):
+                with _step(vc, "PIECEWISE", drafter=True):
+                    outs += [w() for w in wrap[PIECES:]]
+            drains = (after_target - before, len(_host_drains(dev)) - after_target)
+            # each wrapper's first call captures (no drain), the later ones replay: step 0's target forward and first
+            # drafter forward capture
+            drafter_replays = DRAFTS if step else DRAFTS - 1
+            assert drains == ((target_drains if step else 0), drafter_replays * drafter_drains), (step, dev.drains)
+            for piece, out in zip(target + drafter * DRAFTS, outs):
+                assert not step or torch.equal(out, torch.tanh(piece.x @ piece.w)), step  # a capture runs nothing
+        assert dev.idle()
+    replays = PIECES * (3 + 4 * DRAFTS - 1)
+    ran = 3 * target_drains + (4 * DRAFTS - 1) * drafter_drains
+    counted = graph_replay.DRAINS["once"] - once, graph_replay.DRAINS["skipped"] - skipped
+    assert counted == ((3 if target_drains == 1 else 0, replays - ran) if async_scheduling else (0, 0))
+
+
+@pytest.mark.parametrize(
+    "patched,async_scheduling,drains",
+    [
+        ("release", True, 3),
+        ("default", True, 3),  # the release's drain before every FULL replay
+        # FULL, ordered on the device (opt-in): the first replay's drain becomes a boundary; the later ones follow a
+        # replay no update came after (this graph holds no task group), so they drain as released
+        ("full-ordering", True, 2),
+        ("every-opt-in", True, 2),
+        ("full-ordering", False, 3),
+    ],
+    indirect=["patched"],
+)
+def test_host_drain_before_full_replay(env, graph_state, patched, async_scheduling, drains):
     from vllm.config import CUDAGraphMode
     from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
     vc, _ = _runner(env, async_scheduling=async_scheduling)
     piece = Piece()
-    skipped, replaced = graph_replay.DRAINS["skipped"], graph_replay.DRAINS["replaced"]
+    replaced = graph_replay.DRAINS["replaced"]
     with G.activate() as dev:
-        wrapper = ACLGraphWrapper(piece, vc, runtime_mode=getattr(CUDAGraphMode, runtime_mode))
+        wrapper = ACLGraphWrapper(piece, vc, runtime_mode=CUDAGraphMode.FULL)
         gen = torch.Generator().manual_seed(2)
         for step in range(4):
             piece.x.copy_(torch.randn(T, 8, generator=gen))
-            with _step(vc, runtime_mode):
+            with _step(vc, "FULL"):
                 out = wrapper()
             if step:  # the first call captured; the others replay
                 assert torch.allclose(out, torch.tanh(piece.x @ piece.w)), step
-        replays = 3
         assert len(_host_drains(dev)) == drains, dev.drains
-        left_out = replays - drains
-        assert graph_replay.DRAINS["skipped"] - skipped == (left_out if runtime_mode == "PIECEWISE" else 0)
-        assert graph_replay.DRAINS["replaced"] - replaced == (left_out if runtime_mode == "FULL" else 0)
+        assert graph_replay.DRAINS["replaced"] - replaced == 3 - drains
         assert dev.idle()
 
 
@@ -293,12 +358,12 @@ def _assert_each_replay_read_its_own_step(dev, steps=STEPS):
     assert runs == expected
 
 
-@pytest.mark.parametrize("patched", [False, True], indirect=True, ids=["release", "patched"])
+@pytest.mark.parametrize("patched", ["release", "default", "full-ordering"], indirect=True)
 def test_full_steps_read_their_own_host_lists(env, graph_state, patched):
     with G.activate() as dev:
         vc, model, outputs = _run_full_steps(env, graph_state, dev)
         _assert_each_replay_read_its_own_step(dev)
-        assert len(_host_drains(dev)) == (0 if patched else len(STEPS))
+        assert len(_host_drains(dev)) == (0 if patched == "full-ordering" else len(STEPS))
         assert all(out.isfinite().all() and out.abs().sum() > 0 for out in outputs)
         assert not torch.equal(outputs[0], outputs[1]), "each step's lists change the result"
         for kv_lens, out in zip(STEPS, outputs):
@@ -363,7 +428,7 @@ def test_without_the_full_drain_an_orderly_device_hides_the_race(env, graph_stat
         _assert_each_replay_read_its_own_step(dev)
 
 
-@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
+@pytest.mark.parametrize("patched", ["full-ordering"], indirect=True)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_full_ordering_on_the_device_keeps_a_host_that_runs_ahead_exact(env, graph_state, patched, schedule):
     """full-replay-ordered-on-device: no host drain before a FULL replay; each update waits on its stream for the
@@ -389,7 +454,7 @@ def ordering_without_waits(monkeypatch):
     monkeypatch.setattr(graph_replay.FullOrdering, "before_update", classmethod(before_update))
 
 
-@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
+@pytest.mark.parametrize("patched", ["full-ordering"], indirect=True)
 def test_a_boundary_nobody_waits_for_lets_the_update_overtake(env, graph_state, patched, ordering_without_waits):
     """What the stream wait does: without it, the patched path reproduces failure 1."""
     with G.activate(run_ahead=True, schedule="side-streams-first") as dev:
@@ -399,7 +464,7 @@ def test_a_boundary_nobody_waits_for_lets_the_update_overtake(env, graph_state, 
             torch.npu.synchronize()
 
 
-@pytest.mark.parametrize("patched", [True], indirect=True, ids=["patched"])
+@pytest.mark.parametrize("patched", ["full-ordering"], indirect=True)
 def test_a_replay_without_its_update_drains_the_next_one(env, graph_state, patched):
     """A FULL replay no update came after (the MTP drafter's k replays per update): the next replay drains as
     released, and the pairing resumes after the next update."""

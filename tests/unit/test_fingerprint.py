@@ -379,6 +379,7 @@ def test_file_restored_to_the_recorded_code_does_not_let_running_drifted_code_pa
         why="t",
         upstream=("#0",),
         remove_when="never",
+        rests_on=R.RestsOn(R.HOST, "the test's own code"),
     )
     report = PatchSet("t", [patch]).apply()
     assert report.verdict == R.REFUSED
@@ -403,6 +404,7 @@ def test_drifted_function_is_refused_by_fingerprint(upstream):
         why="t",
         upstream=("#0",),
         remove_when="never",
+        rests_on=R.RestsOn(R.HOST, "the test's own code"),
     )
     report = PatchSet("t", [patch]).apply()
     assert report.verdict == R.REFUSED and "fingerprint mismatch" in report.reason

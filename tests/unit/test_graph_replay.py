@@ -1,11 +1,16 @@
-"""The graph-replay fixes (zb_patch/versions/graph_replay.py) without torch: piecewise-replay-without-host-drain's
-stand-in ``torch`` (the two host drains do nothing and are counted, every other name is the real module's), the
-wrapper leaving other wrappers and configurations to the release, and full-replay-ordered-on-device's bookkeeping
+"""The graph-replay patches (zb_patch/versions/graph_replay.py) without torch: the stand-in ``torch`` of the two
+PIECEWISE patches (piecewise-drain-once-per-step: the first drain of a target forward runs, the rest and the drafter's
+do nothing; piecewise-replay-without-host-drain: none runs; every other name is the real module's), the wrapper
+leaving other wrappers and configurations to the release, and full-replay-ordered-on-device's bookkeeping
 (where a drain becomes a boundary, which update waits for which boundary). Their behaviour on the release's
 ACLGraphWrapper, runner and update functions is tested in tests/patches/test_graph_modes.py."""
 
+import sys
 from types import SimpleNamespace
 
+import pytest
+
+from zb_patch import registry as R
 from zb_patch.versions import graph_replay as GR
 
 
@@ -35,10 +40,43 @@ def _config(async_scheduling, spec):
     return SimpleNamespace(scheduler_config=scheduler, speculative_config=object() if spec else None)
 
 
-def test_wants_no_drain_only_with_async_scheduling_and_spec_decode():
-    assert GR.wants_no_drain(_config(True, True))
-    assert not GR.wants_no_drain(_config(True, False))
-    assert not GR.wants_no_drain(_config(False, True))
+def test_the_patches_act_only_with_async_scheduling_and_spec_decode():
+    assert GR.async_spec_decode(_config(True, True))
+    assert not GR.async_spec_decode(_config(True, False))
+    assert not GR.async_spec_decode(_config(False, True))
+
+
+@pytest.fixture
+def forward_contexts(monkeypatch):
+    """vllm.forward_context as the stand-in reads it: ``enter(is_draft_model)`` makes a new forward's context
+    current."""
+    current = {}
+    module = SimpleNamespace(get_forward_context=lambda: current["context"])
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(forward_context=module))
+    monkeypatch.setitem(sys.modules, "vllm.forward_context", module)
+    monkeypatch.setattr(GR.OncePerForwardTorch, "drained_forward", None)
+
+    def enter(is_draft_model=False):
+        current["context"] = SimpleNamespace(is_draft_model=is_draft_model)
+
+    return enter
+
+
+def test_once_per_forward_torch_runs_the_first_drain_of_each_target_forward(forward_contexts):
+    calls = []
+    proxy = GR.OncePerForwardTorch(_fake_torch(calls))
+    once, skipped = GR.DRAINS["once"], GR.DRAINS["skipped"]
+    for _ in range(3):
+        forward_contexts()  # target forward: 4 pieces, each drained by the release
+        for _ in range(4):
+            proxy.npu.current_stream().synchronize()
+        for _ in range(2):  # the drafter's forwards (k = 2), 4 pieces each
+            forward_contexts(is_draft_model=True)
+            for _ in range(4):
+                proxy.npu.synchronize()
+    assert calls == ["stream.synchronize"] * 3
+    assert GR.DRAINS["once"] - once == 3 and GR.DRAINS["skipped"] - skipped == 3 * 3 + 3 * 8
+    assert proxy.Tensor == "tensor class" and proxy.npu.NPUGraph == "graph class"
 
 
 class _Recorder:
@@ -130,31 +168,37 @@ def test_other_wrappers_run_the_release_unchanged():
         seen.append((wrapper, args, kwargs))
         return "out"
 
-    call = GR.make_call(original)
+    call = GR.make_call(GR.OncePerForwardTorch)(original)
     # FULL while full-replay-ordered-on-device is not applied (the original's module has no ordered update)
     full = SimpleNamespace(runtime_mode=SimpleNamespace(name="FULL"), vllm_config=_config(True, True))
     piecewise_sync = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), vllm_config=_config(False, True))
     assert call(full, 1, a=2) == "out" and call(piecewise_sync) == "out"
     assert seen == [(full, (1,), {"a": 2}), (piecewise_sync, (), {})]
-    assert "torch" not in original.__globals__ or not isinstance(original.__globals__["torch"], GR.NoDrainTorch)
+    assert "torch" not in original.__globals__ or not isinstance(original.__globals__["torch"], GR.HookedTorch)
 
 
-def test_spec_names_its_target_and_fingerprints():
-    patch = GR.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
-    assert patch.id == patch.group == "piecewise-replay-without-host-drain"
-    assert patch.target == "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__"
-    assert patch.roles == ("worker",) and "vllm-ascend#9025" in patch.upstream
+def test_piecewise_specs_the_default_from_upstream_the_no_drain_variant_opt_in():
+    fingerprints = {"vllm-ascend 0.18.0": "81c9fadfb87529dd"}
+    once = GR.piecewise_drain_once_per_step(fingerprints)
+    no_drain = GR.piecewise_replay_without_host_drain(fingerprints)
+    assert once.id == once.group == "piecewise-drain-once-per-step"
+    assert no_drain.id == no_drain.group == "piecewise-replay-without-host-drain"
+    assert once.target == no_drain.target == "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__"
+    assert once.rests_on.kind == R.UPSTREAM and not once.opt_in
+    assert "vllm-ascend#14081" in once.upstream and "vllm-ascend#9025" in once.upstream
+    assert no_drain.rests_on.kind == R.NPU_CONTRACT and no_drain.opt_in and no_drain.supersedes == (once.id,)
+    assert once.roles == no_drain.roles == ("worker",)
 
 
 def test_full_ordering_is_installed_only_by_its_own_patch():
     marked = SimpleNamespace(**{GR.MARK_ID: "full-replay-ordered-on-device-mla-attn"})
-    other = SimpleNamespace(**{GR.MARK_ID: "piecewise-replay-without-host-drain"})
+    other = SimpleNamespace(**{GR.MARK_ID: "piecewise-drain-once-per-step"})
     assert GR.full_ordering_installed({"update_attn_params": marked})
     assert not GR.full_ordering_installed({"update_attn_params": other, "update_full_graph_params": lambda: None})
     assert not GR.full_ordering_installed({})
 
 
-def test_full_spec_requires_the_wrapper_it_acts_through():
+def test_full_spec_is_opt_in_and_requires_the_wrapper_it_acts_through():
     patch = GR.full_replay_ordered_on_device(
         "-mla-attn",
         "vllm_ascend.compilation.acl_graph:update_mla_attn_params",
@@ -163,4 +207,5 @@ def test_full_spec_requires_the_wrapper_it_acts_through():
         stream_arg=0,
     )
     assert patch.id == "full-replay-ordered-on-device-mla-attn" and patch.group == "full-replay-ordered-on-device"
-    assert patch.requires == ("piecewise-replay-without-host-drain",) and patch.roles == ("worker",)
+    assert patch.requires == ("piecewise-drain-once-per-step",) and patch.roles == ("worker",)
+    assert patch.opt_in and "vllm-ascend#11915" in patch.upstream and "#11915" in patch.rests_on.evidence

@@ -33,7 +33,7 @@ import json, logging, os, sys
 sys.path.insert(0, {root!r})
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
 from zb_patch import plugin, registry as R, versions as V
-from zb_patch.registry import Patch, PatchSet, fingerprint_source
+from zb_patch.registry import HOST, Patch, PatchSet, RestsOn, fingerprint_source
 
 FP = fingerprint_source(open({runner_file!r}).read(), "Runner.step")
 def make(orig):
@@ -44,7 +44,7 @@ def adapter(fp=FP):
     return V.Adapter(id="fake", title="fake adapter", vllm_ascend=((0,), (1,)), vllm=((0,), (1,)),
                      patch_set=PatchSet("fake", [Patch(id="p", target="{pkg}.runner:Runner.step", make=make,
                                         fingerprints={{"fake 1.0": fp}}, why="w", upstream=("#1",),
-                                        remove_when="r")]))
+                                        remove_when="r", rests_on=RestsOn(HOST, "the fake's own code"))]))
 def activate(fp=FP, env=None):
     sel = V.Selection(V.SELECTED, "test selection", (adapter(fp),))
     return plugin._activate(plugin.Settings(env or {{"ZB_PATCH": "1"}}), "worker", selection=sel)

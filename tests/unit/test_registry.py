@@ -6,6 +6,8 @@ import pytest
 from zb_patch import registry as R
 from zb_patch.registry import Guard, Patch, PatchSet, fingerprint_object
 
+RESTS = R.RestsOn(R.HOST, "the test's own code")
+
 
 def _patch(upstream, qual, make, pid="p", fps=None, **kw):
     mod = upstream.load()
@@ -14,6 +16,7 @@ def _patch(upstream, qual, make, pid="p", fps=None, **kw):
     for p in parts[:-1]:
         owner = owner.__dict__[p]
     fp = fingerprint_object(owner.__dict__[parts[-1]])
+    kw.setdefault("rests_on", RESTS)
     return Patch(
         id=pid,
         target=upstream.target(qual),
@@ -113,6 +116,7 @@ def test_inherited_attribute_is_not_found_on_subclass(upstream):
         why="",
         upstream=(),
         remove_when="",
+        rests_on=RESTS,
     )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.REFUSED
@@ -129,12 +133,15 @@ def test_missing_target_and_bad_spec(upstream):
         why="",
         upstream=(),
         remove_when="",
+        rests_on=RESTS,
     )
     assert PatchSet("t", [p]).apply().verdict == R.REFUSED
     with pytest.raises(ValueError):
         R.split_target("no_colon.here")
     with pytest.raises(ValueError):
-        Patch(id="y", target="a:b", make=lambda o: o, fingerprints={}, why="", upstream=(), remove_when="")
+        Patch(
+            id="y", target="a:b", make=lambda o: o, fingerprints={}, why="", upstream=(), remove_when="", rests_on=RESTS
+        )
     with pytest.raises(ValueError):
         Patch(
             id="y",
@@ -145,6 +152,7 @@ def test_missing_target_and_bad_spec(upstream):
             upstream=(),
             remove_when="",
             roles=("gpu",),
+            rests_on=RESTS,
         )
 
 
@@ -157,6 +165,7 @@ def test_pending_when_module_not_imported(upstream):
         why="",
         upstream=(),
         remove_when="",
+        rests_on=RESTS,
     )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.PENDING
@@ -252,6 +261,7 @@ def test_native_fingerprint_means_the_fix_is_already_there(upstream):
         why="w",
         upstream=("#1",),
         remove_when="r",
+        rests_on=RESTS,
     )
     rep = PatchSet("t", [p]).apply()
     assert rep.verdict == R.OK, rep.reason
@@ -271,6 +281,7 @@ def test_neither_buggy_nor_fixed_form_refuses(upstream):
         why="w",
         upstream=("#1",),
         remove_when="r",
+        rests_on=RESTS,
     )
     assert PatchSet("t", [p]).apply().verdict == R.REFUSED
 
@@ -314,7 +325,7 @@ def test_a_patch_is_not_applied_without_the_patch_it_requires(upstream):
 def test_a_required_patch_is_listed_first(upstream):
     base = _patch(upstream, "Runner.step", _double_step, pid="base")
     needs = _patch(upstream, "Runner.prepare", lambda o: o, pid="needs", requires=("base",))
-    with pytest.raises(ValueError, match="needs requires base, which is not listed before it"):
+    with pytest.raises(ValueError, match="needs names base, which is not listed before it"):
         PatchSet("t", [needs, base])
 
 
@@ -330,3 +341,104 @@ def test_disabling_one_patch_of_a_group_disables_the_group(upstream):
     assert v["a"][0] == R.DISABLED and "disabled with b" in v["a"][1] and "group 'g'" in v["a"][1]
     assert v["c"][0] == R.APPLIED
     assert mod.Runner.__dict__["step"] is orig_step and mod.Runner.__dict__["prepare"] is orig_prep
+
+
+# --------------------------------------------------------------------------------------------------------
+# What a patch rests on; opt-in patches (ZB_PATCH_ENABLE); a patch that supersedes another
+# --------------------------------------------------------------------------------------------------------
+
+CONTRACT = R.RestsOn(R.NPU_CONTRACT, "a runtime behaviour no NPU run has shown")
+
+
+def test_a_patch_must_say_what_it_rests_on(upstream):
+    spec = dict(id="y", target="a:b", make=lambda o: o, fingerprints={"a": "b"}, why="", upstream=(), remove_when="")
+    with pytest.raises(TypeError, match="rests_on"):
+        Patch(**spec)
+    with pytest.raises(ValueError, match="not one of host, one-stream, upstream, backport, npu-contract"):
+        R.RestsOn("hope", "evidence")
+    with pytest.raises(ValueError, match="evidence must be written out"):
+        R.RestsOn(R.UPSTREAM, " ")
+    assert not Patch(**spec, rests_on=RESTS).opt_in and Patch(**spec, rests_on=CONTRACT).opt_in
+
+
+def test_an_npu_contract_patch_applies_only_when_enabled(upstream):
+    mod = upstream.load()
+    orig_step = mod.Runner.__dict__["step"]
+    contract = _patch(upstream, "Runner.step", _double_step, pid="contract", rests_on=CONTRACT)
+    plain = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="plain")
+    ps = PatchSet("t", [plain, contract])
+    rep = ps.apply()
+    v = {i.id: (i.verdict, i.reason) for i in rep.items}
+    assert v["plain"][0] == R.APPLIED
+    assert v["contract"] == (
+        R.OPT_IN,
+        "opt-in, rests on an NPU contract no NPU run has shown: ZB_PATCH_ENABLE=contract applies it",
+    )
+    assert mod.Runner.__dict__["step"] is orig_step
+    ps.unpatch()
+    for enabled in ({"contract"}, {"*"}):
+        rep = ps.apply(enabled=enabled)
+        assert {i.id: i.verdict for i in rep.items} == {"plain": R.APPLIED, "contract": R.APPLIED}
+        assert mod.Runner().step(1) == 20
+        ps.unpatch()
+    rep = ps.apply(disabled={"contract"}, enabled={"*"})  # disabling wins
+    assert {i.id: i.verdict for i in rep.items} == {"plain": R.APPLIED, "contract": R.DISABLED}
+    ps.unpatch()
+
+
+def test_enabling_one_opt_in_patch_brings_its_group_and_the_opt_in_patches_it_requires(upstream):
+    upstream.load()
+    base = _patch(upstream, "Runner.pure", lambda o: o, pid="base", rests_on=CONTRACT)
+    a = _patch(upstream, "Runner.step", _double_step, pid="a", group="g", requires=("base",), rests_on=CONTRACT)
+    b = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="b", group="g", rests_on=CONTRACT)
+    ps = PatchSet("t", [base, a, b])
+    assert ps.opted_in({"b"}) == {"a": "b", "b": "b", "base": "b"}
+    assert ps.opted_in({"base"}) == {"base": "base"}  # requiring is one direction only
+    rep = ps.apply(enabled={"b"})
+    assert set(rep.by_verdict(R.APPLIED)) == {"base", "a", "b"}
+    ps.unpatch()
+    rep = ps.apply(disabled={"base"}, enabled={"b"})  # the group comes along; without what it requires, a is not
+    v = {i.id: (i.verdict, i.reason) for i in rep.items}
+    assert v["base"][0] == R.DISABLED and v["b"][0] == R.APPLIED
+    assert v["a"][0] == R.DISABLED and "needs base" in v["a"][1]
+    ps.unpatch()
+
+
+def test_an_enabled_patch_supersedes_the_default_of_the_same_target(upstream):
+    mod = upstream.load()
+    orig_step = mod.Runner.__dict__["step"]
+
+    def _triple_step(orig):
+        def step(self, x):
+            return orig(self, x) * 3
+
+        return step
+
+    default = _patch(upstream, "Runner.step", _double_step, pid="default")
+    variant = _patch(upstream, "Runner.step", _triple_step, pid="variant", supersedes=("default",), rests_on=CONTRACT)
+    user = _patch(upstream, "Runner.prepare", lambda o: lambda self, n: [], pid="user", requires=("default",))
+    ps = PatchSet("t", [default, variant, user])
+    rep = ps.apply()
+    assert {i.id: i.verdict for i in rep.items} == {"default": R.APPLIED, "variant": R.OPT_IN, "user": R.APPLIED}
+    assert mod.Runner().step(1) == 20
+    assert ps.unpatch() == ["default", "user"] and mod.Runner.__dict__["step"] is orig_step
+    rep = ps.apply(enabled={"variant"})
+    v = {i.id: (i.verdict, i.reason) for i in rep.items}
+    assert v["default"] == (R.SUPERSEDED, "superseded by variant (ZB_PATCH_ENABLE), which replaces the same target")
+    assert v["variant"][0] == R.APPLIED and v["user"][0] == R.APPLIED  # what requires the default is served by it
+    assert mod.Runner().step(1) == 6  # the original (2) times 3, not times 10
+    assert ps.unpatch() == ["variant", "user"] and mod.Runner.__dict__["step"] is orig_step
+
+
+def test_two_patches_of_one_target_need_an_opt_in_supersession(upstream):
+    upstream.load()
+    a = _patch(upstream, "Runner.step", _double_step, pid="a")
+    b = _patch(upstream, "Runner.step", _double_step, pid="b")
+    with pytest.raises(ValueError, match="neither supersedes the other"):
+        PatchSet("t", [a, b])
+    c = _patch(upstream, "Runner.step", _double_step, pid="c", supersedes=("a",))
+    with pytest.raises(ValueError, match="applied by default"):
+        PatchSet("t", [a, c])
+    d = _patch(upstream, "Runner.prepare", _double_step, pid="d", supersedes=("a",), rests_on=CONTRACT)
+    with pytest.raises(ValueError, match="whose target is another"):
+        PatchSet("t", [a, d])

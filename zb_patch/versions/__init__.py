@@ -337,7 +337,12 @@ def supported_table() -> list[dict]:
         vllm_first, vllm_last = _pinned_vllm(first), _pinned_vllm(last)
         vllm = vllm_first if vllm_first == vllm_last else f"{vllm_first} - {vllm_last}"
         if rv.verdict == SELECTED:
-            patches = ", ".join(rv.patches) if rv.patches else "none (every fix native; guards verified)"
+            assert rv.adapter is not None
+            opt_in = {p.id for p in by_id(rv.adapter).patch_set.patches if p.opt_in}
+            default = [pid for pid in rv.patches if pid not in opt_in]
+            patches = ", ".join(default) if default else "none (every fix native; guards verified)"
+            if opt_in & set(rv.patches):
+                patches += "; opt-in: " + ", ".join(pid for pid in rv.patches if pid in opt_in)
             rows.append(
                 {"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter, "patches": patches}
             )

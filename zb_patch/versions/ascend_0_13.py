@@ -11,7 +11,7 @@ docs/releases/ascend-0.13.md: what is verified and how.
 
 from __future__ import annotations
 
-from ..registry import Guard, Patch, PatchSet
+from ..registry import HOST, ONE_STREAM, Guard, Patch, PatchSet, RestsOn
 from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
 
 
@@ -290,8 +290,9 @@ GUARDS = (
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._generate_process_reqs_hidden_states",
         {"vllm-ascend 0.13.0": "be6741c407147770"},
         "launches the graph replay first, then updates task-group parameters for FULL replays only: a PIECEWISE "
-        "piece holds no task group, so its replay needs no host drain (piecewise-replay-without-host-drain); the "
-        "FULL order is the one full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
+        "piece holds no task group, so a drain before it orders nothing the update stream does "
+        "(piecewise-drain-once-per-step); the FULL order is the one the opt-in full-replay-ordered-on-device keeps on "
+        "the device (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
@@ -321,6 +322,7 @@ _GROUP = "zero-bubble-0.13"
 
 UPDATE_STATES = Patch(
     id="zb013-optimistic-update-states",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
     make=ZERO_BUBBLE.make_update_states,
@@ -340,6 +342,7 @@ UPDATE_STATES = Patch(
 
 PREPARE_INPUTS = Patch(
     id="zb013-prepare-inputs-window",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
     make=ZERO_BUBBLE.make_prepare_inputs,
@@ -356,6 +359,7 @@ PREPARE_INPUTS = Patch(
 
 INIT_MODEL_KWARGS = Patch(
     id="zb013-corrections-before-metadata",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._init_model_kwargs",
     make=ZERO_BUBBLE.make_init_model_kwargs,
@@ -384,6 +388,7 @@ INIT_MODEL_KWARGS = Patch(
 
 EXECUTE_MODEL = Patch(
     id="zb013-deferred-correction",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
     make=ZERO_BUBBLE.make_execute_model,
@@ -400,6 +405,7 @@ EXECUTE_MODEL = Patch(
 
 COPY_VALID_COUNT = Patch(
     id="zb013-device-valid-count",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
     make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
@@ -416,6 +422,7 @@ COPY_VALID_COUNT = Patch(
 
 BACKUP_STAGING = Patch(
     id="zb013-backup-token-staging",
+    rests_on=npu_runner.BACKUP_STAGING_ONE_STREAM,
     group=_GROUP,
     target="vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded",
     make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
@@ -433,6 +440,7 @@ BACKUP_STAGING = Patch(
 
 COMPILE_KERNELS = Patch(
     id="zb013-compile-kernels-at-start",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group=_GROUP,
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache",
     make=ZERO_BUBBLE.make_initialize_kv_cache,
@@ -456,6 +464,7 @@ EXACT_COUNTS = early_output.patches({"vllm-ascend 0.13.0": "207f651e97972538"}, 
 
 STALE_DRAFT_PLACEHOLDERS = Patch(
     id="stale-draft-placeholders",
+    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
     group="stale-draft-placeholders",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
     make=spec_fixes.make_prepare_input_ids,
@@ -486,6 +495,10 @@ STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows({"vllm 0.13.0": "cf5a63628bde6da9
 
 READDED_REQUEST_DRAFTS = Patch(
     id="readded-request-drafts",
+    rests_on=RestsOn(
+        HOST,
+        "host writes to the persistent batch (token_ids_cpu, num_tokens, spec_token_ids) before the step's inputs are built from it; no device op",
+    ),
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
     make=spec_fixes.make_may_reorder_batch,
     fingerprints={"vllm 0.13.0": "5043e96df8f91dc5"},
@@ -511,6 +524,10 @@ READDED_REQUEST_DRAFTS = Patch(
 
 MTP_DRAFT_SLOTS = Patch(
     id="mtp-draft-slots",
+    rests_on=RestsOn(
+        ONE_STREAM,
+        "device ops on the draft tokens' slot tensor, queued on the drafter's stream before each draft model call that reads it (program order); no host wait",
+    ),
     target="vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose",
     make=make_mtp_propose,
     fingerprints={"vllm-ascend 0.13.0": "97cc12b8c7e3a7b1"},
@@ -535,6 +552,10 @@ MTP_DRAFT_SLOTS = Patch(
 )
 MTP_DRAFT_LENGTHS = Patch(
     id="mtp-draft-lengths",
+    rests_on=RestsOn(
+        HOST,
+        "the attention metadata's host lists only (seq_lens_list, actual_seq_lengths_q), set before the draft model call that reads them",
+    ),
     target="vllm_ascend.spec_decode.mtp_proposer:set_ascend_forward_context",
     make=make_mtp_draft_forward_context,
     fingerprints={"vllm-ascend 0.13.0": "46d81270954ae85b"},
@@ -565,7 +586,9 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     release_lines="EagleProposer._propose, eagle_proposer.py:535-537; read by _run_merged_draft, :607",
     remove_when=_REMOVE_WHEN,
 )
-PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.13.0": "17c3291437858c29"})
+_ACL_GRAPH_CALL = {"vllm-ascend 0.13.0": "17c3291437858c29"}
+PIECEWISE_ONCE_PER_STEP = graph_replay.piecewise_drain_once_per_step(_ACL_GRAPH_CALL)
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain(_ACL_GRAPH_CALL)  # opt-in
 # the four task-group update entry points (id suffix, name, fingerprint), each bound by name in the runner and proposer
 FULL_ORDERED_ON_DEVICE = tuple(
     graph_replay.full_replay_ordered_on_device(
@@ -598,6 +621,7 @@ PATCHES: tuple = (
     MTP_DRAFT_SLOTS,
     MTP_DRAFT_LENGTHS,
     DRAFT_SAMPLE_INDICES,
+    PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     *FULL_ORDERED_ON_DEVICE,
 )

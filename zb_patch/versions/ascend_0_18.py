@@ -8,7 +8,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 
 from __future__ import annotations
 
-from ..registry import Guard, Patch, PatchSet
+from ..registry import HOST, Guard, Patch, PatchSet, RestsOn
 from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
 
 
@@ -145,13 +145,13 @@ GUARDS = (
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward",
         {"vllm-ascend 0.18.0": "6b004d8c5e422857"},
         "launches the graph replay first, then updates the FULL graph's task-group parameters (ENPU off): the order "
-        "full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
+        "the opt-in full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed",
         {"vllm-ascend 0.18.0": "8b9170ff5b0e8829"},
-        "task-group parameters are updated for FULL replays only: a PIECEWISE piece holds no task group, so its "
-        "replay needs no host drain (piecewise-replay-without-host-drain)",
+        "task-group parameters are updated for FULL replays only: a PIECEWISE piece holds no task group, so a drain "
+        "before it orders nothing the update stream does (piecewise-drain-once-per-step)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",
@@ -179,6 +179,7 @@ GUARDS = (
 
 UPDATE_STATES = Patch(
     id="zb018-optimistic-update-states",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
     make=ZERO_BUBBLE.make_update_states,
@@ -197,6 +198,7 @@ UPDATE_STATES = Patch(
 
 PREPARE_INPUTS = Patch(
     id="zb018-device-corrected-inputs",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
     make=ZERO_BUBBLE.make_prepare_inputs,
@@ -217,6 +219,7 @@ PREPARE_INPUTS = Patch(
 
 EXECUTE_MODEL = Patch(
     id="zb018-deferred-correction",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
     make=ZERO_BUBBLE.make_execute_model,
@@ -232,6 +235,7 @@ EXECUTE_MODEL = Patch(
 
 COPY_VALID_COUNT = Patch(
     id="zb018-device-valid-count",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group="zero-bubble-0.18",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
     make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
@@ -247,6 +251,7 @@ COPY_VALID_COUNT = Patch(
 
 BACKUP_STAGING = Patch(
     id="zb018-backup-token-staging",
+    rests_on=npu_runner.BACKUP_STAGING_ONE_STREAM,
     group="zero-bubble-0.18",
     target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
     make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
@@ -265,6 +270,7 @@ BACKUP_STAGING = Patch(
 
 COMPILE_KERNELS = Patch(
     id="zb018-compile-kernels-at-start",
+    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
     group="zero-bubble-0.18",
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache",
     make=ZERO_BUBBLE.make_initialize_kv_cache,
@@ -291,6 +297,7 @@ EXACT_COUNTS = early_output.patches(
 
 STALE_DRAFT_PLACEHOLDERS = Patch(
     id="stale-draft-placeholders",
+    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
     group="stale-draft-placeholders",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
     make=spec_fixes.make_prepare_input_ids,
@@ -324,6 +331,7 @@ STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
 
 DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     id="draft-seq-lens-max-model-len",
+    rests_on=spec_fixes.DRAFT_LENGTHS_ONE_STREAM,
     target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
     make=spec_fixes.make_attn_update_stack_num_spec_norm,
     fingerprints={"vllm-ascend 0.18.0": "066043ae9710cf9f"},
@@ -358,6 +366,10 @@ MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
 )
 CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
     id="cudagraph-batch-sizes-after-rounding",
+    rests_on=RestsOn(
+        HOST,
+        "a host list (cudagraph_batch_sizes) recomputed at start-up from the configuration the dispatcher was initialised from",
+    ),
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._check_and_update_cudagraph_mode",
     make=spec_fixes.make_check_and_update_cudagraph_mode,
     fingerprints={"vllm-ascend 0.18.0": "5b1da76d6d0eed17"},
@@ -384,7 +396,9 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     release_lines="SpecDecodeBaseProposer._propose, eagle_proposer.py:701-702; read by _run_merged_draft, :809",
     remove_when=_REMOVE_WHEN,
 )
-PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain({"vllm-ascend 0.18.0": "81c9fadfb87529dd"})
+_ACL_GRAPH_CALL = {"vllm-ascend 0.18.0": "81c9fadfb87529dd"}
+PIECEWISE_ONCE_PER_STEP = graph_replay.piecewise_drain_once_per_step(_ACL_GRAPH_CALL)
+PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain(_ACL_GRAPH_CALL)  # opt-in
 FULL_ORDERED_ON_DEVICE = graph_replay.full_replay_ordered_on_device(
     "",
     "vllm_ascend.compilation.acl_graph:update_full_graph_params",
@@ -411,6 +425,7 @@ PATCHES: tuple = (
     *MLA_DRAFT_ROPE_ROWS,
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
     DRAFT_SAMPLE_INDICES,
+    PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     FULL_ORDERED_ON_DEVICE,
 )

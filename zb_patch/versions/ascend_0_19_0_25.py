@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-from ..registry import Advisory, Guard, Patch, PatchSet
+from ..registry import BACKPORT, UPSTREAM, Advisory, Guard, Patch, PatchSet, RestsOn
 from . import Adapter, spec_fixes
 
 
@@ -56,6 +56,10 @@ def _make_compute_slot_mapping(original):
 
 SLOT_MAPPING_KERNEL = Patch(
     id="slot-mapping-kernel",
+    rests_on=RestsOn(
+        BACKPORT,
+        "vllm-ascend's own Ascend-shaped slot-mapping kernel (#13048, native from 0.26.0rc1) written anew in Triton for triton-ascend (Triton 3.2 language, int32 index math, contiguous loads), on the stream the release launches its kernel on; verified against a pure-torch twin under the Triton and triton-ascend interpreters, compiled on CUDA, and against vLLM's generic kernel",
+    ),
     target="vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping",
     make=_make_compute_slot_mapping,
     fingerprints={
@@ -120,6 +124,10 @@ def _make_copy_valid_sampled_token_count(original):
 
 VALID_COUNT_COPY_ORDER = Patch(
     id="valid-count-copy-order",
+    rests_on=RestsOn(
+        UPSTREAM,
+        "vllm-ascend #9456 (native from 0.20.2rc1, run on NPUs there): the copy stream waits on the default stream before the valid-count copy",
+    ),
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._copy_valid_sampled_token_count",
     make=_make_copy_valid_sampled_token_count,
     fingerprints={"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
@@ -162,6 +170,10 @@ def _make_runner_init_int64_valid_count(original):
 
 VALID_COUNT_INT64 = Patch(
     id="valid-count-int64",
+    rests_on=RestsOn(
+        UPSTREAM,
+        "vllm-ascend #10205 (native from 0.21.0rc1, run on NPUs there): the valid-count buffers are int64, as the Ascend proposer writes them",
+    ),
     target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
     make=_make_runner_init_int64_valid_count,
     fingerprints={
@@ -228,6 +240,10 @@ def _make_unpadded(original):
 
 SEQ_LENS_CPU_UNPADDED = Patch(
     id="seq-lens-cpu-unpadded",
+    rests_on=RestsOn(
+        UPSTREAM,
+        "vllm-ascend #8749 (native from 0.20.2rc1, run on NPUs there): the sub-batch view keeps the host fields it dropped; host metadata only",
+    ),
     target="vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded",
     make=_make_unpadded,
     fingerprints={"vllm-ascend 0.19.1rc1": "34cfdda571b64daa"},
@@ -268,6 +284,10 @@ def _make_prepare_inputs_padded(original):
 
 SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
     id="seq-lens-cpu-prepare-inputs-padded",
+    rests_on=RestsOn(
+        UPSTREAM,
+        "vllm-ascend #8749 (native from 0.20.2rc1, run on NPUs there): the drafter's padded inputs keep the host seq_lens; host metadata only",
+    ),
     # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
     # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
     target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.prepare_inputs_padded",
@@ -297,6 +317,7 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
 # counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
 STALE_DRAFT_PLACEHOLDERS = Patch(
     id="stale-draft-placeholders",
+    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
     group="stale-draft-placeholders",
     target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
     make=spec_fixes.make_prepare_input_ids,
@@ -342,6 +363,7 @@ STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
 
 DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
     id="draft-seq-lens-max-model-len",
+    rests_on=spec_fixes.DRAFT_LENGTHS_ONE_STREAM,
     # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
     # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
     target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.attn_update_stack_num_spec_norm",

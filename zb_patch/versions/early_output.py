@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..registry import Patch
+from ..registry import HOST, Patch, RestsOn
+
+_HOST_ONLY = RestsOn(
+    HOST,
+    "host bookkeeping only: rows whose counts are already exact, from the scheduler's output and the runner's host "
+    "state; no device op, no wait",
+)
 
 # runner.__dict__ keys: this step's rows whose counts are exact {previous row: drafts}, and the previous step's
 # scheduled tokens per request
@@ -83,6 +89,7 @@ def patches(worker_fingerprints: Mapping[str, str], count_fingerprints: Mapping[
     return (
         Patch(
             id="exact-counts-after-early-output",
+            rests_on=_HOST_ONLY,
             group=group,
             target="vllm_ascend.worker.worker:NPUWorker.execute_model",
             make=make_worker_execute_model,
@@ -97,6 +104,7 @@ def patches(worker_fingerprints: Mapping[str, str], count_fingerprints: Mapping[
         ),
         Patch(
             id="exact-counts-report-accepted",
+            rests_on=_HOST_ONLY,
             group=group,
             target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_valid_sampled_token_count",
             make=make_get_valid_sampled_token_count,

@@ -1,12 +1,14 @@
-"""The ACL-graph replay fixes of adapters ascend-0.13 / ascend-0.18 (their specs say why and how):
+"""The ACL-graph replay patches of adapters ascend-0.13 / ascend-0.18 (their specs say why and how):
 vllm-ascend 0.13.0 / 0.18.0 drain the device from the host before every graph replay (``ACLGraphWrapper.__call__``:
-``torch.npu.synchronize()`` at 0.13.0, ``torch.npu.current_stream().synchronize()`` at 0.18.0).
+``torch.npu.synchronize()`` at 0.13.0, ``torch.npu.current_stream().synchronize()`` at 0.18.0). All three act through
+one wrapper of ``ACLGraphWrapper.__call__`` (:func:`make_call`), under async scheduling with speculative decoding only:
 
-* ``piecewise-replay-without-host-drain`` (:func:`piecewise_replay_without_host_drain`): in PIECEWISE mode, before
-  every piece of every step, the two drains do nothing.
-* ``full-replay-ordered-on-device`` (:func:`full_replay_ordered_on_device`): before a FULL replay the drain becomes
-  an event on the replay's stream, and the task-group updates wait for it on their update stream
-  (:class:`FullOrdering`; docs/graph-modes.md). It acts through the first fix's wrapper.
+* ``piecewise-drain-once-per-step`` (default; upstream's v0.23.0 form): in PIECEWISE mode the first drain of each
+  target forward runs as released; the later pieces' and the drafter's do nothing (:class:`OncePerForwardTorch`).
+* ``piecewise-replay-without-host-drain`` (opt-in): in PIECEWISE mode no drain at all (:class:`NoDrainTorch`); it
+  supersedes the first.
+* ``full-replay-ordered-on-device`` (opt-in): before a FULL replay the drain becomes an event on the replay's stream,
+  and the task-group updates wait for it on their update stream (:class:`FullOrdering`; docs/graph-modes.md).
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import MARK_ID, Patch
+from ..registry import MARK_ID, NPU_CONTRACT, UPSTREAM, Patch, RestsOn
 
 PIECEWISE, FULL = "PIECEWISE", "FULL"
 
 
-# Host drains the fixes left out in this process (diagnostics: tests, the engine's run report): "skipped" before
-# PIECEWISE replays; "replaced" before FULL replays, by a device boundary; "kept" before FULL replays that followed a
-# replay no update came after (run as released).
+# Host drains before replays in this process, as the patches decided (diagnostics: tests, the engine's run report):
+# "skipped" before PIECEWISE replays (left out); "once" before the first PIECEWISE replay of a target forward (run as
+# released); "replaced" before FULL replays, by a device boundary; "kept" before FULL replays that followed a replay
+# no update came after (run as released).
 DRAINS: collections.Counter = collections.Counter()
 
 
@@ -80,6 +83,30 @@ class NoDrainTorch(HookedTorch):
         super().__init__(torch, lambda drain: _skip())
 
 
+class OncePerForwardTorch(HookedTorch):
+    """PIECEWISE, one drain per step: the first drain within a target model's forward context runs (the release's
+    own call, before the forward's first piece replay); every later one in that forward, and every one in a drafter's
+    forward (``forward_context.is_draft_model``), does nothing. Counted in :data:`DRAINS`."""
+
+    # the forward context whose drain ran (held until the next target forward drains: one context object)
+    drained_forward: Any = None
+
+    def __init__(self, torch: Any) -> None:
+        super().__init__(torch, self._once_per_target_forward)
+
+    @classmethod
+    def _once_per_target_forward(cls, drain: Callable[[], Any]) -> None:
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        if getattr(context, "is_draft_model", False) or context is cls.drained_forward:
+            _skip()
+            return
+        cls.drained_forward = context
+        DRAINS["once"] += 1
+        drain()
+
+
 class FullOrdering:
     """The device-side ordering that replaces the drain before a FULL replay (this process's state; a worker has one
     runner). The hazard the drain guards against (vllm-ascend #4233): the update of a task group for replay N+1,
@@ -124,7 +151,7 @@ class FullOrdering:
             cls.waited[update_stream] = cls.serial
 
 
-def wants_no_drain(vllm_config: Any) -> bool:
+def async_spec_decode(vllm_config: Any) -> bool:
     """Async scheduling with speculative decoding: the configuration zb-patch serves, where the host waits on an event
     recorded behind the previous step's input copies before it rewrites their host buffers (docs/graph-modes.md)."""
     return bool(
@@ -144,19 +171,27 @@ def full_ordering_installed(namespace: dict) -> bool:
     return any(getattr(namespace.get(name), MARK_ID, "").startswith(FULL_ORDERING_ID) for name in UPDATE_ENTRY_POINTS)
 
 
-def make_call(original: Callable) -> Callable:
-    """The wrapper of ``ACLGraphWrapper.__call__``, for a wrapper about to capture or replay in its own mode (the
-    forward context's runtime mode) under async scheduling with speculative decoding: PIECEWISE runs the release's
-    ``__call__`` with the module's ``torch`` rebound to a :class:`NoDrainTorch`; FULL, while
-    ``full-replay-ordered-on-device`` is applied, to a :class:`HookedTorch` whose drains go to
-    :meth:`FullOrdering.at_drain`; the name is restored after the call. Every other call is the release's,
-    unchanged."""
+def make_call(piecewise: Callable[[Any], HookedTorch]) -> Callable[[Callable], Callable]:
+    """``make`` of the wrapper of ``ACLGraphWrapper.__call__``, for a wrapper about to capture or replay in its own
+    mode (the forward context's runtime mode) under async scheduling with speculative decoding: PIECEWISE runs the
+    release's ``__call__`` with the module's ``torch`` rebound to a ``piecewise`` stand-in (:class:`OncePerForwardTorch`
+    or :class:`NoDrainTorch`); FULL, while ``full-replay-ordered-on-device`` is applied, to a :class:`HookedTorch`
+    whose drains go to :meth:`FullOrdering.at_drain`; the name is restored after the call. Every other call is the
+    release's, unchanged."""
+
+    def make(original: Callable) -> Callable:
+        return _call(original, piecewise)
+
+    return make
+
+
+def _call(original: Callable, piecewise: Callable[[Any], HookedTorch]) -> Callable:
     namespace = original.__globals__  # vllm_ascend.compilation.acl_graph's module namespace
     stand_ins: dict[tuple[int, str], HookedTorch] = {}  # per torch module seen and mode (built once)
 
     def __call__(wrapper, *args, **kwargs):
         mode = getattr(wrapper.runtime_mode, "name", None)
-        if mode not in (PIECEWISE, FULL) or not wants_no_drain(wrapper.vllm_config):
+        if mode not in (PIECEWISE, FULL) or not async_spec_decode(wrapper.vllm_config):
             return original(wrapper, *args, **kwargs)
         if mode == FULL and not full_ordering_installed(namespace):
             return original(wrapper, *args, **kwargs)
@@ -170,7 +205,7 @@ def make_call(original: Callable) -> Callable:
         stand_in = stand_ins.get((id(torch), mode))
         if stand_in is None:
             if mode == PIECEWISE:
-                stand_in = NoDrainTorch(torch)
+                stand_in = piecewise(torch)
             else:
                 stand_in = HookedTorch(torch, functools.partial(FullOrdering.at_drain, torch))
             stand_ins[(id(torch), mode)] = stand_in
@@ -198,49 +233,108 @@ def make_ordered_update(stream_arg: int) -> Callable[[Callable], Callable]:
     return make
 
 
-def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
-    """The fix of :mod:`.graph_replay` for vllm-ascend 0.13.0 / 0.18.0, whose ``ACLGraphWrapper.__call__`` drains the
-    device before every replay."""
+ONCE_PER_STEP_ID = "piecewise-drain-once-per-step"
+NO_DRAIN_ID = "piecewise-replay-without-host-drain"
+_TARGET = "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__"
+_REMOVE_WHEN = (
+    "vllm-ascend >= 0.20.2rc1 drains only before FULL replays (#9025; served by adapter ascend-0.19-0.25 or native); "
+    "this adapter covers its release only, so the patch goes with it"
+)
+_PIECEWISE_WHY = (
+    "ACLGraphWrapper.__call__ drains the device from the host before every replay (0.13.0: torch.npu.synchronize(); "
+    "0.18.0: torch.npu.current_stream().synchronize(); added by vllm-ascend #4233 against a hang of FULL graphs, whose "
+    "task-group parameter updates run on a side stream). In PIECEWISE mode, vllm-ascend's default graph mode, that "
+    "drain runs before every piece of every step, the drafter's included, and no task group is updated: the host waits "
+    "for the device dozens of times per step, and zero-bubble's overlap of host preparation with the device is lost "
+    "at every piece boundary (vllm-ascend #8877, #8854; about 250 us per drain on the 0.13 line, #5761)."
+)
+
+
+def piecewise_drain_once_per_step(fingerprints: dict[str, str]) -> Patch:
+    """The default PIECEWISE patch of :mod:`.graph_replay` for vllm-ascend 0.13.0 / 0.18.0: upstream's current form,
+    one drain per target forward."""
     return Patch(
-        id="piecewise-replay-without-host-drain",
-        group="piecewise-replay-without-host-drain",
-        target="vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__",
-        make=make_call,
+        id=ONCE_PER_STEP_ID,
+        group=ONCE_PER_STEP_ID,
+        target=_TARGET,
+        make=make_call(OncePerForwardTorch),
         fingerprints=fingerprints,
         roles=("worker",),
-        why="ACLGraphWrapper.__call__ drains the device from the host before every replay (0.13.0: "
-        "torch.npu.synchronize(); 0.18.0: torch.npu.current_stream().synchronize(); added by vllm-ascend #4233 "
-        "against a hang of FULL graphs, whose task-group parameter updates run on a side stream). In PIECEWISE mode, "
-        "vllm-ascend's default graph mode, that drain runs before every piece of every step and no task group is "
-        "updated: the host can never run ahead of the device, so zero-bubble's overlap of host preparation with the "
-        "device is lost at every piece boundary (vllm-ascend #8877, #8854).",
-        how="Wrapper. Only for a PIECEWISE wrapper whose configuration runs async scheduling with speculative "
-        "decoding, and only while the forward context's runtime mode is PIECEWISE (the wrapper captures or replays): "
-        "the release's __call__ runs with its module's `torch` rebound to a stand-in whose torch.npu.synchronize() "
-        "and current_stream().synchronize() do nothing (counted), then the name is restored; the release's capture, "
-        "replay and dispatch are unchanged. A FULL wrapper's drains are full-replay-ordered-on-device's, which runs "
-        "through this wrapper (it acts only while that fix is applied). Without the drain a PIECEWISE step orders "
-        "host and device as eager mode does (attention runs eagerly between the pieces); the host's reuse of staging "
-        "buffers is ordered by the per-step event waits of async + spec decode (docs/graph-modes.md). vllm-ascend "
-        "#9025 makes the same change (drain only in FULL mode) from 0.20.2rc1 on; earlier attempts on the 0.13 / 0.18 "
-        "lines (#5761 / #5809, #8354) were reverted (#5965 / #5966, #8469) on accuracy reports upstream never "
-        "explained, which is why this fix is limited to the configuration whose host-buffer ordering zb-patch "
-        "verifies.",
+        rests_on=RestsOn(
+            UPSTREAM,
+            "vllm-ascend v0.23.0 runs PIECEWISE on NPUs with no drain before a piece replay (#9025, first in "
+            "v0.20.2rc1) and one torch.npu.current_stream().synchronize() per target forward, before its first piece, "
+            "skipped for the EAGLE / MTP drafter (#14081, in v0.23.0); every drain this patch keeps is the release's "
+            "own call at the release's own place",
+        ),
+        why=_PIECEWISE_WHY + " vllm-ascend removed the per-piece drain in #9025 and, on an accuracy report under "
+        "async scheduling in PIECEWISE mode (qwen3-235b), put one drain per step back before the target's forward "
+        "(#14081): the form upstream runs on NPUs today.",
+        how="Wrapper (zb_patch.versions.graph_replay.OncePerForwardTorch), only for a PIECEWISE wrapper whose "
+        "configuration runs async scheduling with speculative decoding, while the forward context's runtime mode is "
+        "PIECEWISE: the release's __call__ runs with its module's `torch` rebound to a stand-in whose first drain "
+        "within a target forward context runs (the release's own call, right before the forward's first piece "
+        "replay), and whose later drains in that forward, and every drain in a drafter forward "
+        "(forward_context.is_draft_model), do nothing (counted); the name is restored after the call. The drain "
+        "kept sits where #14081's sits in device order: after every host-to-device copy and update the step queued "
+        "before its forward, before any of the forward's work (the compiled forward starts with its first piece), so "
+        "it gives the same protection; between two pieces of one forward the host queues only that forward's eager "
+        "attention and the next replay, in program order on one stream. A target forward whose batch runs no graph "
+        "(larger than every captured size) is not drained, as released (v0.23.0 drains it too). FULL replays are the "
+        "release's unless full-replay-ordered-on-device is enabled. Capture, replay and dispatch are unchanged.",
         upstream=(
             "vllm-ascend#9025",
+            "vllm-ascend#14081",
             "vllm-ascend#4233",
             "vllm-ascend#6432",
             "vllm-ascend#8877",
             "vllm-ascend#8854",
+            "vllm-ascend#5761",
+            "vllm-ascend#8469",
+        ),
+        remove_when=_REMOVE_WHEN,
+    )
+
+
+def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
+    """The opt-in PIECEWISE patch of :mod:`.graph_replay` for vllm-ascend 0.13.0 / 0.18.0: no drain at all."""
+    return Patch(
+        id=NO_DRAIN_ID,
+        group=NO_DRAIN_ID,
+        target=_TARGET,
+        supersedes=(ONCE_PER_STEP_ID,),
+        make=make_call(NoDrainTorch),
+        fingerprints=fingerprints,
+        roles=("worker",),
+        rests_on=RestsOn(
+            NPU_CONTRACT,
+            "that torch_npu / CANN need no host drain before a PIECEWISE step once the host's reuse of its staging "
+            "buffers is ordered by the per-step event waits of async scheduling + spec decode; vllm-ascend tried "
+            "this three times on these lines and reverted each on accuracy reports (#5761 / #5965, #5809 / #5966, "
+            "#8354 / #8469), and after #9025 removed the per-piece drain it put one drain per step back (#14081, "
+            "v0.23.0) without naming the mechanism; neither stand-in (CPU graph double, CUDA) models torch_npu's task "
+            "queue",
+        ),
+        why=_PIECEWISE_WHY + " This patch removes the one drain per step that piecewise-drain-once-per-step keeps.",
+        how="Wrapper (zb_patch.versions.graph_replay.NoDrainTorch), in place of piecewise-drain-once-per-step (same "
+        "target): only for a PIECEWISE wrapper whose configuration runs async scheduling with speculative decoding, "
+        "while the forward context's runtime mode is PIECEWISE, the release's __call__ runs with its module's `torch` "
+        "rebound to a stand-in whose torch.npu.synchronize() and current_stream().synchronize() do nothing (counted); "
+        "then the name is restored. Without the drain a PIECEWISE step orders host and device as eager mode does; the "
+        "host's reuse of staging buffers is ordered by the per-step event waits of async + spec decode "
+        "(docs/graph-modes.md).",
+        upstream=(
+            "vllm-ascend#9025",
+            "vllm-ascend#14081",
             "vllm-ascend#5761",
             "vllm-ascend#5809",
             "vllm-ascend#5965",
             "vllm-ascend#5966",
             "vllm-ascend#8354",
             "vllm-ascend#8469",
+            "vllm-ascend#8554",
         ),
-        remove_when="vllm-ascend >= 0.20.2rc1 drains only before FULL replays (#9025; served by adapter "
-        "ascend-0.19-0.25 or native); this adapter covers its release only, so the patch goes with it",
+        remove_when=_REMOVE_WHEN,
     )
 
 
@@ -249,16 +343,23 @@ def full_replay_ordered_on_device(
 ) -> Patch:
     """One task-group update entry point of vllm-ascend 0.13.0 / 0.18.0 (``target``, bound by name in ``aliases``),
     ordered behind :class:`FullOrdering`'s boundary; the patches of one release share the group
-    ``full-replay-ordered-on-device``."""
+    ``full-replay-ordered-on-device``. Opt-in."""
     return Patch(
         id=FULL_ORDERING_ID + suffix,
         group=FULL_ORDERING_ID,
-        requires=("piecewise-replay-without-host-drain",),
+        requires=(ONCE_PER_STEP_ID,),
         target=target,
         aliases=aliases,
         make=make_ordered_update(stream_arg),
         fingerprints=fingerprints,
         roles=("worker",),
+        rests_on=RestsOn(
+            NPU_CONTRACT,
+            "that CANN runs a graph task update issued on an update stream only after that stream's wait on an event "
+            "recorded on the replay's stream, also through torch_npu's task queue; both stand-ins implement that "
+            "premise by construction, so their tests cannot refute it; upstream's twin, vllm-ascend #11915 "
+            "(VLLM_ASCEND_FINE_GRAIN_REPLAY_SYNC), is open and opt-in",
+        ),
         why="Before every FULL replay of the target model (and of the MTP drafter) ACLGraphWrapper.__call__ drains "
         "the device from the host (vllm-ascend #4233, narrowed by #6432; kept in FULL mode through 0.30.0rc2): the "
         "host cannot queue step N+1 before the device has run all of step N, so in FULL_DECODE_ONLY, the graph mode "
@@ -270,18 +371,18 @@ def full_replay_ordered_on_device(
         "Both reproduce on the release's own code without the drain (tests/patches/test_graph_modes.py, "
         "tests/engine/test_npu_graphs_cuda.py).",
         how="Wrappers (zb_patch.versions.graph_replay.FullOrdering), under async scheduling with speculative decoding "
-        "only. Where the release drains before a FULL replay, piecewise-replay-without-host-drain's wrapper of "
+        "only. Where the release drains before a FULL replay, the PIECEWISE patch's wrapper of "
         "ACLGraphWrapper.__call__ records an event on the replay's stream instead (the boundary: it completes when "
         "everything queued before the replay has run, the previous replays included); this entry point makes its "
         "update stream wait for the latest boundary before the release's update runs, so every task-group update, "
         "and the external-event record after it, runs after the replays queued before the one it serves -- the "
-        "order the drain gave, kept on the device, without the host waiting. It rests on the contract the release's "
-        "own record relies on: a task update is a task of its update stream, ordered by that stream's events. A "
-        "replay that follows a replay no update came after (the MTP drafter's FULL graph replayed k times per "
-        "update) is drained as released. 0.13.0's drain is device-wide; it also orders other streams' work, which "
-        "under async scheduling with speculative decoding is ordered by the per-step event waits "
-        "(docs/graph-modes.md). Task-group updates run unchanged.",
-        upstream=("vllm-ascend#4233", "vllm-ascend#6432"),
+        "order the drain gave, kept on the device, without the host waiting. A replay that follows a replay no "
+        "update came after (the MTP drafter's FULL graph replayed k times per update) is drained as released. "
+        "0.13.0's drain is device-wide; it also orders other streams' work, which under async scheduling with "
+        "speculative decoding is ordered by the per-step event waits (docs/graph-modes.md). Task-group updates run "
+        "unchanged.",
+        upstream=("vllm-ascend#4233", "vllm-ascend#6432", "vllm-ascend#11915"),
         remove_when="upstream orders the FULL replay and its task-group updates on the device (every release up to "
-        "0.30.0rc2 drains from the host); this adapter covers its release only, so the patch goes with it",
+        "0.30.0rc2 drains from the host; #11915 is open); this adapter covers its release only, so the patch goes "
+        "with it",
     )

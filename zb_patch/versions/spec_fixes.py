@@ -22,7 +22,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import Patch
+from ..registry import HOST, ONE_STREAM, Patch, RestsOn
+
+# What the shared fixes rest on (their specs' rests_on).
+STALE_DRAFTS_ONE_STREAM = RestsOn(
+    ONE_STREAM,
+    "device clones and copies of draft ids, queued on the stream of the step's input preparation before the forward "
+    "and the rejection sampler read them (program order); no host wait",
+)
+DRAFT_LENGTHS_ONE_STREAM = RestsOn(
+    ONE_STREAM,
+    "device ops on the common metadata's device seq_lens, queued on the drafter's stream before the draft forward "
+    "reads them, and host ops on its host copy; no host wait",
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # vLLM #37159: a request that holds "-1" draft placeholders and skips a step gets them back as its input ids
@@ -143,6 +155,7 @@ def stale_draft_rows(fingerprints: dict[str, str], remove_when: str, forms: str 
     whose vLLM forms are ``fingerprints`` (``forms``: how those forms differ, where they do)."""
     return Patch(
         id="stale-draft-placeholders-rows",
+        rests_on=RestsOn(HOST, "a host record of the removed request's previous row, kept on the input batch"),
         group="stale-draft-placeholders",
         target="vllm.v1.worker.gpu_input_batch:InputBatch.remove_request",
         make=make_remove_request,
@@ -430,6 +443,10 @@ def mla_draft_rope_rows(
     )
     rows = Patch(
         id="mla-draft-rope-rows",
+        rests_on=RestsOn(
+            ONE_STREAM,
+            "one device copy per draft build into buffers owned by that draft position, queued on the drafter's stream before the position's forward or captured graph reads them (program order; fixed addresses, as the release's own shared buffer)",
+        ),
         group="mla-draft-rope-rows",
         target="vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla",
         aliases=(
@@ -455,6 +472,7 @@ def mla_draft_rope_rows(
     def drafting(patch_id: str, method: str, fingerprints: dict[str, str], why: str) -> Patch:
         return Patch(
             id=patch_id,
+            rests_on=rows.rests_on,
             group="mla-draft-rope-rows",
             target=f"{proposer}.{method}",
             make=make_drafting,
@@ -549,6 +567,10 @@ def draft_sample_indices(
     persistent buffer ``buffer`` (``release_lines``: where the release writes it and where the graph reads it)."""
     return Patch(
         id="draft-sample-indices-past-batch",
+        rests_on=RestsOn(
+            ONE_STREAM,
+            "one device fill of the drafter's buffer, queued after the proposal on its stream; every later reader (the next proposal, a dummy run) runs on that stream after it; vllm-ascend #9867 / #10080 (native from 0.21.0rc1) zero the same buffer on NPUs",
+        ),
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids",
         make=make_propose_draft_token_ids(buffer),
         fingerprints=fingerprints,
