@@ -246,13 +246,19 @@ def patches_markdown(adapter_id: str) -> str:
 
     a = V.by_id(adapter_id)
     out = [f"<!-- generated: zb-patch patches --markdown --adapter {a.id} (edit the specs, not this block) -->", ""]
+    first: dict[tuple[str, str], str] = {}  # (field, text) -> the first patch that has it: later ones refer to it
+
+    def once(field: str, text: str, pid: str) -> str:
+        seen = first.setdefault((field, text), pid)
+        return text if seen == pid else f"as `{seen}`"
+
     for p in a.patch_set.patches:
-        group = f" (group `{p.group}`)" if p.group else ""
+        group = f" (group `{p.group}`)" if p.group and p.group != p.id else ""
         out.append(f"#### `{p.id}`{group}")
         out.append("")
         out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
         opt = " **Opt-in** (`ZB_PATCH_ENABLE`)." if p.opt_in else ""
-        out.append(f"- **rests on** `{p.rests_on.kind}`: {p.rests_on.evidence}.{opt}")
+        out.append(f"- **rests on** `{p.rests_on.kind}`: {once('rests', p.rests_on.evidence, p.id)}.{opt}")
         if p.requires:
             out.append("- **requires** " + ", ".join(f"`{r}`" for r in p.requires) + " (applied only with it)")
         if p.supersedes:
@@ -264,11 +270,11 @@ def patches_markdown(adapter_id: str) -> str:
             out.append(
                 "- **native in** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.native_fingerprints.items())
             )
-        out.append(f"- **why** {p.why}")
+        out.append(f"- **why** {once('why', p.why, p.id)}")
         if p.how:
-            out.append(f"- **how** {p.how}")
+            out.append(f"- **how** {once('how', p.how, p.id)}")
         out.append(f"- **upstream** {', '.join(p.upstream)}")
-        out.append(f"- **remove when** {p.remove_when}")
+        out.append(f"- **remove when** {once('remove', p.remove_when, p.id)}")
         out.append("")
     if a.patch_set.guards:
         out += [

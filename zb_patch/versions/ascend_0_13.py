@@ -290,9 +290,8 @@ GUARDS = (
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._generate_process_reqs_hidden_states",
         {"vllm-ascend 0.13.0": "be6741c407147770"},
         "launches the graph replay first, then updates task-group parameters for FULL replays only: a PIECEWISE "
-        "piece holds no task group, so a drain before it orders nothing the update stream does "
-        "(piecewise-drain-once-per-step); the FULL order is the one the opt-in full-replay-ordered-on-device keeps on "
-        "the device (docs/graph-modes.md)",
+        "piece holds no task group (piecewise-drain-once-per-step); the FULL order is the one "
+        "full-replay-ordered-on-device keeps on the device (docs/graph-modes.md)",
     ),
     Guard(
         "vllm_ascend.worker.block_table:BlockTable.__init__",

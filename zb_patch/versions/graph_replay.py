@@ -241,12 +241,17 @@ _REMOVE_WHEN = (
     "this adapter covers its release only, so the patch goes with it"
 )
 _PIECEWISE_WHY = (
-    "ACLGraphWrapper.__call__ drains the device from the host before every replay (0.13.0: torch.npu.synchronize(); "
-    "0.18.0: torch.npu.current_stream().synchronize(); added by vllm-ascend #4233 against a hang of FULL graphs, whose "
-    "task-group parameter updates run on a side stream). In PIECEWISE mode, vllm-ascend's default graph mode, that "
-    "drain runs before every piece of every step, the drafter's included, and no task group is updated: the host waits "
-    "for the device dozens of times per step, and zero-bubble's overlap of host preparation with the device is lost "
-    "at every piece boundary (vllm-ascend #8877, #8854; about 250 us per drain on the 0.13 line, #5761)."
+    "ACLGraphWrapper.__call__ drains the device from the host before every replay (vllm-ascend #4233, against a hang of "
+    "FULL graphs, whose task-group updates run on a side stream). In PIECEWISE mode, the default graph mode, that is "
+    "before every piece of every step, the drafter's included, with no task group to order: the host waits for the "
+    "device dozens of times per step (about 250 us each on the 0.13 line, #5761; #8877, #8854)."
+)
+_PIECEWISE_HOW = (
+    "Wrapper (zb_patch.versions.graph_replay), only for a PIECEWISE wrapper under async scheduling with speculative "
+    "decoding while the forward context's runtime mode is PIECEWISE: the release's __call__ runs with its module's "
+    "`torch` rebound to a stand-in whose drains are counted and run or skipped as below; the name is restored after "
+    "the call. Capture, replay and dispatch are the release's; FULL replays too, unless full-replay-ordered-on-device "
+    "is enabled."
 )
 
 
@@ -262,36 +267,20 @@ def piecewise_drain_once_per_step(fingerprints: dict[str, str]) -> Patch:
         roles=("worker",),
         rests_on=RestsOn(
             UPSTREAM,
-            "vllm-ascend v0.23.0 runs PIECEWISE on NPUs with no drain before a piece replay (#9025, first in "
-            "v0.20.2rc1) and one torch.npu.current_stream().synchronize() per target forward, before its first piece, "
-            "skipped for the EAGLE / MTP drafter (#14081, in v0.23.0); every drain this patch keeps is the release's "
-            "own call at the release's own place",
+            "vllm-ascend v0.23.0 on NPUs: no drain before a piece replay (#9025, from v0.20.2rc1) and one "
+            "current_stream().synchronize() per target forward before its first piece, none for the EAGLE / MTP "
+            "drafter (#14081); every drain kept here is the release's own call at its own place",
         ),
-        why=_PIECEWISE_WHY + " vllm-ascend removed the per-piece drain in #9025 and, on an accuracy report under "
-        "async scheduling in PIECEWISE mode (qwen3-235b), put one drain per step back before the target's forward "
-        "(#14081): the form upstream runs on NPUs today.",
-        how="Wrapper (zb_patch.versions.graph_replay.OncePerForwardTorch), only for a PIECEWISE wrapper whose "
-        "configuration runs async scheduling with speculative decoding, while the forward context's runtime mode is "
-        "PIECEWISE: the release's __call__ runs with its module's `torch` rebound to a stand-in whose first drain "
-        "within a target forward context runs (the release's own call, right before the forward's first piece "
-        "replay), and whose later drains in that forward, and every drain in a drafter forward "
-        "(forward_context.is_draft_model), do nothing (counted); the name is restored after the call. The drain "
-        "kept sits where #14081's sits in device order: after every host-to-device copy and update the step queued "
-        "before its forward, before any of the forward's work (the compiled forward starts with its first piece), so "
-        "it gives the same protection; between two pieces of one forward the host queues only that forward's eager "
-        "attention and the next replay, in program order on one stream. A target forward whose batch runs no graph "
-        "(larger than every captured size) is not drained, as released (v0.23.0 drains it too). FULL replays are the "
-        "release's unless full-replay-ordered-on-device is enabled. Capture, replay and dispatch are unchanged.",
-        upstream=(
-            "vllm-ascend#9025",
-            "vllm-ascend#14081",
-            "vllm-ascend#4233",
-            "vllm-ascend#6432",
-            "vllm-ascend#8877",
-            "vllm-ascend#8854",
-            "vllm-ascend#5761",
-            "vllm-ascend#8469",
-        ),
+        why=_PIECEWISE_WHY + " Upstream removed the per-piece drain (#9025) and, on an accuracy report under async "
+        "scheduling in PIECEWISE mode, put one per step back before the target's forward (#14081).",
+        how=_PIECEWISE_HOW + " OncePerForwardTorch: the first drain within a target forward context runs (right before "
+        "the forward's first piece replay); the later ones in that forward and all in a drafter forward "
+        "(forward_context.is_draft_model) do nothing. The kept drain is where #14081's is in device order: after "
+        "everything the step queued before its forward, before any of the forward's work (the compiled forward starts "
+        "with its first piece); between pieces the host queues only that forward's eager attention and the next "
+        "replay, in order on one stream. A target forward that replays no graph (a batch above every captured size) "
+        "is not drained, as released (v0.23.0 drains it).",
+        upstream=("vllm-ascend#9025", "vllm-ascend#14081", "vllm-ascend#4233", "vllm-ascend#8877", "vllm-ascend#5761"),
         remove_when=_REMOVE_WHEN,
     )
 
@@ -308,29 +297,20 @@ def piecewise_replay_without_host_drain(fingerprints: dict[str, str]) -> Patch:
         roles=("worker",),
         rests_on=RestsOn(
             NPU_CONTRACT,
-            "that torch_npu / CANN need no host drain before a PIECEWISE step once the host's reuse of its staging "
-            "buffers is ordered by the per-step event waits of async scheduling + spec decode; vllm-ascend tried "
-            "this three times on these lines and reverted each on accuracy reports (#5761 / #5965, #5809 / #5966, "
-            "#8354 / #8469), and after #9025 removed the per-piece drain it put one drain per step back (#14081, "
-            "v0.23.0) without naming the mechanism; neither stand-in (CPU graph double, CUDA) models torch_npu's task "
-            "queue",
+            "that torch_npu / CANN need no host drain before a PIECEWISE step once the host's reuse of staging "
+            "buffers is ordered by the per-step event waits of async + spec decode; upstream reverted this three "
+            "times on these lines on accuracy reports (#5761 / #5965, #5809 / #5966, #8354 / #8469) and, after "
+            "#9025, put one drain per step back (#14081) without naming the mechanism; neither stand-in models "
+            "torch_npu's task queue",
         ),
-        why=_PIECEWISE_WHY + " This patch removes the one drain per step that piecewise-drain-once-per-step keeps.",
-        how="Wrapper (zb_patch.versions.graph_replay.NoDrainTorch), in place of piecewise-drain-once-per-step (same "
-        "target): only for a PIECEWISE wrapper whose configuration runs async scheduling with speculative decoding, "
-        "while the forward context's runtime mode is PIECEWISE, the release's __call__ runs with its module's `torch` "
-        "rebound to a stand-in whose torch.npu.synchronize() and current_stream().synchronize() do nothing (counted); "
-        "then the name is restored. Without the drain a PIECEWISE step orders host and device as eager mode does; the "
-        "host's reuse of staging buffers is ordered by the per-step event waits of async + spec decode "
-        "(docs/graph-modes.md).",
+        why=_PIECEWISE_WHY + " This patch also removes the one drain per step piecewise-drain-once-per-step keeps.",
+        how=_PIECEWISE_HOW + " NoDrainTorch, in place of piecewise-drain-once-per-step (same target): no drain runs; a "
+        "PIECEWISE step then orders host and device as eager mode does (docs/graph-modes.md).",
         upstream=(
             "vllm-ascend#9025",
             "vllm-ascend#14081",
-            "vllm-ascend#5761",
-            "vllm-ascend#5809",
             "vllm-ascend#5965",
             "vllm-ascend#5966",
-            "vllm-ascend#8354",
             "vllm-ascend#8469",
             "vllm-ascend#8554",
         ),
@@ -360,27 +340,21 @@ def full_replay_ordered_on_device(
             "premise by construction, so their tests cannot refute it; upstream's twin, vllm-ascend #11915 "
             "(VLLM_ASCEND_FINE_GRAIN_REPLAY_SYNC), is open and opt-in",
         ),
-        why="Before every FULL replay of the target model (and of the MTP drafter) ACLGraphWrapper.__call__ drains "
-        "the device from the host (vllm-ascend #4233, narrowed by #6432; kept in FULL mode through 0.30.0rc2): the "
-        "host cannot queue step N+1 before the device has run all of step N, so in FULL_DECODE_ONLY, the graph mode "
-        "of the releases' MTP tutorials, zero-bubble's overlap of host preparation with the device ends at every "
-        "step. What the drain protects: each attention layer's FIA call is captured in a task group whose "
-        "parameters an update re-issues, on an update stream, after the replay is queued; without an ordering, the "
-        "update for replay N+1 can run before replay N has reached the group (replay N attends with step N+1's "
-        "lengths), and its external-event record can be consumed by replay N's reset (the device hang of #4233). "
-        "Both reproduce on the release's own code without the drain (tests/patches/test_graph_modes.py, "
-        "tests/engine/test_npu_graphs_cuda.py).",
-        how="Wrappers (zb_patch.versions.graph_replay.FullOrdering), under async scheduling with speculative decoding "
-        "only. Where the release drains before a FULL replay, the PIECEWISE patch's wrapper of "
-        "ACLGraphWrapper.__call__ records an event on the replay's stream instead (the boundary: it completes when "
-        "everything queued before the replay has run, the previous replays included); this entry point makes its "
-        "update stream wait for the latest boundary before the release's update runs, so every task-group update, "
-        "and the external-event record after it, runs after the replays queued before the one it serves -- the "
-        "order the drain gave, kept on the device, without the host waiting. A replay that follows a replay no "
-        "update came after (the MTP drafter's FULL graph replayed k times per update) is drained as released. "
-        "0.13.0's drain is device-wide; it also orders other streams' work, which under async scheduling with "
-        "speculative decoding is ordered by the per-step event waits (docs/graph-modes.md). Task-group updates run "
-        "unchanged.",
+        why="Before every FULL replay (the target's, and the MTP drafter's) ACLGraphWrapper.__call__ drains the device "
+        "from the host (vllm-ascend #4233, #6432; through 0.30.0rc2): in FULL_DECODE_ONLY, the graph mode of the MTP "
+        "tutorials, zero-bubble's overlap ends at every step. What it protects: each attention layer's FIA call is "
+        "captured in a task group whose parameters an update re-issues on an update stream after the replay is "
+        "queued; unordered, the update for replay N+1 can run before replay N reached the group (wrong lengths) and "
+        "its external-event record can be consumed by replay N's reset (#4233's hang). Both reproduce on the release's "
+        "code without the drain (tests/patches/test_graph_modes.py, tests/engine/test_npu_graphs_cuda.py).",
+        how="Wrappers (zb_patch.versions.graph_replay.FullOrdering), under async scheduling with speculative decoding. "
+        "Where the release drains before a FULL replay, the PIECEWISE patch's wrapper of ACLGraphWrapper.__call__ "
+        "records an event on the replay's stream instead (the boundary: complete once everything queued before the "
+        "replay has run); this entry point makes its update stream wait for the latest boundary before the release's "
+        "update, so every update and its external-event record run after the replays queued before the one it "
+        "serves, with no host wait. A replay after a replay no update came after (the MTP drafter's k replays per "
+        "update) is drained as released. 0.13.0's drain is device-wide; the other streams' work it also ordered is "
+        "ordered by the per-step event waits (docs/graph-modes.md).",
         upstream=("vllm-ascend#4233", "vllm-ascend#6432", "vllm-ascend#11915"),
         remove_when="upstream orders the FULL replay and its task-group updates on the device (every release up to "
         "0.30.0rc2 drains from the host; #11915 is open); this adapter covers its release only, so the patch goes "

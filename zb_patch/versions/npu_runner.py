@@ -40,12 +40,9 @@ from .early_output import already_exact
 # What the zero-bubble patches of ascend-0.13 / ascend-0.18 rest on (their specs' rests_on).
 ZERO_BUBBLE_BACKPORT = RestsOn(
     BACKPORT,
-    "vLLM #32951 (vLLM 0.19) and its Ascend port, vllm-ascend #7640 / #8461 / #10506 (native from 0.19.1rc1, run on "
-    "NPUs there): the host assumes every draft accepted, the device corrects positions / seq_lens / slot mapping from "
-    "its own counts, the host waits for the previous step's counts on the release's own valid-count event after the "
-    "corrections are queued; this port verified on the stand-ins: runner parity with vLLM's real scheduler on the CPU "
-    "(every step equal to the synchronous path), tokens through the release's engine on the CPU and with CUDA standing "
-    "in for the NPU, eager and in both graph modes",
+    "vLLM #32951 (vLLM 0.19) and vllm-ascend #7640 / #8461 / #10506 (native on NPUs from 0.19.1rc1): the host assumes "
+    "every draft accepted, the device corrects its own counts; the port verified on the stand-ins (runner parity with "
+    "vLLM's scheduler on the CPU, tokens through the release's engine on the CPU and on CUDA, eager and graph modes)",
 )
 BACKUP_STAGING_ONE_STREAM = RestsOn(
     ONE_STREAM,
