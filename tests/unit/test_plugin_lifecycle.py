@@ -40,14 +40,16 @@ def make(orig):
     def step(self, x):
         return orig(self, x) * 10
     return step
-def adapter(fp=FP):
+def adapter(fp=FP, kind=HOST):
     return V.Adapter(id="fake", title="fake adapter", vllm_ascend=((0,), (1,)), vllm=((0,), (1,)),
                      patch_set=PatchSet("fake", [Patch(id="p", target="{pkg}.runner:Runner.step", make=make,
                                         fingerprints={{"fake 1.0": fp}}, why="w", upstream=("#1",),
-                                        remove_when="r", rests_on=RestsOn(HOST, "the fake's own code"))]))
-def activate(fp=FP, env=None):
-    sel = V.Selection(V.SELECTED, "test selection", (adapter(fp),))
-    return plugin._activate(plugin.Settings(env or {{"ZB_PATCH": "1"}}), "worker", selection=sel)
+                                        remove_when="r", rests_on=RestsOn(kind, "the fake's own code"))]))
+def activate(fp=FP, env=None, kind=HOST, opted_in=()):
+    sel = V.Selection(V.SELECTED, "test selection", (adapter(fp, kind),))
+    settings = plugin.Settings(env or {{"ZB_PATCH": "1"}})
+    settings.opted_in = frozenset(opted_in)  # the fake's ids are no real adapter's: ZB_PATCH_ENABLE would refuse them
+    return plugin._activate(settings, "worker", selection=sel)
 """
 
 
@@ -158,6 +160,29 @@ print("STATUS", json.dumps(plugin.status()["report"]["items"][0]["verdict"]))
     info = _lines(r.stdout, "adapter=fake")
     assert len(info) == 1 and info[0].startswith("INFO") and "applied [p]" in info[0]
     assert len(_lines(r.stdout, "armed fake")) == 1
+
+
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_an_npu_contract_patch_applies_only_opted_in_and_then_warns(prelude, opted_in):
+    fake, pre = prelude
+    r = run_py(
+        pre
+        + f"""
+import {fake.pkg}.runner as m
+act = activate(kind=R.NPU_CONTRACT, opted_in={("p",) if opted_in else ()!r})
+print("STATE", act.state, m.Runner().step(2))
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    info = _lines(r.stdout, "adapter=fake")
+    warnings = [line for line in info if line.startswith("WARNING")]
+    if opted_in:
+        assert "STATE applied 40" in r.stdout and "applied [p]" in info[-1]
+        assert len(warnings) == 1 and "opt-in patch p applied (ZB_PATCH_ENABLE): not shown on an NPU" in warnings[0]
+        assert "rests on the fake's own code" in warnings[0] and "zb-patch selftest --engine" in warnings[0]
+    else:
+        assert "STATE applied 4" in r.stdout and "applied []" in info[-1] and "opt-in, not enabled [p]" in info[-1]
+        assert warnings == []
 
 
 def test_already_imported_applies_at_once_and_twice_is_once(prelude):
