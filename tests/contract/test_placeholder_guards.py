@@ -112,7 +112,9 @@ def test_the_readers_see_what_they_look_for():
         "            self.input_ids.gpu[:n].clamp_(min=0)\n"
     )
     assert _clamps_input_ids(_function(with_clamp, "_preprocess", cls="GPUModelRunner"))
-    without = ast.parse("class GPUModelRunner:\n    def _preprocess(self, n):\n        self.positions.gpu.clamp_(min=0)\n")
+    without = ast.parse(
+        "class GPUModelRunner:\n    def _preprocess(self, n):\n        self.positions.gpu.clamp_(min=0)\n"
+    )
     assert not _clamps_input_ids(_function(without, "_preprocess", cls="GPUModelRunner"))
     assert _function(with_clamp, "_preprocess", cls="NPUModelRunner") is None
     kernel = ast.parse("def k(draft_token_id):\n    if draft_token_id < 0:\n        pass\n")

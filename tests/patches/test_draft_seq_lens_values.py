@@ -23,8 +23,10 @@ import pytest
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 FAMILY = npu_standin.detect_family()
 if FAMILY not in ("0.18", "0.23"):
-    pytest.skip(f"the proposer's attn_update_stack_num_spec_norm: vllm-ascend 0.18 / 0.19+; this env has {FAMILY}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the proposer's attn_update_stack_num_spec_norm: vllm-ascend 0.18 / 0.19+; this env has {FAMILY}",
+        allow_module_level=True,
+    )
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

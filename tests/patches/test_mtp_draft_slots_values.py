@@ -119,4 +119,6 @@ def test_the_release_alone_gives_other_slots():
     seen = _draft_pass(lambda model: model)
     assert seen[0] == expected_slots(0)
     wrong = [(s, r) for s in range(1, K) for r in range(len(FIRST)) if seen[s][r] != expected_slots(s)[r]]
-    assert wrong and all((FIRST[r] + s) % BLOCK_SIZE == 0 or seen[s - 1][r] != expected_slots(s - 1)[r] for s, r in wrong)
+    assert wrong and all(
+        (FIRST[r] + s) % BLOCK_SIZE == 0 or seen[s - 1][r] != expected_slots(s - 1)[r] for s, r in wrong
+    )

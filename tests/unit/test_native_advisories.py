@@ -110,7 +110,7 @@ def test_ascend_0_19_0_25_why_words_each_vllm_by_its_guards(vllm):
 
 
 def test_outcome_reads_the_wording_it_is_given():
-    """The reader above on texts that say the wrong thing: a test of the wording that cannot fail would prove nothing."""
+    """The reader above on texts that say the wrong thing (a wording test that cannot fail would prove nothing)."""
     crash = "On vLLM 0.26.0 the -1 reaches the embedding: a crash."
     loss = "On vLLM 0.26.0 no crash (vllm#47029, vllm#46533): wasted verification."
     assert _outcome(crash, "0.26.0") == "crash"
