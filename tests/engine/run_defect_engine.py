@@ -6,9 +6,14 @@ result's ``defects`` entry (live objects, filled while generating):
 * ``kv-owners`` (vllm-ascend 0.13 MTP, k >= 2): every KV write of a later MTP draft step (steps 1 .. k-1 of
   ``MtpProposer._propose``) is checked against the block tables of the step's scheduled requests: a slot in a block
   of another scheduled request is a *foreign write* (recorded: writer, slot, block, owner); a slot past the cache is
-  recorded before the emulated op raises.
+  recorded before the emulated op raises. Each such slot is also compared with the one its position has in the
+  writer's own blocks (position from the draft model's call, blocks from the request's block list, block size from the
+  cache): ``wrong_slots``, with ``slots_checked`` / ``block_starts_checked`` (positions at a block's first slot, where
+  ``+= 1`` goes wrong) and ``padded`` (rows the release masked past max_model_len).
 * ``draft-lengths`` (vllm-ascend 0.18 EAGLE / MTP): after every ``attn_update_stack_num_spec_norm`` (draft steps
-  1 .. k-1), the draft rows whose device and host sequence lengths differ.
+  1 .. k-1), the draft rows whose device and host sequence lengths differ, and (``wrong_values``) those whose lengths
+  are not vllm-ascend #10112's, computed from the pass's first-step lengths alone: one more per step, 1 once past
+  max_model_len (``at_limit`` / ``masked``: rows expected at max_model_len / at 1).
 * ``saved-drafts`` (any release): the counters of zb-patch's stale-draft-placeholders fix on the runner.
 * ``returning-rows`` (any release): every row handed to the model with scheduled drafts while it was not in the
   previous step's sampled rows, with the draft input ids it got and the drafts proposed for that request when it was
@@ -47,9 +52,16 @@ def record_kv_owners(runner, out: dict) -> None:
     from vllm_ascend.spec_decode.mtp_proposer import MtpProposer
 
     out.update(draft_writes=0, foreign_writes=[], past_cache=[], propose_calls=0)
-    step = {"inside": False, "calls": 0}
+    out.update(slots_checked=0, block_starts_checked=0, padded=0, wrong_slots=[])
+    step = {"inside": False, "calls": 0, "positions": []}
     model = runner.drafter.model
-    model.register_forward_pre_hook(lambda module, args: step.__setitem__("calls", step["calls"] + 1))
+
+    def count_call(module, args, kwargs):
+        step["calls"] += 1
+        positions = kwargs["positions"] if "positions" in kwargs else args[1]
+        step["positions"] = positions[: runner.input_batch.num_reqs].tolist()
+
+    model.register_forward_pre_hook(count_call, with_kwargs=True)
     propose = MtpProposer.__dict__["_propose"]  # zb-patch's wrapper when its fix is applied
 
     def _propose(self, *args, **kwargs):
@@ -68,6 +80,7 @@ def record_kv_owners(runner, out: dict) -> None:
             batch = runner.input_batch
             block_size = kwargs["key_cache"].shape[1]
             num_slots = kwargs["key_cache"].shape[0] * block_size
+            out["block_size"] = block_size
             owner = {}
             for req_id in batch.req_id_to_index:
                 for block in runner.requests[req_id].block_ids[0]:
@@ -75,9 +88,25 @@ def record_kv_owners(runner, out: dict) -> None:
             slots = kwargs["slot_indices"][: batch.num_reqs].tolist()
             for row, slot in enumerate(slots):
                 if slot < 0:
+                    out["padded"] += 1
                     continue
                 writer = batch.req_ids[row]
                 out["draft_writes"] += 1
+                # the slot the draft token's position has in the writer's own blocks, enumerated from the scheduler's
+                # block list and the cache's block size (not the runner's block table nor the release's arithmetic)
+                position = step["positions"][row]
+                own_slots = [
+                    b * block_size + o for b in runner.requests[writer].block_ids[0] for o in range(block_size)
+                ]
+                expected = own_slots[position] if position < len(own_slots) else None
+                out["slots_checked"] += 1
+                out["block_starts_checked"] += position % block_size == 0
+                if slot != expected:
+                    out["wrong_slots"].append(
+                        dict(
+                            writer=writer, draft_step=step["calls"] - 1, position=position, slot=slot, expected=expected
+                        )
+                    )
                 if slot >= num_slots:
                     out["past_cache"].append(dict(writer=writer, slot=slot, num_slots=num_slots))
                     continue
@@ -103,18 +132,33 @@ def record_draft_lengths(runner, out: dict) -> None:
     from vllm_ascend.spec_decode.eagle_proposer import SpecDecodeBaseProposer
 
     out.update(draft_steps=0, mismatches=[], max_model_len=runner.model_config.max_model_len)
+    out.update(wrong_values=[], at_limit=0, masked=0)
     update = SpecDecodeBaseProposer.__dict__["attn_update_stack_num_spec_norm"]
 
+    limit = out["max_model_len"]
+    expected: list[int] = []  # this draft pass's lengths by #10112's rule, from its first step's alone
+
     def attn_update_stack_num_spec_norm(self, draft_step, *args, **kwargs):
-        common, attn = update(self, draft_step, *args, **kwargs)
         rows = args[2] if len(args) > 2 else kwargs["batch_size"]
+        if draft_step == 1:
+            old = args[1] if len(args) > 1 else kwargs["old_common_metadata"]
+            expected[:] = old.seq_lens_cpu[:rows].tolist()
+        common, attn = update(self, draft_step, *args, **kwargs)
         device = common.seq_lens[:rows].tolist()
         host = common.seq_lens_cpu[:rows].tolist()
         out["draft_steps"] += 1
-        for row, (d, h) in enumerate(zip(device, host)):
+        # one more token per step; a length past max_model_len (not one equal to it) becomes 1
+        expected[:] = [1 if n + 1 > limit else n + 1 for n in expected]
+        for row, (d, h, want) in enumerate(zip(device, host, expected)):
+            position = int(common.positions[row])
             if d != h:
-                position = int(common.positions[row])
                 out["mismatches"].append(dict(draft_step=draft_step, row=row, device=d, host=h, position=position))
+            if (d, h) != (want, want):
+                out["wrong_values"].append(
+                    dict(draft_step=draft_step, row=row, device=d, host=h, expected=want, position=position)
+                )
+            out["at_limit"] += want == limit
+            out["masked"] += want == 1
         return common, attn
 
     SpecDecodeBaseProposer.attn_update_stack_num_spec_norm = attn_update_stack_num_spec_norm

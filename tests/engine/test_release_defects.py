@@ -319,7 +319,9 @@ def mtp_slot_runs(models, tmp_path_factory):
             kv = r.result["defects"]["kv-owners"]
             print(
                 f"{r.name}: {kv['draft_writes']} later-draft KV writes, {len(kv['foreign_writes'])} into another "
-                f"request's block {kv['foreign_writes'][:2]}, {len(kv['past_cache'])} past the cache"
+                f"request's block {kv['foreign_writes'][:2]}, {len(kv['past_cache'])} past the cache; "
+                f"{len(kv['wrong_slots'])} of {kv['slots_checked']} not their position's slot {kv['wrong_slots'][:2]} "
+                f"({kv['block_starts_checked']} at a block's first position, {kv['padded']} padded)"
             )
     return {r.name: r for r in runs}
 
@@ -332,6 +334,10 @@ def test_mtp_later_draft_writes_another_request_s_kv(mtp_slot_runs, name):
     assert kv["foreign_writes"], kv
     for w in kv["foreign_writes"]:
         assert w["offset"] == 0 and w["owner"] != w["writer"]  # slot 0 of the next block id: another request's
+    # as values: each wrong slot is a draft at a block's first position, given the slot after the previous one
+    assert kv["wrong_slots"], kv
+    for w in kv["wrong_slots"]:
+        assert w["position"] % kv["block_size"] == 0 and w["slot"] != w["expected"], w
 
 
 @pytest.mark.parametrize("name", ["sync+fixes", "async+zb"])
@@ -340,6 +346,10 @@ def test_with_the_fix_every_later_draft_write_is_the_writer_s(mtp_slot_runs, nam
     assert run.result is not None, run.stderr[-3000:]
     kv = run.result["defects"]["kv-owners"]
     assert kv["draft_writes"] > 0 and kv["foreign_writes"] == [] and kv["past_cache"] == [], kv
+    # as values: every later draft's slot is the one its position has in the writer's own blocks (a slot in the
+    # writer's blocks but at another offset, which the owner check alone cannot see, fails here), block starts included
+    assert kv["wrong_slots"] == [] and kv["slots_checked"] == kv["draft_writes"], kv["wrong_slots"][:5]
+    assert kv["block_starts_checked"] > 0, kv
     assert "mtp-draft-slots" in _applied(run.result)
 
 
@@ -404,7 +414,8 @@ def draft_length_runs(models, tmp_path_factory):
             d = r.result["defects"]["draft-lengths"]
             print(
                 f"{r.name}: {d['draft_steps']} draft steps, {len(d['mismatches'])} rows with device != host "
-                f"lengths {d['mismatches'][:3]}"
+                f"lengths {d['mismatches'][:3]}; {len(d['wrong_values'])} not #10112's {d['wrong_values'][:3]} "
+                f"({d['at_limit']} rows expected at max_model_len, {d['masked']} at 1)"
             )
     return {r.name: r for r in runs}
 
@@ -418,6 +429,8 @@ def test_draft_lengths_at_max_model_len_differ_on_host_and_device(draft_length_r
     assert d["mismatches"], d
     # the first: a draft at position max_model_len - 1, device max_model_len, host 1
     assert any(m["device"] == limit and m["host"] == 1 for m in d["mismatches"]), d["mismatches"][:5]
+    # as values: the host mask `>=` sets a length of max_model_len to 1, where #10112 keeps it
+    assert any(w["expected"] == limit and w["host"] == 1 for w in d["wrong_values"]), d["wrong_values"][:5]
 
 
 @pytest.mark.parametrize("name", ["sync+fixes", "async+zb"])
@@ -426,6 +439,10 @@ def test_with_the_fix_draft_lengths_agree(draft_length_runs, name):
     assert run.result is not None, run.stderr[-3000:]
     d = run.result["defects"]["draft-lengths"]
     assert d["draft_steps"] > 0 and d["mismatches"] == [], d["mismatches"][:5]
+    # as values: #10112's lengths from each pass's first step (equal device and host with a shared off-by-one fail
+    # here), with rows at max_model_len (kept) and past it (1) among them
+    assert d["wrong_values"] == [], d["wrong_values"][:5]
+    assert d["at_limit"] > 0 and d["masked"] > 0, d
     assert "draft-seq-lens-max-model-len" in _applied(run.result)
 
 

@@ -335,8 +335,15 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
     "step's batch (`if prev_index < 0: continue`). A request that skipped a step (the scheduler keeps its "
     "placeholders; vLLM's max_model_len clamp on the optimistic count leaves a request at the limit 0 tokens for a "
     "step) comes back with them, InputBatch.update_req_spec_token_ids writes them into token_ids_cpu and the `-1` "
-    "reaches the model: an out-of-range embedding index. The releases' own zero-bubble path is vLLM's here. Every "
-    "upstream fix proposed (#37629, #40768, #43434, #46899) was closed unmerged.",
+    "reaches the model. vLLM 0.19.0-0.24.0 (vllm-ascend 0.19.1rc1-0.24.0rc1, whose NPUModelRunner has a _preprocess "
+    "of its own) guard nothing: the `-1` is an out-of-range index of the target's embedding, a crash wherever the "
+    "embedding does not mask it (vllm-ascend's VocabParallelEmbedding masks out-of-range ids only with the "
+    "vocabulary split, TP > 1). vLLM 0.25.0 / 0.25.1 "
+    "(vllm-ascend 0.25.1rc1, whose NPUModelRunner inherits vLLM's _preprocess) clamp it to token 0 before the "
+    "embedding (vllm#47029, GPUModelRunner._preprocess) and reject a negative draft (vllm#46533, "
+    "vllm/v1/sample/rejection_sampler.py; vllm-ascend's AscendRejectionSampler rejects it too): no crash, wasted "
+    "verification, one token instead of up to k + 1 for that step. The releases' own zero-bubble path is vLLM's "
+    "here. Every upstream fix proposed (#37629, #40768, #43434, #46899) was closed unmerged.",
     how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.13 / 0.18: before the release's body the drafts of "
     "each request that was sampled in the last proposing step and left the batch since are kept (device clone of "
     "its row of _draft_token_ids, row width _draft_token_ids.shape[1]); after the body a row back with scheduled "

@@ -89,6 +89,25 @@ FORMS: tuple[NativeForm, ...] = (
     ),
 )
 
+# vLLM's own guards against a '-1' draft placeholder, by vLLM release (read from each release's sdist; both arrive in
+# vLLM 0.25.0, neither is in 0.19.0 .. 0.24.0):
+# * vllm#47029: GPUModelRunner._preprocess (vllm/v1/worker/gpu_model_runner.py) clamps the step's input ids to >= 0
+#   before the embedding when a speculative config is set (`self.input_ids.gpu[:num_input_tokens].clamp_(min=0)`);
+# * vllm#46533: the rejection kernels of vllm/v1/sample/rejection_sampler.py reject a negative draft id
+#   (rejection_greedy_sample_kernel's synthetic branch `and draft_token_id >= 0`, rejection_random_sample_kernel
+#   `if draft_token_id < 0: accepted = False`).
+# The draft ids the rejection sampler verifies are gathered from the input ids in _prepare_inputs, before the clamp:
+# with both guards a stale placeholder is embedded as token 0 and its draft rejected (wasted verification, tokens
+# unchanged); without #47029 the '-1' reaches the embedding as an out-of-range index.
+PLACEHOLDER_GUARDS: Mapping[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ("0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0"), ()
+    ),
+    **dict.fromkeys(
+        ("0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0"), ("vllm#46533", "vllm#47029")
+    ),
+}
+
 # Known bugs of the native releases zb-patch does not fix there (the adapters that carry a fix say so in its spec).
 # Affected fingerprints of vLLM targets: read from the sdists of the vLLM releases the native vllm-ascend releases pair
 # with (vllm-ascend X.Y.ZrcN runs on vLLM X.Y.*).
@@ -98,16 +117,21 @@ ADVISORIES: tuple[Advisory, ...] = (
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
         affected={
             "vllm 0.26.0, 0.27.0, 0.27.1": "887b8f1b462d5be5",
-            "vllm 0.28.0, 0.29.0": "080b9baafd67775e",
+            "vllm 0.28.0, 0.29.0, 0.30.0": "080b9baafd67775e",
         },
         message="async scheduling + speculative decoding: a request that holds '-1' draft placeholders and is not "
         "scheduled for a step (vLLM's max_model_len clamp on the optimistic count does that to a request at the "
         "limit) comes back with them, and _prepare_input_ids replaces drafts only for rows of the previous step's "
-        "batch: the '-1' reaches the embedding (out-of-range index, a crash). zb-patch fixes it for vllm-ascend "
-        "0.13.0-0.25.1rc1 (patch stale-draft-placeholders) but applies nothing to native releases. Avoid: leave "
-        "headroom below max_model_len (requests whose prompt + max_tokens stay under max_model_len - k), or run "
-        "speculative decoding without async scheduling.",
-        upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+        "batch. On vLLM 0.26.0, 0.27.0, 0.27.1, 0.28.0, 0.29.0 and 0.30.0 (every vLLM the native releases pair with) "
+        "that costs acceptance, not a crash: GPUModelRunner._preprocess clamps the '-1' to token 0 before the "
+        "embedding (vllm#47029; vllm-ascend's NPUModelRunner inherits it) and the rejection sampler rejects a "
+        "negative draft (vllm#46533 in vLLM's kernels; vllm-ascend's AscendRejectionSampler rejects it too), so the "
+        "request's drafts of that step are verified for nothing: wasted verification, one token instead of up to "
+        "k + 1 for that step, the tokens themselves unchanged. zb-patch fixes it for vllm-ascend 0.13.0-0.25.1rc1 "
+        "(patch stale-draft-placeholders) but applies nothing to native releases. Avoid: leave headroom below "
+        "max_model_len (requests whose prompt + max_tokens stay under max_model_len - k), or run speculative "
+        "decoding without async scheduling.",
+        upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434", "vllm#47029", "vllm#46533"),
     ),
 )
 
