@@ -256,6 +256,8 @@ def patches_markdown(adapter_id: str) -> str:
             fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
             out.append(f"| `{g.target}` | {fps} | {g.why} |")
         out.append("")
+    if a.commits:
+        out += _commit_forms_markdown(a)
     if a.patch_set.advisories:
         out += [
             f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)",
@@ -268,6 +270,41 @@ def patches_markdown(adapter_id: str) -> str:
             out.append(f"| `{adv.id}` | `{adv.target}` | {fps} | {adv.message} | {', '.join(adv.upstream)} |")
         out.append("")
     return "\n".join(out)
+
+
+def _commit_forms_markdown(a) -> list[str]:
+    """The commit forms of an adapter: per commit, each item whose target differs from the tag, with its decision."""
+    from . import versions as V
+
+    tag = a.form_fingerprints(a.forms[0])
+    out = [f"#### Commit forms ({len(a.commits)}): maintenance-branch commits checked against the adapter", ""]
+    for form in a.commits:
+        applied, native_ids, refused = V.commit_patches(a, form)
+        fps = form.fingerprints
+        same = sum(1 for t, fp in fps.items() if tag.get(t) == fp)
+        out += [
+            f"`{form.ref}`: head of `{form.branch}` of {form.date}, {form.past_tag} commits past `v{form.release}`; "
+            f"a setuptools-scm build of it reports `{form.reports}`. {same} of {len(fps)} vllm-ascend targets have the "
+            f"tag's fingerprint; the items of the others:",
+            "",
+            "| item | target | tag | commit | decision | reason |",
+            "|---|---|---|---|---|---|",
+        ]
+        for item, target in V.item_ids(a):
+            d = form.decisions.get(item)
+            if d is None:
+                continue
+            out.append(
+                f"| `{item.split(':', 1)[0] if item.startswith('guard:') else item}` | `{target}` | "
+                f"`{tag.get(target)}` | `{fps.get(target)}` | {d.decision} | {d.reason} |"
+            )
+        out += [
+            "",
+            f"Applied on the commit: {', '.join(applied) or 'none'}. Native there: {', '.join(native_ids) or 'none'}. "
+            f"Refused there (with their groups and the patches that require them): {', '.join(refused) or 'none'}.",
+            "",
+        ]
+    return out
 
 
 def cmd_supported(args) -> int:
