@@ -167,3 +167,30 @@ def test_supported_table_has_a_row_per_commit_above_its_release():
     assert "native there: draft-seq-lens-max-model-len" in next(
         r["patches"] for r in rows if "35b0fdf7d57a" in r["vllm_ascend"]
     )
+
+
+@pytest.mark.parametrize(
+    "project, version, classified",
+    [
+        ("vllm-ascend", "0.18.0", "selected (ascend-0.18)"),
+        ("vllm-ascend", "0.13.0rc3", "refused: in ascend-0.13's range"),
+        ("vllm-ascend", "0.8.5rc1", "refused: older than 0.13"),
+        ("vllm-ascend", "0.18.1rc1", None),  # in a family's range but never read
+        ("vllm-ascend", "0.31.0rc1", None),  # past every recorded native release
+        ("vllm", "0.12.0", "refused"),
+        ("vllm", "0.18.1", "in ascend-0.18's vLLM range"),
+        ("vllm", "0.27.1", "recorded form (vllm 0.26.0, 0.27.0, 0.27.1)"),
+        ("vllm", "0.30.0", "what vllm-ascend 0.30.0rc1, 0.30.0rc2 is built for"),
+        ("vllm", "0.15.1", "vllm-ascend 0.15.0rc1 refused whatever vLLM"),
+        ("vllm", "0.31.0", None),
+    ],
+)
+def test_what_the_table_classifies(project, version, classified):
+    said = V.classifies(project, version)
+    assert (said is None) == (classified is None), said
+    if classified:
+        assert said.startswith(classified), said
+
+
+def test_every_published_release_is_classified():
+    assert all(V.classifies("vllm-ascend", r) for r in V.PUBLISHED)

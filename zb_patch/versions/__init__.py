@@ -624,6 +624,44 @@ def commit_row(adapter: Adapter, form: Form) -> dict:
     }
 
 
+def classifies(project: str, version: str) -> str | None:
+    """What the adapter table says about a published ``vllm-ascend`` or ``vllm`` release (one phrase), or None when
+    it says nothing (a release to read and record; ``tox -e watch`` lists them).
+
+    vllm-ascend: a release in :data:`PUBLISHED` (its recorded verdict), or one older than the oldest family (refused by
+    rule). vLLM: older than the oldest family, inside an adapter's vLLM range, named by a recorded vLLM fingerprint
+    label (adapters, native advisories), the vLLM a published vllm-ascend release is built for, or of the series of
+    published vllm-ascend releases that are all refused whatever vLLM they run with."""
+    rel = _release(version)
+    if project == "vllm-ascend":
+        if version in PUBLISHED:
+            rv = release_verdict(version)
+            return f"{rv.verdict}" + (f" ({rv.adapter})" if rv.adapter else f": {rv.why}")
+        if rel < OLDEST_SUPPORTED:
+            return f"refused: older than {_fmt(OLDEST_SUPPORTED)}"
+        return None
+    if project != "vllm":
+        raise ValueError(f"unknown project {project!r} (vllm-ascend or vllm)")
+    if rel < OLDEST_SUPPORTED:
+        return f"refused: vllm-ascend older than {_fmt(OLDEST_SUPPORTED)}"
+    for a in adapters():
+        if _fmt_pad(a.vllm[0]) <= _fmt_pad(rel) < _fmt_pad(a.vllm[1]):
+            return f"in {a.id}'s vLLM range {_rng(a.vllm)}"
+    labels = [lb for a in adapters() for _, fps in _items(a.patch_set) for lb in fps]
+    labels += [lb for a in adapters() for adv in a.patch_set.advisories for lb in adv.affected]
+    labels += [lb for adv in native.ADVISORIES for lb in adv.affected]
+    named = next((lb for lb in labels if lb.startswith("vllm ") and label_names(lb, version)), None)
+    if named:
+        return f"recorded form ({named})"
+    pinned_by = [r for r in PUBLISHED if _pinned_vllm(r) == version]
+    if pinned_by:
+        return f"what vllm-ascend {', '.join(pinned_by)} is built for"
+    series = [r for r in PUBLISHED if _release(r)[:2] == rel[:2]]
+    if series and all(release_verdict(r).verdict == REFUSED for r in series):
+        return f"vllm-ascend {', '.join(series)} refused whatever vLLM"
+    return None
+
+
 def module_file(root: str, module: str) -> str | None:
     base = os.path.join(root, *module.split("."))
     for path in (base + ".py", os.path.join(base, "__init__.py")):
