@@ -200,9 +200,7 @@ def reported(info: PackageInfo) -> Reported:
             PLACEHOLDER, rel, info.commit, f"{info.raw} (a placeholder version: built without git metadata)"
         )
     if info.dirty:
-        return Reported(
-            DIRTY, rel, info.commit, f"{info.raw} (built from a working tree with uncommitted changes)"
-        )
+        return Reported(DIRTY, rel, info.commit, f"{info.raw} (built from a working tree with uncommitted changes)")
     if info.commit:
         past = f"{info.dev} commits past a tag, " if info.dev is not None else ""
         return Reported(COMMIT, rel, info.commit, f"{info.raw} ({past}commit {info.commit})")

@@ -29,7 +29,17 @@ class ListingError(Exception):
 
 def listed(project: str) -> list[str]:
     """The versions pip's configured locations list for ``project``, newest first (pre-releases included)."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", project, "--pre", "--no-input", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "index",
+        "versions",
+        project,
+        "--pre",
+        "--no-input",
+        "--disable-pip-version-check",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("Available versions:")), None)
     if proc.returncode != 0 or line is None:

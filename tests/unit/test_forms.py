@@ -67,7 +67,10 @@ def test_recorded_forms_are_recognised(vllm, ascend, ref):
 @pytest.mark.parametrize(
     "ascend, says",
     [
-        ("0.18.1.dev3+gabcdef1", "commit abcdef1 is not a recorded form of ascend-0.18 (recorded commits: 35b0fdf7d57a)"),
+        (
+            "0.18.1.dev3+gabcdef1",
+            "commit abcdef1 is not a recorded form of ascend-0.18 (recorded commits: 35b0fdf7d57a)",
+        ),
         ("0.18.1.dev45+g35b0fdf.d20260807", "uncommitted changes"),
         ("0.18.1.dev45", "names no commit"),
         ("0.18.1", "no recorded form of ascend-0.18 (recorded: v0.18.0, 35b0fdf7d57a)"),
@@ -130,7 +133,7 @@ def test_commit_forms_are_complete(adapter):
         changed = {t for t in targets if form.fingerprints[t] != tag[t]}
         expected = {item for item, t in V.item_ids(adapter) if t in changed}
         assert set(form.decisions) == expected
-        for item, decision in form.decisions.items():
+        for decision in form.decisions.values():
             assert decision.decision in (V.STILL_HOLDS, V.NATIVE_HERE, V.REFUSED_HERE) and decision.reason
         for item, target in V.item_ids(adapter):
             d = form.decisions.get(item)

@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 
 from ..detect import COMMIT, LOCAL, PLACEHOLDER, RELEASE, PackageInfo, Versions, reported
-from ..registry import Guard, Patch, PatchSet, find_node, fingerprint_node, split_target
+from ..registry import PatchSet, find_node, fingerprint_node, split_target
 from . import native
 
 Release = tuple[int, ...]
@@ -557,7 +557,7 @@ def supported_table() -> list[dict]:
             rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": rv.verdict, "adapter": "-", "patches": rv.why})
     for a in adapters():  # each commit form above the row of the release its branch continues
         for form in a.commits:
-            at = next(i for i, r in enumerate(rows) if form.release in _row_releases(r["vllm_ascend"]))
+            at = next(i for i, r in enumerate(rows) if form.release in _row_releases(str(r["vllm_ascend"])))
             rows.insert(at, commit_row(a, form))
     rows.insert(
         0,
