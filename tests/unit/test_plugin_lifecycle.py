@@ -201,7 +201,9 @@ def test_drift_from_a_recorded_form_names_the_form_in_the_one_error_line(prelude
     """A build whose version names a recorded form (here a commit) but whose code differs: refused, one ERROR line
     that names the form the version claimed and the target that differs."""
     fake, pre = prelude
-    note = "vllm-ascend 0.18.1.dev45+g35b0fdf (45 commits past a tag, commit 35b0fdf): recorded form commit 35b0fdf7d57a"
+    note = (
+        "vllm-ascend 0.18.1.dev45+g35b0fdf (45 commits past a tag, commit 35b0fdf): recorded form commit 35b0fdf7d57a"
+    )
     r = run_py(
         pre
         + f"""
