@@ -396,16 +396,21 @@ def cmd_fingerprints(args) -> int:
     for a in adapters:
         bad = 0
         print(f"# {a.id}  (source tree: {root})")
-        specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
+        specs = [("guard", g.target, g.fingerprints, g.id) for g in a.patch_set.guards]
         specs += [
-            ("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in p.native_fingerprints.items()}})
+            (
+                "patch",
+                p.target,
+                {**p.fingerprints, **{f"native: {k}": v for k, v in p.native_fingerprints.items()}},
+                p.id,
+            )
             for p in a.patch_set.patches
         ]
         specs += [
-            ("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()})
+            ("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()}, adv.id)
             for adv in a.patch_set.advisories
         ]
-        for kind, target, expected in specs:
+        for kind, target, expected, item in specs:
             module = target.split(":")[0]
             if args.only and not module.startswith(tuple(args.only)):
                 continue
@@ -419,6 +424,14 @@ def cmd_fingerprints(args) -> int:
             else:
                 status = "NEW"
                 bad += 1
+                refused_on = [
+                    f.short
+                    for f in a.commits
+                    if f.fingerprints.get(target) == fp
+                    and getattr(f.decisions.get(item), "decision", None) == V.REFUSED_HERE
+                ]
+                if refused_on:  # recorded as a commit form whose part on this target is refused there
+                    status = f"NEW (refused on commit {', '.join(refused_on)})"
             print(f"{kind:<6} {fp or '-':<17} {status:<40} {target}")
         if not bad:
             recorded_for.append(a.id)

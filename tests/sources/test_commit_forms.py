@@ -110,3 +110,27 @@ def test_commit_form_verdict_recomputed_from_the_archive(trees, adapter, form):
         }
         unknown = [t for t, fps in whole.items() if V.fingerprint_in_tree(root, t) not in fps.values()]
         assert unknown, f"{form.text}: a build that names no form would get the refused parts"
+
+
+@pytest.mark.parametrize("adapter,form", CASES, ids=[f"{a.id}@{f.short}" for a, f in CASES])
+def test_fingerprints_command_on_the_archive_names_each_decision(trees, adapter, form, capsys):
+    """`zb-patch fingerprints` on the commit's tree: an accepted item is recorded under the commit's label, a refused
+    one is NEW and says it is refused on the commit, every other one is recorded under the tag's release."""
+    from zb_patch.cli import main
+
+    root = trees(form)
+    main(["fingerprints", "--root", root, "--adapter", adapter.id, "--only", "vllm_ascend"])
+    lines = capsys.readouterr().out.splitlines()
+    kinds = {i: ("guard" if i.startswith("guard:") else "patch") for i, _ in V.item_ids(adapter)}
+    for item, target in V.item_ids(adapter):
+        if not target.startswith("vllm_ascend."):
+            continue
+        fp = form.fingerprints[target]
+        line = next(ln for ln in lines if ln.startswith(kinds[item]) and ln.endswith(" " + target) and fp in ln)
+        d = form.decisions.get(item)
+        if d is None:
+            assert f"vllm-ascend {form.release}" in line, line
+        elif d.decision == V.REFUSED_HERE:
+            assert f"NEW (refused on commit {form.short})" in line, line
+        else:
+            assert form.label in line, line
