@@ -287,6 +287,8 @@ def patches_markdown(adapter_id: str) -> str:
             fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
             out.append(f"| `{g.target}` | {fps} | {g.why} |")
         out.append("")
+    if a.commits:
+        out += _commit_forms_markdown(a)
     if a.patch_set.advisories:
         out += [
             f"#### Advisories ({len(a.patch_set.advisories)}): known upstream bugs not fixed (one WARNING)",
@@ -299,6 +301,41 @@ def patches_markdown(adapter_id: str) -> str:
             out.append(f"| `{adv.id}` | `{adv.target}` | {fps} | {adv.message} | {', '.join(adv.upstream)} |")
         out.append("")
     return "\n".join(out)
+
+
+def _commit_forms_markdown(a) -> list[str]:
+    """The commit forms of an adapter: per commit, each item whose target differs from the tag, with its decision."""
+    from . import versions as V
+
+    tag = a.form_fingerprints(a.forms[0])
+    out = [f"#### Commit forms ({len(a.commits)}): maintenance-branch commits checked against the adapter", ""]
+    for form in a.commits:
+        applied, native_ids, refused = V.commit_patches(a, form)
+        fps = form.fingerprints
+        same = sum(1 for t, fp in fps.items() if tag.get(t) == fp)
+        out += [
+            f"`{form.ref}`: head of `{form.branch}` of {form.date}, {form.past_tag} commits past `v{form.release}`; "
+            f"a setuptools-scm build of it reports `{form.reports}`. {same} of {len(fps)} vllm-ascend targets have the "
+            f"tag's fingerprint; the items of the others:",
+            "",
+            "| item | target | tag | commit | decision | reason |",
+            "|---|---|---|---|---|---|",
+        ]
+        for item, target in V.item_ids(a):
+            d = form.decisions.get(item)
+            if d is None:
+                continue
+            out.append(
+                f"| `{item.split(':', 1)[0] if item.startswith('guard:') else item}` | `{target}` | "
+                f"`{tag.get(target)}` | `{fps.get(target)}` | {d.decision} | {d.reason} |"
+            )
+        out += [
+            "",
+            f"Applied on the commit: {', '.join(applied) or 'none'}. Native there: {', '.join(native_ids) or 'none'}. "
+            f"Refused there (with their groups and the patches that require them): {', '.join(refused) or 'none'}.",
+            "",
+        ]
+    return out
 
 
 def cmd_supported(args) -> int:
@@ -394,16 +431,21 @@ def cmd_fingerprints(args) -> int:
     for a in adapters:
         bad = 0
         print(f"# {a.id}  (source tree: {root})")
-        specs = [("guard", g.target, g.fingerprints) for g in a.patch_set.guards]
+        specs = [("guard", g.target, g.fingerprints, g.id) for g in a.patch_set.guards]
         specs += [
-            ("patch", p.target, {**p.fingerprints, **{f"native: {k}": v for k, v in p.native_fingerprints.items()}})
+            (
+                "patch",
+                p.target,
+                {**p.fingerprints, **{f"native: {k}": v for k, v in p.native_fingerprints.items()}},
+                p.id,
+            )
             for p in a.patch_set.patches
         ]
         specs += [
-            ("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()})
+            ("advis.", adv.target, {f"affected: {k}": v for k, v in adv.affected.items()}, adv.id)
             for adv in a.patch_set.advisories
         ]
-        for kind, target, expected in specs:
+        for kind, target, expected, item in specs:
             module = target.split(":")[0]
             if args.only and not module.startswith(tuple(args.only)):
                 continue
@@ -417,6 +459,14 @@ def cmd_fingerprints(args) -> int:
             else:
                 status = "NEW"
                 bad += 1
+                refused_on = [
+                    f.short
+                    for f in a.commits
+                    if f.fingerprints.get(target) == fp
+                    and getattr(f.decisions.get(item), "decision", None) == V.REFUSED_HERE
+                ]
+                if refused_on:  # recorded as a commit form whose part on this target is refused there
+                    status = f"NEW (refused on commit {', '.join(refused_on)})"
             print(f"{kind:<6} {fp or '-':<17} {status:<40} {target}")
         if not bad:
             recorded_for.append(a.id)

@@ -6,7 +6,9 @@ without CANN). A missing package is a normal answer (``PackageInfo.installed is 
 
 Version strings are parsed with :mod:`packaging` into release / pre / post / dev / local parts; a git
 commit carried in the local part (``0.18.1.dev45+g35141a7``, ``0.13.0+g1a2b3c4.d20260101``) is extracted
-so adapters can name the commit a nightly build was made from.
+so adapters can name the commit a nightly build was made from. :func:`reported` says what a version string claims
+about the source a build came from (a release, a local build of one, a commit past a tag, ...); the adapter table
+(:func:`zb_patch.versions.form_for`) maps that to a recorded form where it can.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _COMMIT_RE = re.compile(r"^g?([0-9a-f]{7,40})$")
+_DATE_RE = re.compile(r"^d[0-9]{8}$")  # setuptools-scm's mark of a build from a modified working tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,24 @@ class PackageInfo:
     def base(self) -> str | None:
         """Release part only, e.g. ``0.18.1`` for ``0.18.1.dev45+g35141a7``."""
         return ".".join(str(p) for p in self.release) if self.release else None
+
+    @property
+    def release_text(self) -> str | None:
+        """The release the version names, pre / post parts included and dev / local parts left out:
+        ``0.13.0rc3``, ``0.23.0.post1``; ``0.18.0`` for ``0.18.0+empty``; ``0.18.1`` for ``0.18.1.dev45+g35b0fdf``."""
+        if not self.release:
+            return None
+        text = self.base or ""
+        if self.pre:
+            text += f"{self.pre[0]}{self.pre[1]}"
+        if self.post is not None:
+            text += f".post{self.post}"
+        return text
+
+    @property
+    def dirty(self) -> bool:
+        """Built from a working tree with uncommitted changes (setuptools-scm's ``.dYYYYMMDD`` local segment)."""
+        return bool(self.local) and any(_DATE_RE.match(seg) for seg in str(self.local).split("."))
 
     @property
     def version(self) -> Version | None:
@@ -147,6 +168,47 @@ def package(name: str) -> PackageInfo:
             return PackageInfo(name=name, dist=dist, raw="?", error=f"{type(exc).__name__}: {exc}")
         return parse(name, raw, dist)
     return PackageInfo(name=name)
+
+
+# What a version string says about the source of a build (:func:`reported`).
+RELEASE = "release"  # a published release number: 0.18.0, 0.13.0rc3, 0.23.0.post1
+LOCAL = "local"  # a release number with a local label and no commit: 0.18.0+empty, 0.18.0+cpu
+COMMIT = "commit"  # a commit past a tag (setuptools-scm): 0.18.1.dev45+g35b0fdf
+DIRTY = "dirty"  # a commit plus uncommitted changes: 0.18.1.dev45+g35b0fdf.d20260807
+DEV = "dev"  # a dev build that names no commit: 0.18.1.dev45
+PLACEHOLDER = "placeholder"  # 0.0.0: what vllm-ascend's setup.py reports when git metadata is missing
+UNKNOWN = "unknown"  # not installed or unparsable
+
+
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """What an installed version claims about the source the build came from."""
+
+    kind: str
+    release: str | None = None  # PackageInfo.release_text
+    commit: str | None = None  # the abbreviated commit the version carries
+    text: str = ""  # one phrase for log lines
+
+
+def reported(info: PackageInfo) -> Reported:
+    """Classify an installed version (see the kind constants above). Nothing but the version string is read."""
+    if not info.installed or info.error:
+        return Reported(UNKNOWN, text=f"{info.name} {info.describe()}")
+    rel = info.release_text
+    if _pad(info.release) == (0, 0, 0, 0):
+        return Reported(
+            PLACEHOLDER, rel, info.commit, f"{info.raw} (a placeholder version: built without git metadata)"
+        )
+    if info.dirty:
+        return Reported(DIRTY, rel, info.commit, f"{info.raw} (built from a working tree with uncommitted changes)")
+    if info.commit:
+        past = f"{info.dev} commits past a tag, " if info.dev is not None else ""
+        return Reported(COMMIT, rel, info.commit, f"{info.raw} ({past}commit {info.commit})")
+    if info.dev is not None:
+        return Reported(DEV, rel, None, f"{info.raw} (a dev build that names no commit)")
+    if info.local:
+        return Reported(LOCAL, rel, None, f"{info.raw} (release {rel} with local label {info.local!r})")
+    return Reported(RELEASE, rel, None, f"{info.raw} (release)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -319,6 +319,8 @@ class Activation:
                     reason = f"{self.selection.reason}; no adapter matches: {detail}"
                 else:
                     reason = f"adapter {first.name}: {first.reason}"
+                if self.selection.form_note:  # which recorded form the version named, or that none is
+                    reason += f" [{self.selection.form_note}]"
                 self._refuse(reason)
 
     def _accepted(self, adapter, report, probed: bool) -> None:

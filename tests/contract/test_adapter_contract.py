@@ -98,6 +98,28 @@ def test_adapter_verifies_ok(worker_modules, versions):
     assert report.verdict == R.OK, report.reason
 
 
+OWN_COMMITS = list(OWN.commits) if OWN else []
+
+
+@pytest.mark.skipif(not OWN_COMMITS, reason="the adapter records no commit form")
+@pytest.mark.parametrize("form", OWN_COMMITS, ids=[f.short for f in OWN_COMMITS] or None)
+def test_a_version_naming_a_commit_form_selects_its_patch_set(worker_modules, versions, form):
+    """A version naming a recorded commit (what a setuptools-scm build of it reports) selects that form, with the
+    patches refused there left out; the kept set verifies against the real installed code (the tag's: the commit's
+    own tree is checked by tests/sources/test_commit_forms.py) and names no patch the form refuses."""
+    import dataclasses
+
+    from zb_patch.detect import parse
+
+    claimed = dataclasses.replace(versions, vllm_ascend=parse("vllm_ascend", form.reports, "vllm-ascend"))
+    sel = V.select(claimed)
+    assert sel.verdict == V.SELECTED and sel.form == form, sel.reason
+    kept = {p.id for p in sel.adapter.patch_set.patches}
+    assert not kept & set(OWN.refused_on(form))
+    report, _ = sel.adapter.patch_set.verify(versions)
+    assert report.verdict == R.OK, report.reason
+
+
 def _passthrough(orig):
     assert isinstance(orig, types.FunctionType), f"unexpected target type {type(orig)}"
 

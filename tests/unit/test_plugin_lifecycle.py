@@ -222,6 +222,29 @@ print("STATE", act.state, m.Runner().step(1), getattr(m.Runner.__dict__["step"],
     assert "fingerprint mismatch: found " in line and "nothing applied" in line and "versions vllm=" in line
 
 
+def test_drift_from_a_recorded_form_names_the_form_in_the_one_error_line(prelude):
+    """A build whose version names a recorded form (here a commit) but whose code differs: refused, one ERROR line
+    that names the form the version claimed and the target that differs."""
+    fake, pre = prelude
+    note = (
+        "vllm-ascend 0.18.1.dev45+g35b0fdf (45 commits past a tag, commit 35b0fdf): recorded form commit 35b0fdf7d57a"
+    )
+    r = run_py(
+        pre
+        + f"""
+sel = V.Selection(V.SELECTED, "test selection", (adapter("0123456789abcdef"),), form_note={note!r})
+act = plugin._activate(plugin.Settings({{"ZB_PATCH": "1"}}), "worker", selection=sel)
+import {fake.pkg}.runner as m
+print("STATE", act.state)
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "STATE refused" in r.stdout
+    errors = _lines(r.stdout, "ERROR")
+    assert len(errors) == 1, r.stdout
+    assert note in errors[0] and f"{fake.pkg}.runner:Runner.step" in errors[0] and "fingerprint mismatch" in errors[0]
+
+
 def test_drift_under_strict_fails_the_import(prelude):
     fake, pre = prelude
     r = run_py(

@@ -12,7 +12,17 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import HOST, ONE_STREAM, Guard, Patch, PatchSet, RestsOn
-from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
+from . import (
+    REFUSED_HERE,
+    STILL_HOLDS,
+    Adapter,
+    Form,
+    FormDecision,
+    early_output,
+    graph_replay,
+    npu_runner,
+    spec_fixes,
+)
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -625,6 +635,116 @@ PATCHES: tuple = (
     *FULL_ORDERED_ON_DEVICE,
 )
 
+# ----------------------------------------------------------------------------------------------------------------
+# Maintenance-branch commits checked against this adapter (docs/releases/ascend-0.13.md, "Commit forms"): every
+# vllm-ascend target's fingerprint in the commit's tree, and a decision for each item whose target differs from
+# v0.13.0's (tests/sources/test_commit_forms.py recomputes the fingerprints from the archived tree).
+# ----------------------------------------------------------------------------------------------------------------
+
+_RUNNER = "vllm_ascend.worker.model_runner_v1:NPUModelRunner"
+_DSV4 = "DeepSeek-V4 (use_compress, #8648)"
+_LEFT_WITH_GROUP = "; left out with its group (zb013-prepare-inputs-window is refused on this commit)"
+COMMITS = (
+    Form(
+        ref="f92eadfca968666893715f0a295f036c7bc9d207",
+        release="0.13.0",
+        branch="releases/v0.13.0",
+        past_tag=30,
+        date="2026-07-16",
+        fingerprints={
+            f"{_RUNNER}.__init__": "6ce9b379b1d01980",
+            f"{_RUNNER}.sample_tokens": "4a7d6cf7b2fe1407",
+            f"{_RUNNER}.propose_draft_token_ids": "08a0f995a61d0d7d",
+            f"{_RUNNER}._sample": "0469f054c147bdcb",
+            f"{_RUNNER}._bookkeeping_sync": "639238465517a728",
+            "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded": "3efd3c5cbce8d309",
+            "vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose": "20081bfa89091579",
+            "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.attn_update_stack_num_spec_norm": "75f8e995cd684ac4",
+            "vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose": "a85a8de4c20e2a48",
+            "vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded": "f53fdaef0e914e15",
+            f"{_RUNNER}._generate_process_reqs_hidden_states": "be6741c407147770",
+            "vllm_ascend.worker.block_table:BlockTable.__init__": "acb2de4bd917d81f",
+            "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping": "ab181c2789fafa53",
+            "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping": "7ecb26d2b557ccfa",
+            "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": "0f8503e71d058d24",
+            f"{_RUNNER}._prepare_inputs": "426a9095c59bc79b",
+            f"{_RUNNER}.execute_model": "1fa926246f24c3fd",
+            "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded": "b04a2a09323e2c31",
+            f"{_RUNNER}.initialize_kv_cache": "5f7069af5b9c305f",
+            "vllm_ascend.worker.worker:NPUWorker.execute_model": "207f651e97972538",
+            "vllm_ascend.spec_decode.mtp_proposer:set_ascend_forward_context": "0f1ad8bfbf6aa80b",
+            "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__": "17c3291437858c29",
+            "vllm_ascend.compilation.acl_graph:update_attn_params": "1d8b09dcf1275bb1",
+            "vllm_ascend.compilation.acl_graph:update_mla_attn_params": "2f17428cb1637d22",
+            "vllm_ascend.compilation.acl_graph:update_attn_dcp_pcp_params": "4015cc2d6c33f949",
+            "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params": "66535df4507a2c1d",
+        },
+        decisions={
+            f"guard:{_RUNNER}.__init__": FormDecision(
+                STILL_HOLDS,
+                "positions / seq_lens / query_start_loc are the same CpuGpuBuffers; added: the "
+                f"{_DSV4} state (swa / state block-table buffers, swa_metadata_builder)",
+            ),
+            "guard:vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded": FormDecision(
+                STILL_HOLDS,
+                "still derives the draft metadata from the common metadata (seq_lens_cpu as before); passes "
+                "positions_cpu and the DeepSeek-V4 state / swa fields on as well",
+            ),
+            "guard:vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose": FormDecision(
+                STILL_HOLDS,
+                "reads the same seq_lens_cpu and positions; only the update_cos_sin call after the first build is gone",
+            ),
+            "guard:vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose": FormDecision(
+                STILL_HOLDS,
+                f"without {_DSV4} the draft loop is as at the tag (later steps move the host seq_lens on without the "
+                "dense lists, which mtp-draft-lengths follows); added: the DeepSeek-V4 branches and "
+                "is_draft_model=True to the DP metadata sync",
+            ),
+            "guard:vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded": FormDecision(
+                STILL_HOLDS, "keeps seq_lens_cpu; passes positions_cpu and the DeepSeek-V4 state / swa fields on"
+            ),
+            "guard:vllm_ascend.worker.block_table:BlockTable.__init__": FormDecision(
+                REFUSED_HERE,
+                "a KV-cache group with compress_ratio divides max_num_blocks_per_req and max_num_batched_tokens by it "
+                f"({_DSV4}); only the zero-bubble-0.13 group's device slot mapping relies on them, refused here",
+            ),
+            "guard:vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": FormDecision(
+                REFUSED_HERE,
+                f"maps each KV-cache group from its own compressed positions and request indices when given ({_DSV4}); "
+                "zero-bubble's device slot mapping maps every group from the uncompressed positions: only the "
+                "zero-bubble-0.13 group relies on it, refused here",
+            ),
+            "zb013-prepare-inputs-window": FormDecision(
+                REFUSED_HERE,
+                f"adds {_DSV4}'s compressed slot mapping (get_compressed_pos_and_indices) and the sliding-window slot "
+                "mapping and block tables, computed on the host from the optimistic positions, which the device "
+                "correction does not rewrite; the wrapper has no per-model switch, so the zero-bubble-0.13 group is "
+                "refused on this commit",
+            ),
+            "zb013-deferred-correction": FormDecision(
+                STILL_HOLDS, "only passes input_ids to set_ascend_forward_context" + _LEFT_WITH_GROUP
+            ),
+            "zb013-compile-kernels-at-start": FormDecision(
+                STILL_HOLDS,
+                "adds initialize_kv_state() and hands kv_states to the KV connector under use_compress"
+                + _LEFT_WITH_GROUP,
+            ),
+            "mtp-draft-slots": FormDecision(
+                REFUSED_HERE,
+                f"adds {_DSV4} branches (swa_metadata_builder, DSA decode metadata, swa_slot_mapping moved on with "
+                "+= 1 beside slot_mapping); the wrapper rewrites slot_mapping alone from the first table's block size "
+                "and has no per-model switch",
+            ),
+            "mtp-draft-lengths": FormDecision(
+                STILL_HOLDS,
+                "set_ascend_forward_context (re-exported from ascend_forward_context) gains an input_ids keyword "
+                "stored on the forward context; the wrapper passes every argument through and reads only "
+                "is_draft_model / aclgraph_runtime_mode",
+            ),
+        },
+    ),
+)
+
 ADAPTER = Adapter(
     id="ascend-0.13",
     title="vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
@@ -634,6 +754,7 @@ ADAPTER = Adapter(
     patch_set=PatchSet("ascend-0.13", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.13.0",),
+    commits=COMMITS,
     notes="vllm-ascend 0.13.0 pins vLLM 0.13.0 (the only 0.13.x on PyPI); async scheduling is opt-in there "
     "(--async-scheduling).",
 )

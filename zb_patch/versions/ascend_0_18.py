@@ -9,7 +9,7 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import HOST, Guard, Patch, PatchSet, RestsOn
-from . import Adapter, early_output, graph_replay, npu_runner, spec_fixes
+from . import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision, early_output, graph_replay, npu_runner, spec_fixes
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -430,6 +430,65 @@ PATCHES: tuple = (
     FULL_ORDERED_ON_DEVICE,
 )
 
+# ----------------------------------------------------------------------------------------------------------------
+# Maintenance-branch commits checked against this adapter (docs/releases/ascend-0.18.md, "Commit forms"): every
+# vllm-ascend target's fingerprint in the commit's tree, and a decision for each item whose target differs from
+# v0.18.0's (tests/sources/test_commit_forms.py recomputes the fingerprints from the archived tree).
+# ----------------------------------------------------------------------------------------------------------------
+
+_SPEC_NORM = "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm"
+COMMITS = (
+    Form(
+        ref="35b0fdf7d57aee5bd93793e03506ae2d85959595",
+        release="0.18.0",
+        branch="releases/v0.18.0",
+        past_tag=45,
+        date="2026-08-07",
+        fingerprints={
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__": "0f3a79171e3bf24f",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state": "96514ebc0c149e64",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attention_metadata": "590425dd3212fbe8",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner.sample_tokens": "f1284b38c8dc9ad2",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner.propose_draft_token_ids": "08404fc38be7261e",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync": "114f635988a911e6",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample": "294343dec903a9ab",
+            "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded": "bec28bfc8a735b99",
+            "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer._propose": "d468b07a805b3f0d",
+            _SPEC_NORM: "a33ff64447e5a581",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward": "6b004d8c5e422857",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._update_full_graph_params_if_needed": "8b9170ff5b0e8829",
+            "vllm_ascend.worker.block_table:BlockTable.__init__": "ccce40b9beff96c6",
+            "vllm_ascend.worker.block_table:BlockTable.compute_slot_mapping": "ab181c2789fafa53",
+            "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping": "7ecb26d2b557ccfa",
+            "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": "9b098020be5b986e",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs": "72f01a8e67691f0d",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model": "9eca449f8a01d727",
+            "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded": (
+                "b04a2a09323e2c31"
+            ),
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache": "f334fd402b19077e",
+            "vllm_ascend.worker.worker:NPUWorker.execute_model": "441bd2275373ce7d",
+            "vllm_ascend.ops.rotary_embedding:get_cos_and_sin_mla": "d2a862ac42765291",
+            "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.dummy_run": "57dbd331e0623e17",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._check_and_update_cudagraph_mode": "5b1da76d6d0eed17",
+            "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__": "81c9fadfb87529dd",
+            "vllm_ascend.compilation.acl_graph:update_full_graph_params": "3e71b000d42df215",
+        },
+        decisions={
+            "guard:" + _SPEC_NORM: FormDecision(
+                STILL_HOLDS,
+                "the per-draft-step +1 on the metadata's CPU seq_lens is unchanged; only the max_model_len masks "
+                "changed (#10112)",
+            ),
+            "draft-seq-lens-max-model-len": FormDecision(
+                NATIVE_HERE,
+                "masks the device and the host lengths alike by seq_lens > max_model_len after the +1 (#10112, "
+                "commit 36e15a2fdc), the masks the wrapper applies",
+            ),
+        },
+    ),
+)
+
 ADAPTER = Adapter(
     id="ascend-0.18",
     title="vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
@@ -439,5 +498,6 @@ ADAPTER = Adapter(
     patch_set=PatchSet("ascend-0.18", PATCHES, GUARDS),
     preload=("vllm_ascend.platform", "vllm_ascend.worker.worker"),
     releases=("0.18.0",),
+    commits=COMMITS,
     notes="vllm-ascend 0.18.0 pins vLLM 0.18.0; vLLM 0.18.1 has identical targets.",
 )
