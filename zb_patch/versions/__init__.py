@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..detect import COMMIT, LOCAL, PLACEHOLDER, RELEASE, PackageInfo, Versions, reported
 from ..registry import PatchSet, find_node, fingerprint_node, split_target
@@ -550,11 +550,7 @@ def supported_table() -> list[dict]:
         vllm = vllm_first if vllm_first == vllm_last else f"{vllm_first} - {vllm_last}"
         if rv.verdict == SELECTED:
             assert rv.adapter is not None
-            opt_in = {p.id for p in by_id(rv.adapter).patch_set.patches if p.opt_in}
-            default = [pid for pid in rv.patches if pid not in opt_in]
-            patches = ", ".join(default) if default else "none (every fix native; guards verified)"
-            if opt_in & set(rv.patches):
-                patches += "; opt-in: " + ", ".join(pid for pid in rv.patches if pid in opt_in)
+            patches = _patch_list(by_id(rv.adapter), rv.patches, "none (every fix native; guards verified)")
             rows.append(
                 {"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter, "patches": patches}
             )
@@ -612,9 +608,19 @@ def commit_patches(adapter: Adapter, form: Form) -> tuple[tuple[str, ...], tuple
     return tuple(applied), tuple(native_ids), refused
 
 
+def _patch_list(adapter: Adapter, ids: Sequence[str], none: str) -> str:
+    """A supported row's patches: those ZB_PATCH=1 applies, then the opt-in ones (ZB_PATCH_ENABLE)."""
+    opt_in = {p.id for p in adapter.patch_set.patches if p.opt_in}
+    default = [pid for pid in ids if pid not in opt_in]
+    text = ", ".join(default) if default else none
+    if opt_in & set(ids):
+        text += "; opt-in: " + ", ".join(pid for pid in ids if pid in opt_in)
+    return text
+
+
 def commit_row(adapter: Adapter, form: Form) -> dict:
     applied, native_ids, refused = commit_patches(adapter, form)
-    patches = ", ".join(applied) if applied else "none"
+    patches = _patch_list(adapter, applied, "none")
     if native_ids:
         patches += f"; native there: {', '.join(native_ids)}"
     if refused:
