@@ -60,7 +60,7 @@ QUICK = {
 }
 # seconds per engine run (one engine process, the default workload) for --plan's estimate; measured figures are in
 # every cell's report (bench_tiers.json "cells"[...]["seconds"]); the first cell of a mode adds a warm-up run
-RUN_SECONDS = {"eager": 15.0, "piecewise": 25.0, "full_decode_only": 25.0}
+RUN_SECONDS = {"eager": 15.0, "piecewise": 20.0, "full_decode_only": 20.0}
 CELL_OVERHEAD_S = 10.0  # the cell's device check and model unpacking
 
 
@@ -75,11 +75,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--device-ms", help=f"device ms added per forward, comma-separated (default {FULL['device_ms']})")
     ap.add_argument("--drafters", help=f"eagle, mtp, deepseek-mtp; comma-separated (default {FULL['drafters']})")
     ap.add_argument("--ks", help=f"num_speculative_tokens, comma-separated (default {FULL['ks']})")
-    ap.add_argument("--repeats", type=int, help=f"engine runs per tier and cell, interleaved (default {FULL['repeats']})")
+    ap.add_argument(
+        "--repeats", type=int, help=f"engine runs per tier and cell, interleaved (default {FULL['repeats']})"
+    )
     ap.add_argument("--reference", action="store_true", help="transformers' greedy reference in each mode's first cell")
     ap.add_argument("--keep-traces", action="store_true", help="keep each run's device trace (.json.gz)")
     ap.add_argument("--bench-args", default="", help="more bench_engine_gpu.py arguments (e.g. --workload JSON)")
-    ap.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole sweep; cells past it do not run")
+    ap.add_argument(
+        "--budget", type=float, default=3600.0, help="seconds for the whole sweep; cells past it do not run"
+    )
     ap.add_argument("--plan", action="store_true", help="print the cells and the estimated duration, run nothing")
     ap.add_argument("--dry-run", action="store_true", help="bench_engine_gpu's --dry-run (a CPU machine)")
     args = ap.parse_args(argv)
@@ -118,8 +122,11 @@ def main(argv: list[str]) -> int:
         "notes": notes,
         "cells": [],
     }
-    print(f"vllm-ascend {release}: {len(cells)} cells, {sum(len(c['tiers']) for c in cells) * args.repeats} engine "
-          f"runs, estimated {plan_s / 60:.1f} min", flush=True)
+    print(
+        f"vllm-ascend {release}: {len(cells)} cells, {sum(len(c['tiers']) for c in cells) * args.repeats} engine "
+        f"runs, estimated {plan_s / 60:.1f} min",
+        flush=True,
+    )
     for cell in cells:
         print(f"  {name_of(cell)}: {', '.join(cell['tiers'])}", flush=True)
     if args.plan:
@@ -314,8 +321,8 @@ def render(report: dict) -> str:
             continue
         lines += ["", f"## {mode}", ""]
         lines.append(
-            "| drafter, k | device ms | tier | runs | TPOT ms | ITL ms | output tok / s | device idle us / step, median "
-            "| device idle us / step, p90 | host ms / step | tokens vs the mode's first run |"
+            "| drafter, k | device ms | tier | runs | TPOT ms | ITL ms | output tok / s | device idle us / step, "
+            "median | device idle us / step, p90 | host ms / step | tokens vs the mode's first run |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for c in rows:
