@@ -498,12 +498,14 @@ def summarize_repeats(probes: dict, configs: list[str]) -> dict:
             "repeats": len(runs),
             "idle_us_median": spread([p.get("device", {}).get("idle_us_median") for p in runs]),
             "idle_us_p90": spread([p.get("device", {}).get("idle_us_p90") for p in runs]),
+            "idle_us_median_decode": spread([p.get("device", {}).get("idle_us_median_decode") for p in runs]),
+            "idle_us_p90_decode": spread([p.get("device", {}).get("idle_us_p90_decode") for p in runs]),
             "blocked_ms_per_step": spread([p.get("host", {}).get("blocked_ms_per_step") for p in runs]),
             "event_waits_per_step_by_site": {site: spread(v) for site, v in sorted(sites.items())},
             "prep_syncs_after_first_step": spread([p.get("syncs", {}).get("prep_after_first_step") for p in runs]),
             "host_period_ms_median": spread([p.get("host", {}).get("period_ms_median") for p in runs]),
             **{
-                field: spread([p.get("tokens", {}).get(field) for p in runs])
+                field: spread([p.get("token_timing", {}).get(field) for p in runs])
                 for field in ("tpot_ms_median", "tpot_ms_p90", "itl_ms_median", "itl_ms_p90", "output_tok_s")
             },
         }
@@ -584,7 +586,7 @@ def render(report: dict) -> str:
             ev = p.get("event_waits", {})
             h = p.get("host", {})
             d = p.get("device", {})
-            t = p.get("tokens", {})
+            t = p.get("token_timing", {})
             lines.append(
                 f"| {n} | {p.get('steps')} | {s.get('prep_total', 0)} ({s.get('prep_steps', 0)}) / "
                 f"{s.get('prep_after_first_step', '-')} | {s.get('other_per_step', 0):.2f} | "
@@ -826,6 +828,7 @@ class Probes:
             probes.steps.append(
                 {"t0": time.perf_counter(), "syncs": collections.Counter(), "prep_sites": [], "waits": []}
             )
+            probes.steps[n]["decode"] = _decode_only(args[0] if args else kwargs.get("scheduler_output"))
             probes.phase = "pre"
             if probes.sync_mode == "warn":
                 probes._arm("warn")
@@ -1024,8 +1027,8 @@ class Probes:
                 "later_median_ms": _ms([execute[i] for i in timed[1:]]),
             }
         if os.path.isfile(self.trace_path):
-            out["device"] = device_idle(self.trace_path)
-        out["tokens"] = token_timing(self.arrivals, self.generate_s)
+            out["device"] = device_idle(self.trace_path, {i for i, s in enumerate(steps) if s.get("decode")})
+        out["token_timing"] = token_timing(self.arrivals, self.generate_s)
         return out
 
 
@@ -1055,9 +1058,22 @@ def token_timing(arrivals: dict, generate_s: float | None) -> dict:
     }
 
 
-def device_idle(trace_path: str) -> dict:
+def _decode_only(scheduler_output) -> bool | None:
+    """Whether a step is a pure decode step: no new request, every scheduled request computes its last token and its
+    drafts (no prompt chunk, no recomputation after a preemption). None when it cannot tell."""
+    try:
+        if scheduler_output.scheduled_new_reqs or not scheduler_output.total_num_scheduled_tokens:
+            return False
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        return all(n == 1 + len(spec.get(r, ())) for r, n in scheduler_output.num_scheduled_tokens.items())
+    except AttributeError:
+        return None
+
+
+def device_idle(trace_path: str, decode_steps: set[int] | None = None) -> dict:
     """Per profiled step: the step period (start of ``zb_bench_exec_<n>`` to the next one, host clock) minus the union
-    of device activity (kernels, memcpy, memset) inside it. Kineto puts host and device events on one clock."""
+    of device activity (kernels, memcpy, memset) inside it. Kineto puts host and device events on one clock. The
+    ``_decode`` figures: the steps in ``decode_steps`` only (pure decode steps)."""
     with open(trace_path) as fh:
         events = json.load(fh)["traceEvents"]
     starts = sorted(
@@ -1070,8 +1086,8 @@ def device_idle(trace_path: str) -> dict:
         for e in events
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
-    idle, periods = [], []
-    for (t0, _), (t1, _) in zip(starts, starts[1:]):
+    idle, periods, decode = [], [], []
+    for (t0, step), (t1, _) in zip(starts, starts[1:]):
         covered, cursor = 0.0, t0
         for b0, b1 in busy:
             if b1 <= cursor or b0 >= t1:
@@ -1082,8 +1098,15 @@ def device_idle(trace_path: str) -> dict:
                 cursor = hi
         periods.append(t1 - t0)
         idle.append(t1 - t0 - covered)
+        if decode_steps and step in decode_steps:
+            decode.append(t1 - t0 - covered)
     if not idle:
         return {"steps": 0}
+    per_decode = {
+        "decode_steps": len(decode),
+        "idle_us_median_decode": round(statistics.median(decode), 1) if decode else None,
+        "idle_us_p90_decode": round(_p90(decode), 1) if decode else None,
+    }
     return {
         "steps": len(idle),
         "steps_profiled": f"{starts[0][1]}..{starts[-1][1]}",
@@ -1092,6 +1115,7 @@ def device_idle(trace_path: str) -> dict:
         "period_us_median": round(statistics.median(periods), 1),
         "idle_pct": round(100.0 * sum(idle) / sum(periods), 1),
         "device_events": len(busy),
+        **per_decode,
     }
 
 

@@ -313,7 +313,8 @@ def render(report: dict) -> str:
         f"device: {device}; {report['repeats']} repeats per tier and cell, interleaved; each figure: median of the "
         "runs' figures [min..max]. TPOT: per request (last token - first token) / (tokens - 1), median over the "
         "requests; ITL: gap between a request's successive outputs, median; output tok / s over the generate call; "
-        "device idle per decode step (torch.profiler), median and p90 of each run; host ms / step: median step period.",
+        "device idle per pure decode step (torch.profiler, the profiled steps without a prompt chunk), median and "
+        "p90 of each run; host ms / step: median step period.",
     ]
     for mode in MODES:
         rows = [c for c in cells if c["mode"] == mode]
@@ -321,8 +322,8 @@ def render(report: dict) -> str:
             continue
         lines += ["", f"## {mode}", ""]
         lines.append(
-            "| drafter, k | device ms | tier | runs | TPOT ms | ITL ms | output tok / s | device idle us / step, "
-            "median | device idle us / step, p90 | host ms / step | tokens vs the mode's first run |"
+            "| drafter, k | device ms | tier | runs | TPOT ms | ITL ms | output tok / s | device idle us / decode "
+            "step, median | device idle us / decode step, p90 | host ms / step | tokens vs the mode's first run |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for c in rows:
@@ -340,7 +341,7 @@ def render(report: dict) -> str:
                 lines.append(
                     f"{head} {tier} | {a['repeats']} | {_spread(a.get('tpot_ms_median'))} | "
                     f"{_spread(a.get('itl_ms_median'))} | {_spread(a.get('output_tok_s'), 0)} | "
-                    f"{_spread(a.get('idle_us_median'), 0)} | {_spread(a.get('idle_us_p90'), 0)} | "
+                    f"{_spread(a.get('idle_us_median_decode'), 0)} | {_spread(a.get('idle_us_p90_decode'), 0)} | "
                     f"{_spread(a.get('host_period_ms_median'))} | {same} |"
                 )
     lines += [""]
