@@ -556,16 +556,18 @@ def render(report: dict) -> str:
         lines += ["", "## Over the repeats: median [min..max] of each run's figure", ""]
         lines.append(
             "| config | runs | TPOT ms, median over requests | ITL ms, median | output tok / s | host ms / step | "
-            "device idle us / step, median | device idle us / step, p90 | blocked in event waits "
-            "ms / step | unexpected syncs in prep after step 0 | event waits / step by site |"
+            "device idle us / step, median | device idle us / step, p90 | device idle us / decode step, median | "
+            "device idle us / decode step, p90 | blocked in event waits ms / step | unexpected syncs in prep after "
+            "step 0 | event waits / step by site |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n, a in summary.items():
             sites = "; ".join(f"{site} {_spread(v)}" for site, v in a["event_waits_per_step_by_site"].items())
             lines.append(
                 f"| {n} | {a['repeats']} | {_spread(a.get('tpot_ms_median'))} | {_spread(a.get('itl_ms_median'))} | "
                 f"{_spread(a.get('output_tok_s'))} | {_spread(a.get('host_period_ms_median'))} | "
                 f"{_spread(a['idle_us_median'])} | {_spread(a['idle_us_p90'])} | "
+                f"{_spread(a.get('idle_us_median_decode'))} | {_spread(a.get('idle_us_p90_decode'))} | "
                 f"{_spread(a['blocked_ms_per_step'])} | {_spread(a['prep_syncs_after_first_step'])} | {sites or '-'} |"
             )
     probes = report.get("probes", {})

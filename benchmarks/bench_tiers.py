@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -80,7 +81,12 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--reference", action="store_true", help="transformers' greedy reference in each mode's first cell")
     ap.add_argument("--keep-traces", action="store_true", help="keep each run's device trace (.json.gz)")
-    ap.add_argument("--bench-args", default="", help="more bench_engine_gpu.py arguments (e.g. --workload JSON)")
+    ap.add_argument("--workload", help="bench_engine_gpu.py's --workload (Workload fields as JSON)")
+    ap.add_argument(
+        "--bench-args",
+        default="",
+        help="more bench_engine_gpu.py arguments, split as a shell would (e.g. --timeout 200)",
+    )
     ap.add_argument(
         "--budget", type=float, default=3600.0, help="seconds for the whole sweep; cells past it do not run"
     )
@@ -92,6 +98,8 @@ def main(argv: list[str]) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     started = time.monotonic()
+    args.out, args.stack = os.path.abspath(args.out), os.path.abspath(args.stack)
+    args.models = os.path.abspath(args.models) if args.models else None
     release = _release(args.stack)
     native = not release.startswith(("0.13.", "0.18."))
     modes = _split(args.modes)
@@ -173,6 +181,7 @@ def main(argv: list[str]) -> int:
             *([] if key not in warmed else ["--no-warmup"]),  # Triton's and vLLM's compile caches persist
             *([] if args.reference and cell["mode"] not in referenced else ["--no-reference"]),
             *(["--dry-run"] if args.dry_run else []),
+            *(["--workload", args.workload] if args.workload else []),
             *shlex.split(args.bench_args),
         ]
         warmed.add(key)
@@ -224,8 +233,10 @@ def estimate(cells: list[dict], repeats: int) -> float:
 
 
 def collect(out: str, tiers: list[str], keep_traces: bool) -> dict:
-    """The cell's bench report: per tier the repeats' figures, failures, the first repeat's tokens."""
+    """The cell's bench report: per tier the repeats' figures, failures, the first repeat's tokens (the cell's unpacked
+    models and, unless ``keep_traces``, its device traces removed)."""
     path = os.path.join(out, "bench_engine_gpu.json")
+    shutil.rmtree(os.path.join(out, "models"), ignore_errors=True)  # unpacked from the archive (tens of MiB)
     if not keep_traces:
         for root, _, files in os.walk(out):
             for f in files:
