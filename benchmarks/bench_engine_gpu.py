@@ -762,9 +762,12 @@ class Probes:
         self._showwarning = warnings.showwarning
         warnings.showwarning = self._on_warning
         LLM.generate = self._wrap_generate(LLM.generate)
-        from vllm.v1.engine.output_processor import OutputProcessor
+        try:  # (d): where the engine core's outputs reach the front end (no TPOT figures if it moved)
+            from vllm.v1.engine.output_processor import OutputProcessor
 
-        OutputProcessor.process_outputs = self._wrap_process_outputs(OutputProcessor.process_outputs)
+            OutputProcessor.process_outputs = self._wrap_process_outputs(OutputProcessor.process_outputs)
+        except (ImportError, AttributeError):
+            pass
         if self.profile_steps:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
