@@ -22,6 +22,11 @@ the child):
 (c) time per step: host (step period, input preparation, execute_model, sample_tokens, time blocked in event waits)
     over the steps before the profiler starts, and device idle per step (torch.profiler / CUPTI: the step period
     minus the union of kernel / memcpy / memset time) over ``--profile-steps`` steps after ``--profile-from``.
+(d) time per output token, measured in the engine process (the offline ``LLM`` keeps vLLM's request metrics off):
+    each engine output's arrival (``OutputProcessor.process_outputs``, host clock) per request; TPOT per request =
+    (last token's arrival - first token's) / (output tokens - 1), median over the requests; ITL = the gaps between a
+    request's successive outputs that carry tokens (one output can carry up to k + 1 tokens), median and p90 over all
+    gaps; output tokens / s = every request's output tokens / the wall time of the ``generate`` call.
 
 Writes ``$OUT/bench_engine_gpu.json`` and ``$OUT/bench_engine_gpu.md`` (+ each run's result, probe and trace).
 """
@@ -122,6 +127,13 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--drafters", default="eagle,mtp", help="--selftest's drafters (default eagle,mtp)")
     ap.add_argument(
+        "--drafter",
+        choices=("eagle", "mtp", "deepseek-mtp"),
+        default="eagle",
+        help="the drafter of (a)-(d) (the child's --drafter): eagle (Llama + EAGLE head), mtp (MiMo + its MTP layer), "
+        "deepseek-mtp",
+    )
+    ap.add_argument(
         "--plants",
         default="",
         help="--selftest: after each report, these planted mistakes (tests/engine/plants.py, comma-separated), each "
@@ -160,7 +172,12 @@ def main(argv: list[str]) -> int:
         return _write_models_archive(args.write_models)
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
-    report: dict = {"schema": "zb-patch-bench-engine-gpu/1", "argv": argv, "device_ms": args.device_ms}
+    report: dict = {
+        "schema": "zb-patch-bench-engine-gpu/1",
+        "argv": argv,
+        "device_ms": args.device_ms,
+        "drafter": args.drafter,
+    }
 
     tree, manifest = _stack(args.stack)
     report["stack"] = {k: manifest[k] for k in ("release", "python", "archive", "archive_sha256", "tree_bytes")}
@@ -205,10 +222,14 @@ def main(argv: list[str]) -> int:
         with tarfile.open(args.models) as tar:
             tar.extractall(args.out, filter="data")  # the archive holds models/target and models/eagle
     else:
-        write_models(models)
+        from zb_patch.check.engine.model import write_deepseek_model, write_mtp_model
+
+        {"eagle": write_models, "mtp": write_mtp_model, "deepseek-mtp": write_deepseek_model}[args.drafter](models)
     runs_dir = os.path.join(args.out, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     graph_flags = () if args.graph_mode == "eager" else ("--graph-mode", args.graph_mode)
+    if args.drafter != "eagle":
+        graph_flags = ("--drafter", args.drafter, *graph_flags)
     report["graph_mode"] = args.graph_mode
     failures: list[str] = []
     if not args.no_warmup:
@@ -249,6 +270,7 @@ def main(argv: list[str]) -> int:
                 failures += [f"{label} vs #1: {d}" for d in repeats[label]]
             else:
                 results[name] = r.result
+                report.setdefault("tokens", {})[name] = r.result.get("tokens")  # the first repeat's, per config
                 # greedy: every configuration generates what the first one did
                 first = next(iter(results))
                 failures += [f"{name} vs {first}: {d}" for d in divergences(results[first], r.result, ("tokens",))]
@@ -454,7 +476,7 @@ def _config_env(name: str) -> tuple[str, dict[str, str] | None]:
 def summarize_repeats(probes: dict, configs: list[str]) -> dict:
     """Per configuration, over its repeats (``probes`` keyed "<config> #<n>"): the median of each run's figure and
     the spread (min, max) for device idle per step (median and p90 of each run), host time blocked in event waits
-    per step, event waits per step by site."""
+    per step, event waits per step by site, host ms per step, TPOT / ITL (median, p90) and output tokens / s."""
     out = {}
     for name in configs:
         runs = [p for label, p in probes.items() if label.rsplit(" #", 1)[0] == name and "steps" in p]
@@ -476,9 +498,16 @@ def summarize_repeats(probes: dict, configs: list[str]) -> dict:
             "repeats": len(runs),
             "idle_us_median": spread([p.get("device", {}).get("idle_us_median") for p in runs]),
             "idle_us_p90": spread([p.get("device", {}).get("idle_us_p90") for p in runs]),
+            "idle_us_median_decode": spread([p.get("device", {}).get("idle_us_median_decode") for p in runs]),
+            "idle_us_p90_decode": spread([p.get("device", {}).get("idle_us_p90_decode") for p in runs]),
             "blocked_ms_per_step": spread([p.get("host", {}).get("blocked_ms_per_step") for p in runs]),
             "event_waits_per_step_by_site": {site: spread(v) for site, v in sorted(sites.items())},
             "prep_syncs_after_first_step": spread([p.get("syncs", {}).get("prep_after_first_step") for p in runs]),
+            "host_period_ms_median": spread([p.get("host", {}).get("period_ms_median") for p in runs]),
+            **{
+                field: spread([p.get("token_timing", {}).get(field) for p in runs])
+                for field in ("tpot_ms_median", "tpot_ms_p90", "itl_ms_median", "itl_ms_p90", "output_tok_s")
+            },
         }
     return out
 
@@ -526,14 +555,19 @@ def render(report: dict) -> str:
     if summary:
         lines += ["", "## Over the repeats: median [min..max] of each run's figure", ""]
         lines.append(
-            "| config | runs | device idle us / step, median | device idle us / step, p90 | blocked in event waits "
-            "ms / step | unexpected syncs in prep after step 0 | event waits / step by site |"
+            "| config | runs | TPOT ms, median over requests | ITL ms, median | output tok / s | host ms / step | "
+            "device idle us / step, median | device idle us / step, p90 | device idle us / decode step, median | "
+            "device idle us / decode step, p90 | blocked in event waits ms / step | unexpected syncs in prep after "
+            "step 0 | event waits / step by site |"
         )
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n, a in summary.items():
             sites = "; ".join(f"{site} {_spread(v)}" for site, v in a["event_waits_per_step_by_site"].items())
             lines.append(
-                f"| {n} | {a['repeats']} | {_spread(a['idle_us_median'])} | {_spread(a['idle_us_p90'])} | "
+                f"| {n} | {a['repeats']} | {_spread(a.get('tpot_ms_median'))} | {_spread(a.get('itl_ms_median'))} | "
+                f"{_spread(a.get('output_tok_s'))} | {_spread(a.get('host_period_ms_median'))} | "
+                f"{_spread(a['idle_us_median'])} | {_spread(a['idle_us_p90'])} | "
+                f"{_spread(a.get('idle_us_median_decode'))} | {_spread(a.get('idle_us_p90_decode'))} | "
                 f"{_spread(a['blocked_ms_per_step'])} | {_spread(a['prep_syncs_after_first_step'])} | {sites or '-'} |"
             )
     probes = report.get("probes", {})
@@ -542,9 +576,10 @@ def render(report: dict) -> str:
         lines.append(
             "| run | steps | unexpected syncs in prep: all (steps with any) / after step 0 | other CUDA syncs / step | "
             "event waits / step (classic in prep, zb-wait) | host ms / step median (p90) | prep ms | execute_model ms "
-            "| sample ms | blocked in waits ms / step mean (p90) | device idle us / step median (p90) | idle % |"
+            "| sample ms | blocked in waits ms / step mean (p90) | device idle us / step median (p90) | idle % | "
+            "TPOT ms median (p90) | ITL ms median (p90) | output tok / s (tokens, s) |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n, p in probes.items():
             if "error" in p and "steps" not in p:
                 lines.append(f"| {n} | failed: {p['error'][:200]} |")
@@ -553,6 +588,7 @@ def render(report: dict) -> str:
             ev = p.get("event_waits", {})
             h = p.get("host", {})
             d = p.get("device", {})
+            t = p.get("token_timing", {})
             lines.append(
                 f"| {n} | {p.get('steps')} | {s.get('prep_total', 0)} ({s.get('prep_steps', 0)}) / "
                 f"{s.get('prep_after_first_step', '-')} | {s.get('other_per_step', 0):.2f} | "
@@ -561,7 +597,10 @@ def render(report: dict) -> str:
                 f"{h.get('period_ms_median', '-')} ({h.get('period_ms_p90', '-')}) | {h.get('prep_ms_median', '-')} | "
                 f"{h.get('execute_model_ms_median', '-')} | {h.get('sample_ms_median', '-')} | "
                 f"{h.get('blocked_ms_per_step', '-')} ({h.get('blocked_ms_p90', '-')}) | "
-                f"{d.get('idle_us_median', '-')} ({d.get('idle_us_p90', '-')}) | {d.get('idle_pct', '-')} |"
+                f"{d.get('idle_us_median', '-')} ({d.get('idle_us_p90', '-')}) | {d.get('idle_pct', '-')} | "
+                f"{t.get('tpot_ms_median', '-')} ({t.get('tpot_ms_p90', '-')}) | "
+                f"{t.get('itl_ms_median', '-')} ({t.get('itl_ms_p90', '-')}) | "
+                f"{t.get('output_tok_s', '-')} ({t.get('output_tokens', '-')}, {t.get('generate_s', '-')}) |"
             )
         for n, p in probes.items():
             first = p.get("first_corrected_step")
@@ -687,6 +726,9 @@ class Probes:
         self.runner_error = ""
         self.profiler = None
         self.trace_path = os.path.splitext(path)[0] + "-trace.json"
+        # (d): per request, [arrival (perf_counter), new tokens] of each engine output that carries tokens
+        self.arrivals: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+        self.generate_s: float | None = None
 
     # -- install ----------------------------------------------------------------------------------------------------
 
@@ -720,6 +762,12 @@ class Probes:
         self._showwarning = warnings.showwarning
         warnings.showwarning = self._on_warning
         LLM.generate = self._wrap_generate(LLM.generate)
+        try:  # (d): where the engine core's outputs reach the front end (no TPOT figures if it moved)
+            from vllm.v1.engine.output_processor import OutputProcessor
+
+            OutputProcessor.process_outputs = self._wrap_process_outputs(OutputProcessor.process_outputs)
+        except (ImportError, AttributeError):
+            pass
         if self.profile_steps:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
@@ -785,6 +833,7 @@ class Probes:
             probes.steps.append(
                 {"t0": time.perf_counter(), "syncs": collections.Counter(), "prep_sites": [], "waits": []}
             )
+            probes.steps[n]["decode"] = _decode_only(args[0] if args else kwargs.get("scheduler_output"))
             probes.phase = "pre"
             if probes.sync_mode == "warn":
                 probes._arm("warn")
@@ -877,12 +926,28 @@ class Probes:
         probes = self
 
         def generate(llm, *args, **kwargs):
+            t = time.perf_counter()
             try:
                 return original(llm, *args, **kwargs)
             finally:
+                probes.generate_s = time.perf_counter() - t
                 probes.finish()
 
         return generate
+
+    def _wrap_process_outputs(self, original):
+        probes = self
+
+        def process_outputs(processor, *args, **kwargs):
+            t = time.perf_counter()
+            outputs = args[0] if args else kwargs.get("engine_core_outputs", ())
+            for out in outputs:
+                n = len(getattr(out, "new_token_ids", None) or ())
+                if n:
+                    probes.arrivals[str(out.request_id).split("-")[0]].append((t, n))
+            return original(processor, *args, **kwargs)
+
+        return process_outputs
 
     # -- results ------------------------------------------------------------------------------------------------
 
@@ -967,13 +1032,53 @@ class Probes:
                 "later_median_ms": _ms([execute[i] for i in timed[1:]]),
             }
         if os.path.isfile(self.trace_path):
-            out["device"] = device_idle(self.trace_path)
+            out["device"] = device_idle(self.trace_path, {i for i, s in enumerate(steps) if s.get("decode")})
+        out["token_timing"] = token_timing(self.arrivals, self.generate_s)
         return out
 
 
-def device_idle(trace_path: str) -> dict:
+def token_timing(arrivals: dict, generate_s: float | None) -> dict:
+    """(d) from each request's ``[(arrival, new tokens), ...]``: TPOT per request (last arrival - first) / (tokens
+    - 1), median / p90 / mean over the requests with two tokens or more; ITL, the gaps between a request's successive
+    outputs; output tokens per second of the ``generate`` call."""
+    tpot, gaps, total = [], [], 0
+    for outs in arrivals.values():
+        n = sum(c for _, c in outs)
+        total += n
+        if n >= 2 and len(outs) >= 2:
+            tpot.append((outs[-1][0] - outs[0][0]) / (n - 1))
+        gaps += [b[0] - a[0] for a, b in zip(outs, outs[1:])]
+    return {
+        "source": "engine outputs' arrival per request (OutputProcessor.process_outputs), host clock",
+        "requests": len(arrivals),
+        "output_tokens": total,
+        "generate_s": round(generate_s, 4) if generate_s is not None else None,
+        "output_tok_s": round(total / generate_s, 1) if generate_s else None,
+        "tpot_ms_median": _ms(tpot),
+        "tpot_ms_p90": _ms(tpot, _p90),
+        "tpot_ms_mean": _ms(tpot, statistics.fmean),
+        "itl_ms_median": _ms(gaps),
+        "itl_ms_p90": _ms(gaps, _p90),
+        "tokens_per_output": round(total / max(1, sum(len(o) for o in arrivals.values())), 3),
+    }
+
+
+def _decode_only(scheduler_output) -> bool | None:
+    """Whether a step is a pure decode step: no new request, every scheduled request computes its last token and its
+    drafts (no prompt chunk, no recomputation after a preemption). None when it cannot tell."""
+    try:
+        if scheduler_output.scheduled_new_reqs or not scheduler_output.total_num_scheduled_tokens:
+            return False
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        return all(n == 1 + len(spec.get(r, ())) for r, n in scheduler_output.num_scheduled_tokens.items())
+    except AttributeError:
+        return None
+
+
+def device_idle(trace_path: str, decode_steps: set[int] | None = None) -> dict:
     """Per profiled step: the step period (start of ``zb_bench_exec_<n>`` to the next one, host clock) minus the union
-    of device activity (kernels, memcpy, memset) inside it. Kineto puts host and device events on one clock."""
+    of device activity (kernels, memcpy, memset) inside it. Kineto puts host and device events on one clock. The
+    ``_decode`` figures: the steps in ``decode_steps`` only (pure decode steps)."""
     with open(trace_path) as fh:
         events = json.load(fh)["traceEvents"]
     starts = sorted(
@@ -986,8 +1091,8 @@ def device_idle(trace_path: str) -> dict:
         for e in events
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
-    idle, periods = [], []
-    for (t0, _), (t1, _) in zip(starts, starts[1:]):
+    idle, periods, decode = [], [], []
+    for (t0, step), (t1, _) in zip(starts, starts[1:]):
         covered, cursor = 0.0, t0
         for b0, b1 in busy:
             if b1 <= cursor or b0 >= t1:
@@ -998,8 +1103,15 @@ def device_idle(trace_path: str) -> dict:
                 cursor = hi
         periods.append(t1 - t0)
         idle.append(t1 - t0 - covered)
+        if decode_steps and step in decode_steps:
+            decode.append(t1 - t0 - covered)
     if not idle:
         return {"steps": 0}
+    per_decode = {
+        "decode_steps": len(decode),
+        "idle_us_median_decode": round(statistics.median(decode), 1) if decode else None,
+        "idle_us_p90_decode": round(_p90(decode), 1) if decode else None,
+    }
     return {
         "steps": len(idle),
         "steps_profiled": f"{starts[0][1]}..{starts[-1][1]}",
@@ -1008,6 +1120,7 @@ def device_idle(trace_path: str) -> dict:
         "period_us_median": round(statistics.median(periods), 1),
         "idle_pct": round(100.0 * sum(idle) / sum(periods), 1),
         "device_events": len(busy),
+        **per_decode,
     }
 
 
