@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import math
 
+from zb_patch.versions.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID, ONCE_PER_STEP_ID
+
 from .workload import Workload, divergences
 
 # every per-request / per-run field the child records that must be identical between zb-patch and classic async
@@ -119,12 +121,8 @@ def graph_mode_failures(runs: dict[str, dict]) -> list[str]:
 
 # the runtime mode of the replays that show a graph mode ran: its decode steps' (ACLGraphWrapper.runtime_mode)
 REPLAY_MODE = {"piecewise": "PIECEWISE", "full_decode_only": "FULL"}
-# zb-patch's graph patches (zb_patch.versions.graph_replay); full-replay-ordered-on-device: every id of its group
-ONCE_PER_STEP, NO_DRAIN, FULL_ORDERING = (
-    "piecewise-drain-once-per-step",
-    "piecewise-replay-without-host-drain",
-    "full-replay-ordered-on-device",
-)
+# zb-patch's graph patches; full-replay-ordered-on-device: every id of its group (one per update entry point on 0.13)
+ONCE_PER_STEP, NO_DRAIN, FULL_ORDERING = ONCE_PER_STEP_ID, NO_DRAIN_ID, FULL_ORDERING_ID
 
 
 def graph_patch_failures(name: str, res: dict, asked: str) -> list[str]:
