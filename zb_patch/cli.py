@@ -613,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("eager", "piecewise", "full_decode_only"),
         default="eager",
         help="eager (default): enforce_eager; piecewise / full_decode_only: ACL graphs in that cudagraph_mode, the "
-        "release's own compilation otherwise; FAIL unless every judged run captured graphs in that mode",
+        "release's own compilation otherwise; FAIL unless every judged run captured graphs in that mode and replayed "
+        "them, and each applied graph patch counted its work",
     )
     st.set_defaults(func=cmd_selftest)
 

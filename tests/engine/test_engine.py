@@ -320,6 +320,9 @@ def test_runs_are_configured_as_named(runs):
     assert res["async"]["async_scheduling"] is True and res["async"]["zb_patch"] == ""
     assert res["async+zb"]["async_scheduling"] is True and res["async+zb"]["zb_patch"] == "1"
     assert res["async+fixes"]["async_scheduling"] is True and res["async+fixes"]["zb_patch"] == "1"
+    # eager: the child's ACL graph counters (count_graph_work) are in every result and count nothing
+    for r in res.values():
+        assert (r["graph_replays"], r["host_drains"], r["task_group_updates"]) == ({}, {}, {}), r["graph_mode"]
 
 
 @pytest.mark.parametrize("name", ["async+fixes", "async+zb"])

@@ -408,7 +408,21 @@ def test_a_stopped_run_is_named_by_its_assertion_or_its_last_exception():
     "graph_mode, ran, expected",
     [
         ("eager", {"cudagraph_mode": "CUDAGraphMode.NONE", "graphs_captured": 0}, []),
-        ("full_decode_only", {"cudagraph_mode": "CUDAGraphMode.FULL_DECODE_ONLY", "graphs_captured": 6}, []),
+        (
+            "full_decode_only",
+            {"cudagraph_mode": "CUDAGraphMode.FULL_DECODE_ONLY", "graphs_captured": 6, "graph_replays": {"FULL": 30}},
+            [],
+        ),
+        (
+            "full_decode_only",
+            {"cudagraph_mode": "CUDAGraphMode.FULL_DECODE_ONLY", "graphs_captured": 6, "graph_replays": {}},
+            ["--graph-mode full_decode_only replayed no FULL graph while generating (graph_replays {})"],
+        ),
+        (
+            "piecewise",
+            {"cudagraph_mode": "CUDAGraphMode.PIECEWISE", "graphs_captured": 6, "graph_replays": {"FULL": 3}},
+            ["--graph-mode piecewise replayed no PIECEWISE graph while generating (graph_replays {'FULL': 3})"],
+        ),
         (
             "full_decode_only",
             {"cudagraph_mode": "CUDAGraphMode.PIECEWISE", "graphs_captured": 6},
@@ -435,3 +449,118 @@ def test_a_graph_mode_verdict_needs_graphs_in_that_mode(graph_mode, ran, expecte
     runs["async"].update(cudagraph_mode="CUDAGraphMode.NONE", graphs_captured=0)  # beside: never judged
     failures, _ = compare(runs, WL, VOCAB)
     assert failures == [f"{name}: {e}" for name in ("sync", "async+fixes", "async+zb") for e in expected]
+
+
+def _graph_runs(graph_mode: str, applied: tuple[str, ...], **counted) -> dict[str, dict]:
+    """Runs in ``graph_mode`` that replayed in it, zb-patch's ``applied`` patch ids in every judged run (sync too: the
+    reference carries the fixes), and the child's counters ``counted`` (``host_drains``, ``task_group_updates``) in
+    the judged async runs."""
+    runs = _runs()
+    items = [{"id": i, "verdict": "applied"} for i in applied] + [
+        {"id": "piecewise-replay-without-host-drain", "verdict": "opt-in"}
+    ]
+    mode = {"piecewise": "PIECEWISE", "full_decode_only": "FULL_DECODE_ONLY"}[graph_mode]
+    for name, res in runs.items():
+        res.update(graph_mode=graph_mode, cudagraph_mode=f"CUDAGraphMode.{mode}", graphs_captured=6)
+        res.update(graph_replays={"PIECEWISE" if graph_mode == "piecewise" else "FULL": 40})
+        res.update(host_drains={}, task_group_updates={})
+        if name != "async":
+            res["zb_patch_status"] = {"state": "applied", "report": {"items": items}}
+        if name in ("async+fixes", "async+zb"):
+            res.update(copy.deepcopy(counted))
+    return runs
+
+
+ONCE, NO_DRAIN, FULL_ORDERING = (
+    "piecewise-drain-once-per-step",
+    "piecewise-replay-without-host-drain",
+    "full-replay-ordered-on-device",
+)
+
+
+@pytest.mark.parametrize(
+    "graph_mode, applied, counted",
+    [
+        ("piecewise", (ONCE,), {"host_drains": {"once": 40, "skipped": 400}}),
+        ("piecewise", (ONCE,), {"host_drains": {"once": 40}}),  # no later piece, no drafter graph: nothing skipped
+        ("piecewise", (NO_DRAIN,), {"host_drains": {"skipped": 440}}),
+        ("piecewise", (ONCE, FULL_ORDERING), {"host_drains": {"once": 40, "skipped": 400}}),  # FULL: not in piecewise
+        # the PIECEWISE patches act in PIECEWISE replays only: in FULL_DECODE_ONLY they count nothing
+        ("full_decode_only", (ONCE,), {}),
+        (
+            "full_decode_only",
+            (ONCE, FULL_ORDERING + "-mla-attn", FULL_ORDERING),
+            {"host_drains": {"replaced": 40, "kept": 40}, "task_group_updates": {"update_attn_params": 40}},
+        ),
+    ],
+    ids=["once", "once-nothing-skipped", "no-drain", "once+full-ordering", "full-default", "full-ordering"],
+)
+def test_graph_patches_that_counted_their_work_pass(graph_mode, applied, counted):
+    assert compare(_graph_runs(graph_mode, applied, **counted), WL, VOCAB) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "graph_mode, applied, counted, expected",
+    [
+        (
+            "piecewise",
+            (ONCE,),
+            {"host_drains": {"skipped": 400}},
+            f"{ONCE} applied, no host drain ran once per step (host_drains {{'skipped': 400}})",
+        ),
+        (
+            "piecewise",
+            (NO_DRAIN,),
+            {"host_drains": {}},
+            f"{NO_DRAIN} applied, host drains skipped 0 and run once per step 0 (want > 0 and 0; host_drains {{}})",
+        ),
+        (
+            "piecewise",
+            (NO_DRAIN,),
+            {"host_drains": {"once": 40, "skipped": 400}},
+            f"{NO_DRAIN} applied, host drains skipped 400 and run once per step 40 (want > 0 and 0; host_drains "
+            "{'once': 40, 'skipped': 400})",
+        ),
+        (
+            "full_decode_only",
+            (ONCE, FULL_ORDERING),
+            {"host_drains": {"kept": 40}, "task_group_updates": {"update_full_graph_params": 40}},
+            f"{FULL_ORDERING} applied, host drains replaced 0 and task-group updates 40 (want both > 0; host_drains "
+            "{'kept': 40}, task_group_updates {'update_full_graph_params': 40})",
+        ),
+        (
+            "full_decode_only",
+            (ONCE, FULL_ORDERING + "-mla-attn"),
+            {"host_drains": {"replaced": 40}},
+            f"{FULL_ORDERING} applied, host drains replaced 40 and task-group updates 0 (want both > 0; host_drains "
+            "{'replaced': 40}, task_group_updates {})",
+        ),
+    ],
+    ids=["once", "no-drain-nothing", "no-drain-drained", "full-ordering-no-boundary", "full-ordering-no-update"],
+)
+def test_an_applied_graph_patch_without_its_work_fails(graph_mode, applied, counted, expected):
+    """Planted: the judged async runs report the patch applied and its counters short; the sync run (the patches act
+    under async scheduling only) and classic async (beside, zb-patch off) are not held to them."""
+    failures, _ = compare(_graph_runs(graph_mode, applied, **counted), WL, VOCAB)
+    assert failures == [f"{name}: {expected}" for name in ("async+fixes", "async+zb")]
+
+
+def test_a_graph_mode_run_without_replays_fails_before_its_patches_are_judged():
+    """A run that replayed nothing in its mode fails on that alone (its patches had nothing to act on)."""
+    runs = _graph_runs("piecewise", (ONCE,), host_drains={"once": 40})
+    runs["async+zb"].update(graph_replays={}, host_drains={})
+    runs["async"].update(graph_replays={})  # beside: not judged
+    failures, _ = compare(runs, WL, VOCAB)
+    assert failures == [
+        "async+zb: --graph-mode piecewise replayed no PIECEWISE graph while generating (graph_replays {})"
+    ]
+
+
+def test_eager_runs_are_not_held_to_graph_counters():
+    runs = _runs()
+    for res in runs.values():
+        res.update(graph_mode="eager", cudagraph_mode="CUDAGraphMode.NONE", graphs_captured=0, graph_replays={})
+        res.update(host_drains={}, task_group_updates={})
+        res["zb_patch_status"] = {"state": "applied", "report": {"items": [{"id": ONCE, "verdict": "applied"}]}}
+    runs["async"]["zb_patch_status"] = {"state": "off"}
+    assert compare(runs, WL, VOCAB) == ([], [])

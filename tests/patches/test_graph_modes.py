@@ -21,6 +21,8 @@ Asserted (docs/graph-modes.md):
 * The hazard the FULL drain guards against (vllm-ascend #4233), reproduced: the drain removed and nothing in its
   place, a host that runs ahead and an update stream that runs at once: the next step's update overtakes a queued
   replay (StaleTaskGroup) and, with the stale check off, a lost record hangs the device (DeviceHang).
+* The engine self-test's counters (zb_patch.check.engine.child.count_graph_work) see every replay by mode, the drains
+  as the patch decided and every task-group update, add no drain and leave full-replay-ordered-on-device in effect.
 """
 
 from __future__ import annotations
@@ -480,3 +482,82 @@ def test_a_replay_without_its_update_drains_the_next_one(env, graph_state, patch
         with _step(vc, "FULL", _metadata(STEPS[1])), pytest.raises(G.DeviceHang):
             _forward(runner, positions)  # follows a replay without update: the release's drain, which hangs here
         assert graph_replay.DRAINS["kept"] - kept == 1 and len(_host_drains(dev)) == drains_before + 1
+
+
+# --------------------------------------------------------------------------------------------------------
+# The engine self-test's counters (zb_patch.check.engine.child.count_graph_work) on the release's own wrapper
+# --------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _graph_work_counted():
+    """The engine child's counters of ACL graph work installed for one block (its ``report``); every name they wrap
+    (the release's ``ACLGraphWrapper.__call__``, the double's ``NPUGraph.replay``, the update entry points' bindings)
+    is restored after it, before the ``patched`` fixture unpatches."""
+    from vllm_ascend.compilation import acl_graph
+
+    from zb_patch.check.engine import child
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(acl_graph.ACLGraphWrapper, "__call__", acl_graph.ACLGraphWrapper.__dict__["__call__"])
+        mp.setattr(G.NPUGraph, "replay", G.NPUGraph.__dict__["replay"])
+        for name in child.TASK_GROUP_UPDATES:
+            for module_name, module in list(sys.modules.items()):
+                if module_name.startswith("vllm_ascend.") and name in getattr(module, "__dict__", {}):
+                    mp.setattr(module, name, module.__dict__[name])
+        yield child.count_graph_work()
+
+
+@pytest.mark.parametrize(
+    "patched,drains",
+    [
+        ("release", {}),
+        ("default", {"once": 3, "skipped": PIECES * (3 + 4 * DRAFTS - 1) - 3}),
+        ("no-drain", {"skipped": PIECES * (3 + 4 * DRAFTS - 1)}),
+    ],
+    indirect=["patched"],
+)
+def test_the_engine_child_counts_piecewise_replays_and_drains(env, graph_state, patched, drains):
+    """The child's counters on the release's ACLGraphWrapper (async + EAGLE, PIECEWISE): every piece replay, the
+    target's and the drafter's, counted under PIECEWISE; the drains as the patch decided (``DRAINS``, copied); no
+    update; and no host drain of their own (the device's drains are the release's / the patch's, as uncounted)."""
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    vc, _ = _runner(env)
+    target, drafter = [Piece(seed) for seed in range(PIECES)], [Piece(10 + seed) for seed in range(PIECES)]
+    with G.activate() as dev, _graph_work_counted() as report:
+        wrap = [ACLGraphWrapper(p, vc, runtime_mode=CUDAGraphMode.PIECEWISE) for p in target + drafter]
+        for _ in range(4):  # step 0 captures every piece (its first drafter forward too), then replays
+            with _step(vc, "PIECEWISE"):
+                [w() for w in wrap[:PIECES]]
+            for _ in range(DRAFTS):
+                with _step(vc, "PIECEWISE", drafter=True):
+                    [w() for w in wrap[PIECES:]]
+        replays = PIECES * (3 + 4 * DRAFTS - 1)
+        assert sum(e.aclgraph.replays for w in wrap for e in w.concrete_aclgraph_entries.values()) == replays
+        assert report() == {"graph_replays": {"PIECEWISE": replays}, "host_drains": drains, "task_group_updates": {}}
+        released = {"release": replays, "default": 3, "no-drain": 0}[patched]
+        assert len(_host_drains(dev)) == released and len(dev.drains) == released, dev.drains
+
+
+@pytest.mark.parametrize(
+    "patched,drains",
+    [("release", {}), ("default", {}), ("full-ordering", {"replaced": len(STEPS)})],
+    indirect=["patched"],
+)
+def test_the_engine_child_counts_full_replays_and_task_group_updates(env, graph_state, patched, drains):
+    """FULL_DECODE_ONLY through the runner's own forward step (replay, then the update through the runner's binding of
+    the release's entry point): one FULL replay and one task-group update per step; with full-replay-ordered-on-device
+    every drain replaced by a boundary -- the counters' wrappers leave the patch in effect (no host drain) and every
+    replay still reads its own step's lists."""
+    name = "update_full_graph_params" if FAMILY == "0.18" else "update_attn_params"
+    with G.activate() as dev, _graph_work_counted() as report:
+        _run_full_steps(env, graph_state, dev)
+        assert report() == {
+            "graph_replays": {"FULL": len(STEPS)},
+            "host_drains": drains,
+            "task_group_updates": {name: len(STEPS)},
+        }
+        assert len(_host_drains(dev)) == (0 if patched == "full-ordering" else len(STEPS))
+        _assert_each_replay_read_its_own_step(dev)

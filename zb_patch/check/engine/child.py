@@ -10,8 +10,10 @@ workload of :mod:`.workload`; writes the run's result as JSON.
 Per-request drafted / accepted counts (and every verification's position), drafted / accepted per draft position and
 preemptions are read where vLLM's scheduler counts them (``make_spec_decoding_stats`` per request,
 ``_preempt_request``), and how the steps were scheduled (``schedule``: overlapped with an outstanding step or not),
-without changing what it does; what zero-bubble did is read from the runner (``_zero_bubble_state``), and on
-vllm-ascend 0.13's MTP drafter how many draft passes made each proposal (``_record_draft_passes``).
+without changing what it does; what zero-bubble did is read from the runner (``_zero_bubble_state``), on
+vllm-ascend 0.13's MTP drafter how many draft passes made each proposal (``_record_draft_passes``), and on
+vllm-ascend the ACL graph work while generating: replays by mode, host drains as zb-patch's graph patches decided,
+task-group updates (:func:`count_graph_work`).
 
 The tests start this through a launcher that first installs the NPU emulation (tests/engine/run_engine.py): it
 calls :func:`main` with ``llm_overrides`` (its worker class), ``after_build`` (planted mistakes) and ``device``.
@@ -109,6 +111,7 @@ def main(
     _dummy_batch_when_no_model_ran(llm)
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     draft_passes = _record_draft_passes(runner)
+    graph_work = count_graph_work()
     extra = after_build() if after_build else {}
     outs = generate(llm, wl)
     # LLM numbers requests in submission order ("0", "1", ...); the engine core's ids add "-<random suffix>"
@@ -128,6 +131,7 @@ def main(
         "graph_mode": args.graph_mode,
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "graphs_captured": _graphs_captured(),
+        **graph_work(),
         "draft_model": type(runner.drafter.get_model()).__name__,
         **extra,
     }
@@ -189,6 +193,101 @@ def _graphs_captured() -> int:
     from vllm.compilation.counter import compilation_counter
 
     return compilation_counter.num_cudagraph_captured
+
+
+# the releases' task-group update entry points (vllm_ascend.compilation.acl_graph): 0.18.0 one, 0.13.0 four
+TASK_GROUP_UPDATES = (
+    "update_full_graph_params",
+    "update_attn_params",
+    "update_mla_attn_params",
+    "update_attn_dcp_pcp_params",
+    "update_mla_attn_dcp_pcp_params",
+)
+
+
+def count_graph_work() -> Callable[[], dict]:
+    """Count, from now on, the ACL graph work of this process; returns ``report()``, the result's fields:
+
+    * ``graph_replays`` ``{mode: n}``: the release's replay calls (``entry.aclgraph.replay()`` in
+      ``ACLGraphWrapper.__call__``), by the calling wrapper's runtime mode (``PIECEWISE`` / ``FULL``);
+    * ``host_drains``: a copy of ``zb_patch.versions.graph_replay.DRAINS`` (cleared here): the drains before replays
+      as zb-patch's graph patches decided (``once``, ``skipped``, ``replaced``, ``kept``);
+    * ``task_group_updates`` ``{entry point: n}``: calls of the release's update entry points
+      (:data:`TASK_GROUP_UPDATES`) through every ``vllm_ascend`` module that binds them (the runner, the proposers),
+      whatever zb-patch put there;
+    * ``graph_replays_uncounted`` (only when not empty): graph classes whose ``replay`` could not be wrapped.
+
+    Wrappers only (the ``__call__`` of ``ACLGraphWrapper``, the ``replay`` of the graph class its module's ``torch``
+    names, each binding of an update entry point): a counter and a call, no host wait or device read. The defining
+    module's own names are left alone (zb-patch reads its marker there; the releases call the entry points through
+    their bindings). Nothing is counted where vllm-ascend's ``acl_graph`` module was not imported (no ACL graphs)."""
+    from zb_patch.versions import graph_replay
+
+    replays: collections.Counter = collections.Counter()
+    updates: collections.Counter = collections.Counter()
+    uncounted: list[str] = []
+    graph_replay.DRAINS.clear()
+
+    def report() -> dict:
+        fields = {
+            "graph_replays": dict(replays),
+            "host_drains": dict(graph_replay.DRAINS),
+            "task_group_updates": dict(updates),
+        }
+        return {**fields, "graph_replays_uncounted": uncounted} if uncounted else fields
+
+    acl_graph = sys.modules.get("vllm_ascend.compilation.acl_graph")  # imported by the release's runner
+    if acl_graph is None or not hasattr(acl_graph, "ACLGraphWrapper"):
+        return report
+    modes: list[str] = []  # runtime modes of the ACLGraphWrapper calls under way, innermost last
+    counted: set[Any] = set()  # graph classes whose replay counts
+    call = acl_graph.ACLGraphWrapper.__call__  # the release's, or zb-patch's wrapper of it
+
+    def count_replays_of(graph_cls: Any) -> None:
+        counted.add(graph_cls)
+        replay = graph_cls.replay
+
+        def counted_replay(graph, *args, **kwargs):
+            if modes:
+                replays[modes[-1]] += 1
+            return replay(graph, *args, **kwargs)
+
+        try:
+            graph_cls.replay = counted_replay
+        except (AttributeError, TypeError) as exc:  # a class that takes no attribute: its replays go uncounted
+            uncounted.append(f"{graph_cls.__qualname__}.replay: {exc}")
+
+    def __call__(wrapper, *args, **kwargs):
+        # the class the release's __call__ captures with (looked up as it does: its module's torch, at call time)
+        graph_cls = getattr(getattr(acl_graph.torch, "npu", None), "NPUGraph", None)
+        if graph_cls is not None and graph_cls not in counted:
+            count_replays_of(graph_cls)
+        modes.append(getattr(wrapper.runtime_mode, "name", str(wrapper.runtime_mode)))
+        try:
+            return call(wrapper, *args, **kwargs)
+        finally:
+            modes.pop()
+
+    acl_graph.ACLGraphWrapper.__call__ = __call__
+    for name in TASK_GROUP_UPDATES:
+        entry_point = acl_graph.__dict__.get(name)
+        if entry_point is None:
+            continue
+        counting = _counting_update(entry_point, name, updates)
+        for module_name, module in list(sys.modules.items()):
+            if module is None or module is acl_graph or not module_name.startswith("vllm_ascend."):
+                continue
+            if getattr(module, "__dict__", {}).get(name) is entry_point:
+                setattr(module, name, counting)
+    return report
+
+
+def _counting_update(entry_point: Callable, name: str, updates: collections.Counter) -> Callable:
+    def counted_update(*args, **kwargs):
+        updates[name] += 1
+        return entry_point(*args, **kwargs)
+
+    return counted_update
 
 
 def _engine_core_elsewhere(llm) -> bool:

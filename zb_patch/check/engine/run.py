@@ -128,7 +128,8 @@ def run_engine_selftest(
 ) -> dict:
     """The whole comparison for each k in ``ks``; returns the report (see :data:`SCHEMA`). ``classic=False`` leaves
     out the classic async run (reported beside, never judged). ``graph_mode``: the child's ``--graph-mode`` (the
-    verdict's rule 6 checks that each judged run captured graphs in it)."""
+    verdict's rule 6 checks that each judged run captured and replayed graphs in it, and the applied graph patches'
+    counted work)."""
     names = [n for n in CONFIGS if classic or n != BESIDE]
     log = log or sys.stderr
     report: dict[str, Any] = {

@@ -28,12 +28,17 @@ beside and not judged, ``async`` (classic async without zb-patch, which can stop
    clamps an optimistic count: from ``max_model_len - 2 (k + 1)`` on). A count difference is then a note naming
    that event; without one it is a failure.
 
+6. **The graph mode asked for ran**, with replays in that mode, and each applied graph patch counted its work
+   (:func:`graph_mode_failures`).
+
 Classic ``async`` is held to rules 3-5 too, but what it breaks becomes notes: its differences are the release's.
 """
 
 from __future__ import annotations
 
 import math
+
+from zb_patch.versions.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID, ONCE_PER_STEP_ID
 
 from .workload import Workload, divergences
 
@@ -85,8 +90,9 @@ def compare(runs: dict[str, dict], wl: Workload, vocab: int) -> tuple[list[str],
 
 def graph_mode_failures(runs: dict[str, dict]) -> list[str]:
     """Rule 6: each judged run ran in the graph mode it was asked for (``graph_mode``, the child's ``--graph-mode``):
-    that ``cudagraph_mode``, and outside eager at least one captured graph. A release that falls back to another mode
-    must not pass as tested in this one."""
+    that ``cudagraph_mode``, and outside eager at least one captured graph and replays in that mode while generating
+    (``graph_replays``); then the work of each graph patch applied in the run (:func:`graph_patch_failures`). A
+    release that falls back to another mode, or a patch that never acted, must not pass as tested in this one."""
     failures = []
     for name in JUDGED:
         res = runs[name]
@@ -97,8 +103,55 @@ def graph_mode_failures(runs: dict[str, dict]) -> list[str]:
         mode = res["cudagraph_mode"].rsplit(".", 1)[-1]
         if mode != want:
             failures.append(f"{name}: ran with cudagraph_mode {mode}, not {want} (--graph-mode {asked})")
-        elif asked != "eager" and not res.get("graphs_captured"):
+        elif asked == "eager":
+            continue
+        elif not res.get("graphs_captured"):
             failures.append(f"{name}: --graph-mode {asked} captured no graph")
+        elif not res.get("graph_replays", {}).get(REPLAY_MODE[asked]):
+            uncounted = ", ".join(res.get("graph_replays_uncounted", []))
+            uncounted = f"; uncounted: {uncounted}" if uncounted else ""
+            failures.append(
+                f"{name}: --graph-mode {asked} replayed no {REPLAY_MODE[asked]} graph while generating "
+                f"(graph_replays {res.get('graph_replays', {})}{uncounted})"
+            )
+        else:
+            failures += graph_patch_failures(name, res, asked)
+    return failures
+
+
+# the runtime mode of the replays that show a graph mode ran: its decode steps' (ACLGraphWrapper.runtime_mode)
+REPLAY_MODE = {"piecewise": "PIECEWISE", "full_decode_only": "FULL"}
+# zb-patch's graph patches; full-replay-ordered-on-device: every id of its group (one per update entry point on 0.13)
+ONCE_PER_STEP, NO_DRAIN, FULL_ORDERING = ONCE_PER_STEP_ID, NO_DRAIN_ID, FULL_ORDERING_ID
+
+
+def graph_patch_failures(name: str, res: dict, asked: str) -> list[str]:
+    """Rule 6, each graph patch applied in an async run (the patches act under async scheduling with speculative
+    decoding only) counted its work in the asked mode: ``piecewise-drain-once-per-step`` in piecewise a drain run
+    once per target forward (``host_drains`` ``once`` > 0; ``skipped`` may be 0); ``piecewise-replay-without-host-
+    drain`` in piecewise drains left out and none run (``skipped`` > 0, ``once`` 0); ``full-replay-ordered-on-device``
+    in full_decode_only drains replaced by a device boundary (``replaced`` > 0) and task-group updates
+    (``task_group_updates`` > 0)."""
+    if not res.get("async_scheduling"):
+        return []
+    items = (res.get("zb_patch_status") or {}).get("report") or {}
+    applied = {i["id"] for i in items.get("items", []) if i.get("verdict") in ("applied", "already-applied")}
+    drains = res.get("host_drains", {})
+    once, skipped, replaced = (drains.get(k, 0) for k in ("once", "skipped", "replaced"))
+    updates = sum(res.get("task_group_updates", {}).values())
+    failures = []
+    if asked == "piecewise" and ONCE_PER_STEP in applied and once == 0:
+        failures.append(f"{name}: {ONCE_PER_STEP} applied, no host drain ran once per step (host_drains {drains})")
+    if asked == "piecewise" and NO_DRAIN in applied and (skipped == 0 or once):
+        failures.append(
+            f"{name}: {NO_DRAIN} applied, host drains skipped {skipped} and run once per step {once} "
+            f"(want > 0 and 0; host_drains {drains})"
+        )
+    if asked == "full_decode_only" and any(i.startswith(FULL_ORDERING) for i in applied) and not (replaced and updates):
+        failures.append(
+            f"{name}: {FULL_ORDERING} applied, host drains replaced {replaced} and task-group updates {updates} "
+            f"(want both > 0; host_drains {drains}, task_group_updates {res.get('task_group_updates', {})})"
+        )
     return failures
 
 
