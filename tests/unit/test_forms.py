@@ -3,24 +3,14 @@ to (versions.form_for / select), and the recorded commit forms' data (complete, 
 left out). tests/sources/test_commit_forms.py recomputes the commit forms' fingerprints from the archived trees."""
 
 import pytest
+from _versions import vers
 
 from zb_patch import detect
 from zb_patch import versions as V
-from zb_patch.detect import Versions, parse
+from zb_patch.detect import parse
 
 HEAD_018 = "35b0fdf7d57aee5bd93793e03506ae2d85959595"
 HEAD_013 = "f92eadfca968666893715f0a295f036c7bc9d207"
-
-
-def vers(vllm, ascend):
-    return Versions(
-        vllm=parse("vllm", vllm),
-        vllm_ascend=parse("vllm_ascend", ascend),
-        torch=parse("torch", "2.13.0+cpu"),
-        torch_npu=parse("torch_npu", None),
-        triton=parse("triton", None),
-        triton_ascend=parse("triton_ascend", None),
-    )
 
 
 @pytest.mark.parametrize(
