@@ -1021,9 +1021,10 @@ class PatchSet:
             if p.id in skipped:
                 verdict, why = skipped[p.id]
                 res = resolve(p.target, import_missing=import_missing)
+                label, _ = check_fingerprint(res, p.fingerprints)  # reported (doctor's "fp ok"), never required
                 items.append(
                     ItemReport(
-                        p.id, p.target, "patch", verdict, res.found, res.fingerprint, dict(p.fingerprints), None, why
+                        p.id, p.target, "patch", verdict, res.found, res.fingerprint, dict(p.fingerprints), label, why
                     )
                 )
                 continue
