@@ -191,7 +191,8 @@ def _print_doctor(d: dict, out) -> None:
                 )
             w(
                 "    Check one on this deployment before serving with it: `ZB_PATCH_ENABLE=<id> zb-patch selftest "
-                "--engine` (tokens through this engine, with and without it).\n"
+                "--engine --graph-mode <piecewise|full_decode_only>` (tokens through this engine, in the graph mode "
+                "the patch acts in, against synchronous scheduling).\n"
             )
     w("\n")
     state = "ON" if s["enabled"] else "off (set ZB_PATCH=1 to enable)"

@@ -366,7 +366,7 @@ class Activation:
             if specs[pid].opt_in:
                 _logger().warning(
                     "%s adapter=%s opt-in patch %s applied (ZB_PATCH_ENABLE): not shown on an NPU; rests on %s; "
-                    "check it on this deployment with `zb-patch selftest --engine`",
+                    "check it on this deployment with `zb-patch selftest --engine --graph-mode <the mode it acts in>`",
                     self._prefix(),
                     adapter.id,
                     pid,
