@@ -35,13 +35,13 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # zb_patch from this repository (the GPU host has it on no other path)
+from zb_patch import versions as V  # noqa: E402
+from zb_patch.versions.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID  # noqa: E402
+
 BENCH = os.path.join(HERE, "bench_engine_gpu.py")
 MODES = ("eager", "piecewise", "full_decode_only")
-OPT_IN = {
-    "eager": None,
-    "piecewise": "async+zb@piecewise-replay-without-host-drain",
-    "full_decode_only": "async+zb@full-replay-ordered-on-device",
-}
+OPT_IN = {"eager": None, "piecewise": f"async+zb@{NO_DRAIN_ID}", "full_decode_only": f"async+zb@{FULL_ORDERING_ID}"}
 NATIVE_TIERS = ("async", "async+zb")
 FULL = {
     "modes": "eager,piecewise,full_decode_only",
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     args.out, args.stack = os.path.abspath(args.out), os.path.abspath(args.stack)
     args.models = os.path.abspath(args.models) if args.models else None
     release = _release(args.stack)
-    native = not release.startswith(("0.13.", "0.18."))
+    native = not backports_zero_bubble(release)
     modes = _split(args.modes)
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -204,6 +204,13 @@ def main(argv: list[str]) -> int:
     print(text)
     failed = [c for c in report["cells"] if c.get("rc") not in (0, None) or c.get("token_divergences")]
     return 1 if failed or report.get("token_divergences") else 0
+
+
+def backports_zero_bubble(release: str) -> bool:
+    """Whether zb-patch's adapter for this release carries the zero-bubble backport (and with it the opt-in graph
+    patches), as the adapter table says; a native release (0.19+) has zero-bubble of its own."""
+    adapter = V.release_verdict(release).adapter
+    return adapter is not None and any(p.group.startswith("zero-bubble") for p in V.by_id(adapter).patch_set.patches)
 
 
 def tiers_for(wanted: list[str], mode: str, native: bool) -> tuple[list[str], list[str]]:
