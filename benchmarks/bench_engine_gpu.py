@@ -270,6 +270,7 @@ def main(argv: list[str]) -> int:
                 failures += [f"{label} vs #1: {d}" for d in repeats[label]]
             else:
                 results[name] = r.result
+                failures += _config_env_failures(name, r.result)
                 report.setdefault("tokens", {})[name] = r.result.get("tokens")  # the first repeat's, per config
                 # greedy: every configuration generates what the first one did
                 first = next(iter(results))
@@ -471,6 +472,22 @@ def _config_env(name: str) -> tuple[str, dict[str, str] | None]:
         if ids:
             return base, {variable: ids}
     return name, None
+
+
+def _config_env_failures(name: str, result: dict) -> list[str]:
+    """A ``NAME@ID`` run whose engine did not apply patch ID, or a ``NAME~ID`` run whose engine did: its figures would
+    be another configuration's."""
+    _, env = _config_env(name)
+    if not env:
+        return []
+    report = (result.get("zb_patch_status") or {}).get("report") or {}
+    applied = {i["id"] for i in report.get("items", []) if i.get("verdict") in ("applied", "already-applied")}
+    ids = set(next(iter(env.values())).split(","))
+    if "ZB_PATCH_ENABLE" in env and not ids <= applied:
+        return [f"{name}: the engine did not apply {', '.join(sorted(ids - applied))} (applied: {sorted(applied)})"]
+    if "ZB_PATCH_DISABLE" in env and ids & applied:
+        return [f"{name}: the engine applied {', '.join(sorted(ids & applied))}, which it was run without"]
+    return []
 
 
 def summarize_repeats(probes: dict, configs: list[str]) -> dict:
