@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+import installed_release  # noqa: E402  (tests/support)
 
 FAMILY = npu_standin.detect_family()
 if FAMILY is None:
@@ -32,9 +33,13 @@ ENVS = {
     "0.23.0": ("va023", "0.23.0"),
     "0.25.1rc1": ("va025", "0.25.1"),
 }
-ASCEND_RELEASE = importlib.metadata.version("vllm-ascend")
+ASCEND_RELEASE = installed_release.RELEASE
 ENV, VLLM_RELEASE = ENVS[ASCEND_RELEASE]
 LOCK = ROOT / "requirements" / f"{ENV}.txt"
+# a maintenance-branch commit (tests/sources/install_commit.py) in place of the lock's vllm-ascend: its own env
+COMMIT = installed_release.COMMIT_FORM
+if COMMIT is not None:
+    ENV += "-head"
 
 
 def _pins(path: Path) -> dict[str, str]:
@@ -53,6 +58,8 @@ def test_tox_env_matches_family():
 def test_release_pair_is_the_pinned_one():
     assert importlib.metadata.version("vllm") == VLLM_RELEASE
     assert _pins(LOCK)["vllm-ascend"] == ASCEND_RELEASE
+    if COMMIT is not None:
+        assert importlib.metadata.version("vllm-ascend") == COMMIT.reports
     assert importlib.metadata.version("torch") == "2.13.0+cpu"
 
 
@@ -65,6 +72,8 @@ def test_every_installed_distribution_matches_the_lock():
             have = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             have = None
+        if name == "vllm-ascend" and COMMIT is not None:
+            want = COMMIT.reports  # the commit built in place of the lock's release
         if have != want:
             wrong[name] = (want, have)
     assert not wrong, f"installed != {LOCK.name}: {wrong}"

@@ -7,34 +7,14 @@ is present, a missing archive fails."""
 from __future__ import annotations
 
 import os
-import subprocess
 import tarfile
 
 import pytest
+from install_commit import ARCHIVES, SHARED, archive_path  # tests/sources/install_commit.py
 
 from zb_patch import versions as V
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _toplevel() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        out = ""
-    return out or os.path.dirname(os.path.dirname(HERE))
-
-
-SHARED = os.path.normpath(os.path.join(_toplevel(), os.pardir, "shared"))
-ARCHIVES = os.path.join(SHARED, "upstream", "vllm-ascend")
-
 CASES = [(a, form) for a in V.adapters() for form in a.commits]
-
-
-def _archive(form: V.Form) -> str:
-    return os.path.join(ARCHIVES, f"vllm-ascend-{form.branch.replace('/', '-')}-{form.ref[:12]}.tar.xz")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +27,7 @@ def trees(tmp_path_factory):
     def get(form: V.Form) -> str:
         if form.ref in out:
             return out[form.ref]
-        path = _archive(form)
+        path = archive_path(form)
         assert os.path.isfile(path), f"{form.text}: archive {os.path.basename(path)} missing from {ARCHIVES}"
         root = str(tmp_path_factory.mktemp(form.short))
         with tarfile.open(path) as t:
