@@ -625,6 +625,11 @@ def run_model(args, *, llm_overrides=None, after_build=None) -> int:
         prompts = json.load(f)
     speculative = json.loads(args.speculative_config) if args.speculative_config else None
     kwargs = model_llm_kwargs(args.model, json.loads(args.engine_args), speculative, args.async_scheduling)
+    # the platform's global patches first, as LLM(...) applies them: vllm-ascend replaces vLLM's MLAAttentionSpec,
+    # which the KV-cache managers _observe_scheduler imports key by class (an MLA model: DeepSeek)
+    from vllm.platforms import current_platform
+
+    current_platform.pre_register_and_update()
     steps: list = []
     counts, per_pos, scheduling = _observe_scheduler(steps)
     from vllm import LLM, SamplingParams
@@ -638,7 +643,7 @@ def run_model(args, *, llm_overrides=None, after_build=None) -> int:
     llm.collective_rpc(_worker_install)
     extra = after_build() if after_build else {}
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) if "prompt_token_ids" in p else p["prompt"] for p in prompts]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     start = time.monotonic()
     outs = llm.generate(inputs, params, use_tqdm=False)
     wall = time.monotonic() - start

@@ -99,7 +99,9 @@ class Setup:
     timeout: float = 7200.0
 
 
-def run_model_config(name: str, setup: Setup, tag: str, extra_args: Sequence[str] = ()) -> Run:
+def run_model_config(
+    name: str, setup: Setup, tag: str, extra_args: Sequence[str] = (), env_overrides: dict[str, str] | None = None
+) -> Run:
     """One engine process of configuration ``name`` (a run name: ``#n`` suffixes are dropped), its result in
     ``<out_dir>/<tag>.json``; ``extra_args`` go to the child (the tests' launcher takes its plants there)."""
     flags, extra_env = config_env(name.split("#")[0])
@@ -107,6 +109,7 @@ def run_model_config(name: str, setup: Setup, tag: str, extra_args: Sequence[str
     drop = ("ZB_PATCH", "ZB_PATCH_DISABLE", "ZB_PATCH_ENABLE", "ZB_SELFTEST_ENGINE_CHILD")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra_env)
+    env.update(env_overrides or {})
     cmd = [*child_command(), "--model", setup.model, "--out", out, "--prompts-file", setup.prompts_file]
     cmd += ["--max-tokens", str(setup.max_tokens), "--engine-args", json.dumps(setup.engine_args)]
     if setup.speculative_config:
@@ -125,6 +128,113 @@ def run_model_config(name: str, setup: Setup, tag: str, extra_args: Sequence[str
         with open(out) as f:
             result = json.load(f)
     return Run(name, tag, result, time.monotonic() - start, proc.returncode, proc.stdout)
+
+
+DP_FLAGS = ("--data-parallel-size", "-dp")
+
+
+def split_data_parallel(engine_args: list[str]) -> tuple[int, list[str]]:
+    """(data-parallel size, the engine arguments without it): each rank runs as vLLM's offline data-parallel form
+    (one engine process per rank, ``VLLM_DP_*`` in its environment), so the size leaves the ranks' arguments; the
+    other ``--data-parallel-*`` arguments (a server's) are refused."""
+    size, rest, i = 1, [], 0
+    while i < len(engine_args):
+        arg = engine_args[i]
+        name, eq, value = arg.partition("=")
+        if name in DP_FLAGS:
+            if not eq:
+                i += 1
+                value = engine_args[i] if i < len(engine_args) else ""
+            size = int(value)
+        elif arg.startswith("--data-parallel"):
+            raise ValueError(f"{name}: only --data-parallel-size is taken (each rank is an engine process here)")
+        else:
+            rest.append(arg)
+        i += 1
+    return size, rest
+
+
+def rank_env(rank: int, size: int, port: int, devices_per_rank: int) -> dict[str, str]:
+    """vLLM's offline data-parallel environment of ``rank``, and the NPUs it sees: the rank's ``devices_per_rank``
+    of the visible ones (``ASCEND_RT_VISIBLE_DEVICES`` as set, else 0..), as vllm-ascend's worker takes device
+    ``npu:<local rank>`` within them."""
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(size * devices_per_rank)]
+    mine = ids[rank * devices_per_rank : (rank + 1) * devices_per_rank]
+    return {
+        "VLLM_DP_RANK": str(rank),
+        "VLLM_DP_RANK_LOCAL": str(rank),
+        "VLLM_DP_SIZE": str(size),
+        "VLLM_DP_MASTER_IP": "127.0.0.1",
+        "VLLM_DP_MASTER_PORT": str(port),
+        "ASCEND_RT_VISIBLE_DEVICES": ",".join(mine),
+    }
+
+
+def run_ranks(name: str, setup: Setup, tag: str, size: int, devices_per_rank: int, extra_args=()) -> Run:
+    """``size`` engine processes of ``name`` together, one per data-parallel rank, each with every ``size``-th
+    prompt (rank r: prompts r, r + size, ...); one Run with the ranks' results merged (:func:`merge_ranks`)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    if size == 1:
+        return run_model_config(name, setup, tag, extra_args)
+    with open(setup.prompts_file) as f:
+        prompts = json.load(f)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jobs = []
+    for rank in range(size):
+        path = os.path.join(setup.out_dir, f"{tag}-dp{rank}-prompts.json")
+        with open(path, "w") as f:
+            json.dump(prompts[rank::size], f)
+        rank_setup = Setup(**{**vars(setup), "prompts_file": path})
+        env = rank_env(rank, size, port, devices_per_rank)
+        jobs.append(lambda s=rank_setup, r=rank, e=env: run_model_config(name, s, f"{tag}-dp{r}", extra_args, e))
+    with ThreadPoolExecutor(max_workers=size) as pool:
+        runs = list(pool.map(lambda job: job(), jobs))
+    failed = [r for r in runs if r.result is None]
+    log = "\n".join(f"--- rank {i} (rc {r.returncode}) ---\n{r.log}" for i, r in enumerate(runs))
+    seconds = max(r.seconds for r in runs)
+    if failed:
+        return Run(name, tag, None, seconds, failed[0].returncode, log)
+    return Run(name, tag, merge_ranks([r.result for r in runs]), seconds, 0, log)
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """One result of the data-parallel ranks' results: per-request fields joined (request ids are global), steps
+    listed rank after rank, counts summed, zero-bubble active only if active on every rank, rank 0's statuses."""
+    merged = dict(results[0])
+    for field in ("tokens", "prompt_tokens", "metrics", "drafted", "accepted", "preemptions", "drafted_in_prefill",
+                  "accepted_in_prefill", "verifications", "preempted_at"):  # fmt: skip
+        merged[field] = {k: v for res in results for k, v in res.get(field, {}).items()}
+    for field in ("drafted_per_pos", "accepted_per_pos"):
+        merged[field] = [sum(x) for x in zip(*(res.get(field, []) for res in results))]
+    merged["steps"] = [dict(step, rank=i) for i, res in enumerate(results) for step in res.get("steps", [])]
+    merged["generate_seconds"] = max(res.get("generate_seconds") or 0.0 for res in results)
+    merged["scheduling"] = {
+        "scheduler": results[0]["scheduling"]["scheduler"],
+        **{k: sum(res["scheduling"][k] for res in results) for k in ("steps", "overlapped", "after_drafts")},
+    }
+    zbs = [res["zero_bubble"] for res in results]
+    merged["zero_bubble"] = dict(zbs[0])
+    for key in ("steps", "corrected_steps", "host_waits", "fallback_uploads"):
+        if all(key in z for z in zbs):
+            merged["zero_bubble"][key] = sum(z[key] for z in zbs)
+    merged["zero_bubble"]["active"] = all(z.get("active") for z in zbs)
+    if not merged["zero_bubble"]["active"]:
+        merged["zero_bubble"]["reason"] = "; ".join(f"rank {i}: {z.get('reason')}" for i, z in enumerate(zbs) if not z.get("active"))
+    for field in ("graph_replays", "host_drains", "task_group_updates"):
+        total: dict[str, int] = {}
+        for res in results:
+            for k, v in res.get(field, {}).items():
+                total[k] = total.get(k, 0) + v
+        merged[field] = total
+    merged["graphs_captured"] = min(res.get("graphs_captured", 0) for res in results)
+    merged["workers"] = [w for res in results for w in res.get("workers", [])]
+    merged["ranks"] = len(results)
+    return merged
 
 
 def tiny_check_args(speculative_config: dict | None, graph_mode: str) -> dict:
@@ -172,17 +282,16 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
     }
     try:
         names = run_names(args.configs)
-        ea = parse_engine_args(args.model, engine_args)
-        if ea.data_parallel_size > 1:
-            raise ValueError(
-                "--data-parallel-size > 1 is not run by this self-test: give one data-parallel rank's shape "
-                "(zero-bubble works per rank; docs/selftest.md)"
-            )
-        graph_mode = requested_graph_mode(args.model, engine_args)
+        dp, rank_args = split_data_parallel(engine_args)
+        ea = parse_engine_args(args.model, rank_args)
+        graph_mode = requested_graph_mode(args.model, rank_args)
+        if dp > 1 and (args.num_prompts or 1) < dp and not args.prompts:
+            raise ValueError(f"--num-prompts {args.num_prompts}: every one of the {dp} data-parallel ranks needs one")
     except ValueError as exc:
         report.update(verdict="REFUSED", failures=[str(exc)])
         return report
     report["graph_mode_of_tiny_check"] = graph_mode
+    report["data_parallel_size"] = dp
     device = check_device()
     report["device"] = device
     if not device["available"]:
@@ -215,7 +324,11 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
     with open(prompts_file, "w") as f:
         json.dump(prompts, f)
     report["prompts"] = {"source": args.prompts or "generated token ids", "count": len(prompts)}
-    setup = Setup(args.model, engine_args, args.speculative_config or "", prompts_file, args.max_tokens, runs_dir)
+    if len(prompts) < dp:
+        report.update(verdict="REFUSED", failures=[f"{len(prompts)} prompts for {dp} data-parallel ranks"])
+        return report
+    setup = Setup(args.model, rank_args, args.speculative_config or "", prompts_file, args.max_tokens, runs_dir)
+    per_rank = ea.tensor_parallel_size * ea.pipeline_parallel_size
     results: dict[str, dict] = {}
     figures: dict[str, list[dict]] = {}
     report["runs"] = {}
@@ -224,7 +337,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
         for name in names:
             tag = name.replace("#", "-") + (f"-r{repeat}" if args.repeats > 1 else "")
             print(f"zb-patch selftest --engine --model: run {tag} starting", file=log)
-            run = run_model_config(name, setup, tag, getattr(args, "child_args", ()) or ())
+            run = run_ranks(name, setup, tag, dp, per_rank, getattr(args, "child_args", ()) or ())
             print(f"  {tag}: {run.seconds:.0f} s, rc {run.returncode}", file=log)
             entry: dict[str, Any] = {"name": name, "repeat": repeat, "seconds": round(run.seconds, 1)}
             entry["returncode"] = run.returncode
