@@ -79,10 +79,15 @@ def load_prompts(path: str | None, num: int, vocab: int, seed: int = 0, max_len:
     ]
 
 
+def model_config(model: str) -> dict:
+    """``model``'s config.json."""
+    with open(os.path.join(model, "config.json")) as f:
+        return json.load(f)
+
+
 def model_vocab(model: str) -> int:
     """The vocabulary size in ``model``'s config.json (or its ``text_config``)."""
-    with open(os.path.join(model, "config.json")) as f:
-        config = json.load(f)
+    config = model_config(model)
     return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
 
 
@@ -237,12 +242,13 @@ def merge_ranks(results: list[dict]) -> dict:
     return merged
 
 
-def tiny_check_args(speculative_config: dict | None, graph_mode: str) -> dict:
-    """The tiny-model self-test matching the deployment: its drafter (MTP for an MTP config, else EAGLE), k, and
-    the graph mode (PIECEWISE / FULL_DECODE_ONLY as asked; every other mode: eager)."""
+def tiny_check_args(speculative_config: dict | None, graph_mode: str, model_type: str = "") -> dict:
+    """The tiny-model self-test matching the deployment: its drafter (an MTP method: ``deepseek-mtp`` for a DeepSeek
+    model type, else ``mtp``; every other method: ``eagle``), k, and the graph mode (PIECEWISE / FULL_DECODE_ONLY
+    as asked; every other mode: eager)."""
     spec = speculative_config or {}
     method = str(spec.get("method", "eagle"))
-    drafter = "mtp" if "mtp" in method else "eagle"
+    drafter = ("deepseek-mtp" if model_type.startswith("deepseek") else "mtp") if "mtp" in method else "eagle"
     return {"ks": [int(spec.get("num_speculative_tokens", 2))], "drafter": drafter, "graph_mode": graph_mode}
 
 
@@ -306,7 +312,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
         print("zb-patch selftest --engine --model: tiny-model strict check skipped (--skip-tiny-check)", file=log)
     else:
         print("zb-patch selftest --engine --model: tiny-model strict check (exact rules) first", file=log)
-        t = tiny_check_args(speculative, graph_mode)
+        t = tiny_check_args(speculative, graph_mode, str(model_config(args.model).get("model_type", "")))
         tiny = run_engine_selftest(
             Workload(),
             t["ks"],
