@@ -82,7 +82,16 @@ def main(
     ap.add_argument("--speculative-config", default="", help="--model: vLLM's --speculative-config (JSON)")
     ap.add_argument("--prompts-file", help="--model: JSON list of {id, prompt | prompt_token_ids}")
     ap.add_argument("--max-tokens", type=int, default=128, help="--model: output tokens per request")
+    ap.add_argument(
+        "--describe-engine-args",
+        action="store_true",
+        help="--model: parse --engine-args with vLLM's parser and print what the self-test needs of them, as JSON",
+    )
     args = ap.parse_args(argv)
+    if args.describe_engine_args:
+        report = describe_engine_args(args.model, json.loads(args.engine_args))
+        print(json.dumps(report))
+        return 0 if report["ok"] else 4
     if args.model and not args.check_device:
         if not (args.out and args.prompts_file):
             ap.error("--model needs --out and --prompts-file")
@@ -570,6 +579,27 @@ def parse_engine_args(model: str, engine_args: list[str]) -> Any:
     if given:
         raise ValueError("engine arguments the selftest sets itself: " + ", ".join(given))
     return EngineArgs.from_cli_args(ns)
+
+
+def describe_engine_args(model: str, engine_args: list[str]) -> dict:
+    """What the parent needs of the engine arguments (parsed here, where vLLM and the platform import): ``{"ok":
+    True, tensor / pipeline parallel size, max_model_len, graph_mode}`` -- graph_mode: eager under enforce_eager,
+    piecewise / full_decode_only when the compilation config names that cudagraph_mode, else eager -- or ``{"ok":
+    False, "error"}``."""
+    try:
+        ea = parse_engine_args(model, engine_args)
+    except ValueError as exc:
+        return {"ok": False, "error": str(exc)}
+    mode = getattr(ea.compilation_config, "cudagraph_mode", None)
+    name = str(getattr(mode, "name", mode) or "").lower()
+    return {
+        "ok": True,
+        "tensor_parallel_size": ea.tensor_parallel_size,
+        "pipeline_parallel_size": ea.pipeline_parallel_size,
+        "max_model_len": ea.max_model_len,
+        "graph_mode": "eager" if ea.enforce_eager or name not in ("piecewise", "full_decode_only") else name,
+        "cudagraph_mode": str(mode),
+    }
 
 
 def model_llm_kwargs(model: str, engine_args: list[str], speculative_config: dict | None, async_scheduling: bool):

@@ -252,22 +252,22 @@ def tiny_check_args(speculative_config: dict | None, graph_mode: str, model_type
     return {"ks": [int(spec.get("num_speculative_tokens", 2))], "drafter": drafter, "graph_mode": graph_mode}
 
 
-def requested_graph_mode(model: str, engine_args: list[str]) -> str:
-    """The tiny check's ``--graph-mode`` from the operator's engine arguments: eager under --enforce-eager, piecewise
-    / full_decode_only when --compilation-config names that cudagraph_mode, else eager."""
-    from .child import parse_engine_args
-
-    ea = parse_engine_args(model, engine_args)
-    if ea.enforce_eager:
-        return "eager"
-    mode = getattr(ea.compilation_config, "cudagraph_mode", None)
-    name = str(getattr(mode, "name", mode) or "").lower()
-    return name if name in ("piecewise", "full_decode_only") else "eager"
+def describe_engine_args(model: str, engine_args: list[str], timeout: float = 600.0) -> dict:
+    """The engine arguments parsed by vLLM's parser in a child process (where vLLM and the platform import):
+    :func:`.child.describe_engine_args`'s answer; ValueError with vLLM's or the self-test's refusal."""
+    cmd = [*child_command(), "--describe-engine-args", "--model", model, "--engine-args", json.dumps(engine_args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise ValueError(f"the engine arguments could not be parsed (rc {proc.returncode}): {_tail(proc.stderr, 800)}")
+    if not answer["ok"]:
+        raise ValueError(answer["error"])
+    return answer
 
 
 def run_model_selftest(args, log: TextIO | None = None) -> dict:
     """The whole ``--model`` self-test; returns the report (:data:`SCHEMA`)."""
-    from .child import parse_engine_args
     from .run import run_engine_selftest
     from .workload import Workload
 
@@ -289,20 +289,22 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
     try:
         names = run_names(args.configs)
         dp, rank_args = split_data_parallel(engine_args)
-        ea = parse_engine_args(args.model, rank_args)
-        graph_mode = requested_graph_mode(args.model, rank_args)
-        if dp > 1 and (args.num_prompts or 1) < dp and not args.prompts:
-            raise ValueError(f"--num-prompts {args.num_prompts}: every one of the {dp} data-parallel ranks needs one")
     except ValueError as exc:
         report.update(verdict="REFUSED", failures=[str(exc)])
         return report
-    report["graph_mode_of_tiny_check"] = graph_mode
-    report["data_parallel_size"] = dp
     device = check_device()
     report["device"] = device
     if not device["available"]:
         report.update(verdict="NO-DEVICE", failures=[f"no NPU: {device.get('reason', '')}"])
         return report
+    try:
+        ea = describe_engine_args(args.model, rank_args)
+    except ValueError as exc:
+        report.update(verdict="REFUSED", failures=[str(exc)])
+        return report
+    graph_mode = ea["graph_mode"]
+    report["graph_mode_of_tiny_check"] = graph_mode
+    report["data_parallel_size"] = dp
     root = args.report or tempfile.mkdtemp(prefix="zb-patch-model-")
     runs_dir = os.path.join(root, "runs")
     os.makedirs(runs_dir, exist_ok=True)
@@ -324,7 +326,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
         )
         report["tiny"] = {k: tiny.get(k) for k in ("verdict", "failures", "drafter", "graph_mode")} | {"k": t["ks"]}
         print(f"  tiny-model strict check: {tiny['verdict']}", file=log)
-    max_len = ea.max_model_len - args.max_tokens if ea.max_model_len else None
+    max_len = ea["max_model_len"] - args.max_tokens if ea["max_model_len"] else None
     prompts = load_prompts(args.prompts, args.num_prompts, model_vocab(args.model), max_len=max_len)
     prompts_file = os.path.join(root, "prompts.json")
     with open(prompts_file, "w") as f:
@@ -334,7 +336,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
         report.update(verdict="REFUSED", failures=[f"{len(prompts)} prompts for {dp} data-parallel ranks"])
         return report
     setup = Setup(args.model, rank_args, args.speculative_config or "", prompts_file, args.max_tokens, runs_dir)
-    per_rank = ea.tensor_parallel_size * ea.pipeline_parallel_size
+    per_rank = ea["tensor_parallel_size"] * ea["pipeline_parallel_size"]
     results: dict[str, dict] = {}
     figures: dict[str, list[dict]] = {}
     report["runs"] = {}
