@@ -642,11 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mod.add_argument("--model", metavar="PATH", help="your model directory (as vLLM's --model takes it)")
     mod.add_argument(
-        "--speculative-config", metavar="JSON", help="vLLM's --speculative-config, e.g. '{\"method\": \"mtp\", "
-        "\"num_speculative_tokens\": 3}'"
+        "--speculative-config",
+        metavar="JSON",
+        help='vLLM\'s --speculative-config, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\'',
     )
     mod.add_argument(
-        "--prompts", metavar="FILE", help="one prompt per line, or JSONL with \"prompt\" (default: generated token ids)"
+        "--prompts", metavar="FILE", help='one prompt per line, or JSONL with "prompt" (default: generated token ids)'
     )
     mod.add_argument("--num-prompts", type=int, default=64, help="prompts used (default 64; 0 with --prompts: all)")
     mod.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")

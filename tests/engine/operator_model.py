@@ -81,7 +81,9 @@ def write_llama_eagle(root: str, seed: int = 0) -> tuple[str, str]:
     fc = torch.zeros(HIDDEN, 2 * HIDDEN)
     fc[:, :HIDDEN] = torch.eye(HIDDEN)  # the token's embedding passes; the target's hidden state is not read
     weights["fc.weight"] = fc
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, os.path.join(eagle_dir, "model.safetensors"))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, os.path.join(eagle_dir, "model.safetensors")
+    )
     config = _config("EagleLlamaForCausalLM", 1).to_dict()
     with open(os.path.join(eagle_dir, "config.json"), "w") as f:
         json.dump(config, f)

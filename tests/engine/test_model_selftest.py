@@ -106,7 +106,12 @@ def test_text_prompts_went_through_the_checkpoints_tokenizer(selftest, operator)
 def _setup(operator) -> deploy.Setup:
     target, spec, _, report_dir = operator
     return deploy.Setup(
-        target, ENGINE_ARGS, spec, os.path.join(report_dir, "prompts.json"), MAX_TOKENS, os.path.join(report_dir, "runs")
+        target,
+        ENGINE_ARGS,
+        spec,
+        os.path.join(report_dir, "prompts.json"),
+        MAX_TOKENS,
+        os.path.join(report_dir, "runs"),
     )
 
 
@@ -136,7 +141,10 @@ def test_planted_zero_bubble_mistake_fails(selftest, operator):
     out = model_verdict.judge(runs, selftest[1]["tiny"])
     print("\n" + "\n".join([*out["failures"], out["verdict"]]))
     assert out["verdict"] == "FAIL"
-    assert out["failures"][0].startswith("async+zb vs async+fixes: ") and "the noise floor is exact: first at request" in out["failures"][0]
+    assert (
+        out["failures"][0].startswith("async+zb vs async+fixes: ")
+        and "the noise floor is exact: first at request" in out["failures"][0]
+    )
 
 
 def test_engine_arguments_the_selftest_sets_are_refused(operator):
@@ -147,6 +155,8 @@ def test_engine_arguments_the_selftest_sets_are_refused(operator):
         [*cmd, "--", "--async-scheduling", "--speculative-config", spec], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "engine arguments the selftest sets itself: async_scheduling (each run's configuration (sync / async)), " \
+    assert (
+        "engine arguments the selftest sets itself: async_scheduling (each run's configuration (sync / async)), "
         "speculative_config (the selftest's --speculative-config)" in proc.stdout
+    )
     assert "Verdict: REFUSED" in proc.stdout

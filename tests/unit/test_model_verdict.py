@@ -16,8 +16,16 @@ def _steps() -> list[dict]:
     # request 0: prompt 4, request 1: prompt 3, request 2: prompt 5; [request, computed, scheduled, outputs before]
     return [
         {"t": 1.0, "sched": [["0", 0, 4, 0], ["1", 0, 3, 0]], "out": {"0": [5], "1": [11]}},
-        {"t": 2.0, "sched": [["0", 4, 3, 1], ["1", 3, 3, 1], ["2", 0, 5, 0]], "out": {"0": [6, 7, 8], "1": [12], "2": [20]}},
-        {"t": 3.0, "sched": [["0", 7, 3, 4], ["1", 4, 3, 2], ["2", 5, 3, 1]], "out": {"0": [9, 10], "1": [13, 14], "2": [21, 22, 23]}},
+        {
+            "t": 2.0,
+            "sched": [["0", 4, 3, 1], ["1", 3, 3, 1], ["2", 0, 5, 0]],
+            "out": {"0": [6, 7, 8], "1": [12], "2": [20]},
+        },
+        {
+            "t": 3.0,
+            "sched": [["0", 7, 3, 4], ["1", 4, 3, 2], ["2", 5, 3, 1]],
+            "out": {"0": [9, 10], "1": [13, 14], "2": [21, 22, 23]},
+        },
     ]
 
 
@@ -29,7 +37,9 @@ def _run(name: str) -> dict:
         "accepted": {"0": 2, "1": 1, "2": 2},
         "preemptions": {},
         "steps": _steps(),
-        "metrics": {r: {"num_generation_tokens": len(t), "first_token_ts": 1.0, "last_token_ts": 3.0} for r, t in TOKENS.items()},
+        "metrics": {
+            r: {"num_generation_tokens": len(t), "first_token_ts": 1.0, "last_token_ts": 3.0} for r, t in TOKENS.items()
+        },
         "generate_seconds": 3.0,
         "async_scheduling": name != "sync",
         "scheduling": {
@@ -91,7 +101,9 @@ def test_exact_floor_count_difference_fails():
     runs = _runs()
     runs["async+zb"]["accepted"]["0"] = 1
     out = mv.judge(runs, TINY_PASS)
-    assert any(f.startswith("async+zb vs async+fixes: drafted / accepted differ for requests ['0']") for f in out["failures"])
+    assert any(
+        f.startswith("async+zb vs async+fixes: drafted / accepted differ for requests ['0']") for f in out["failures"]
+    )
 
 
 def _perturbed_floor(runs: dict) -> None:
@@ -130,7 +142,9 @@ def test_acceptance_beyond_the_floor_fails_when_the_floor_is_not_exact():
     _perturbed_floor(runs)
     runs["async+zb"]["accepted"] = {"0": 4, "1": 4, "2": 4}
     out = mv.judge(runs, TINY_PASS)
-    assert any("acceptance rate" in f and "more than the noise floor's 0.0000 + margin 0.02" in f for f in out["failures"])
+    assert any(
+        "acceptance rate" in f and "more than the noise floor's 0.0000 + margin 0.02" in f for f in out["failures"]
+    )
 
 
 def test_identical_schedule_different_output_fails_where_the_floor_has_none():
@@ -139,8 +153,10 @@ def test_identical_schedule_different_output_fails_where_the_floor_has_none():
     out = mv.judge(runs, TINY_PASS)
     assert out["verdict"] == "FAIL"
     assert any(
-        f.startswith("async+zb vs async+fixes: 1 of 3 steps with identical schedules sampled different tokens, first: "
-                     "request 1 at output position 2")
+        f.startswith(
+            "async+zb vs async+fixes: 1 of 3 steps with identical schedules sampled different tokens, first: "
+            "request 1 at output position 2"
+        )
         for f in out["failures"]
     ), out["failures"]
 
@@ -171,14 +187,18 @@ def test_graph_mode_run_with_zero_replays_fails():
         "async+zb: cudagraph_mode FULL_DECODE_ONLY replayed no FULL graph while generating (graph_replays {})"
     ]
     runs["async+zb"]["graphs_captured"] = 0
-    assert mv.graph_failures("async+zb", runs["async+zb"]) == ["async+zb: cudagraph_mode FULL_DECODE_ONLY captured no graph"]
+    assert mv.graph_failures("async+zb", runs["async+zb"]) == [
+        "async+zb: cudagraph_mode FULL_DECODE_ONLY captured no graph"
+    ]
 
 
 def test_graph_patch_applied_in_the_workers_must_count_its_work():
     runs = _runs()
     res = runs["async+zb"]
     res["cudagraph_mode"], res["graphs_captured"], res["graph_replays"] = "CUDAGraphMode.PIECEWISE", 3, {"PIECEWISE": 9}
-    res["worker_zb_patch_status"]["report"]["items"] = [{"id": mv.graph_patch_failures.__globals__["ONCE_PER_STEP"], "verdict": "applied"}]
+    res["worker_zb_patch_status"]["report"]["items"] = [
+        {"id": mv.graph_patch_failures.__globals__["ONCE_PER_STEP"], "verdict": "applied"}
+    ]
     out = mv.judge(runs, TINY_PASS)
     assert any("no host drain ran once per step" in f for f in out["failures"]), out["failures"]
 
@@ -188,10 +208,16 @@ def test_zero_bubble_must_run_and_correct_in_the_zero_bubble_run_only():
     runs["async+zb"]["zero_bubble"]["corrected_steps"] = 1
     runs["async+zb"]["zero_bubble"]["host_waits"] = 1
     out = mv.judge(runs, TINY_PASS)
-    assert "async+zb: zero-bubble corrected 1 steps, 2 scheduled a request right after a step that verified its drafts" in out["failures"]
+    assert (
+        "async+zb: zero-bubble corrected 1 steps, 2 scheduled a request right after a step that verified its drafts"
+        in out["failures"]
+    )
     runs = _runs()
     runs["async+fixes#2"]["zero_bubble"] = {"kind": "zb-patch", "active": True}
-    assert "async+fixes: zb-patch's zero-bubble ran (ZB_PATCH_DISABLE should have left it out)" in mv.judge(runs, TINY_PASS)["failures"]
+    assert (
+        "async+fixes: zb-patch's zero-bubble ran (ZB_PATCH_DISABLE should have left it out)"
+        in mv.judge(runs, TINY_PASS)["failures"]
+    )
 
 
 def test_opt_in_runs_are_judged_each_and_must_apply_their_patch():
@@ -199,7 +225,10 @@ def test_opt_in_runs_are_judged_each_and_must_apply_their_patch():
     out = mv.judge(runs, TINY_PASS)
     assert out["opt_in"]["full-replay-ordered-on-device"] == {
         "verdict": "FAIL",
-        "failures": ["async+zb+full-replay-ordered-on-device: opt-in patch full-replay-ordered-on-device was not applied in the run's workers"],
+        "failures": [
+            "async+zb+full-replay-ordered-on-device: opt-in patch full-replay-ordered-on-device was not applied in the "
+            "run's workers"
+        ],
     }
     runs["async+zb+full-replay-ordered-on-device"]["worker_zb_patch_status"]["report"]["items"] = [
         {"id": "full-replay-ordered-on-device", "verdict": "applied"}
@@ -213,7 +242,10 @@ def test_sync_and_classic_async_are_reported_not_judged():
     runs["sync"]["tokens"]["1"][0] = 3
     out = mv.judge(runs, TINY_PASS)
     assert out["verdict"] == "PASS", out["failures"]
-    assert "sync (reported, not judged) vs async+fixes: 2 of 3 requests identical, first divergence at request 1 at output position 0; acceptance 0.4167 vs 0.4167" in out["notes"]
+    assert (
+        "sync (reported, not judged) vs async+fixes: 2 of 3 requests identical, first divergence at request 1 at "
+        "output position 0; acceptance 0.4167 vs 0.4167" in out["notes"]
+    )
 
 
 def test_speed_figures():

@@ -78,7 +78,9 @@ def main(
         "cudagraph_mode (ACL graphs), the release's own configuration otherwise",
     )
     ap.add_argument("--model", help="an operator's model directory (zb-patch selftest --engine --model): see run_model")
-    ap.add_argument("--engine-args", default="[]", help="--model: vLLM engine arguments as vLLM's CLI spells them (JSON list)")
+    ap.add_argument(
+        "--engine-args", default="[]", help="--model: vLLM engine arguments as vLLM's CLI spells them (JSON list)"
+    )
     ap.add_argument("--speculative-config", default="", help="--model: vLLM's --speculative-config (JSON)")
     ap.add_argument("--prompts-file", help="--model: JSON list of {id, prompt | prompt_token_ids}")
     ap.add_argument("--max-tokens", type=int, default=128, help="--model: output tokens per request")
@@ -555,7 +557,7 @@ def flexible_parser():
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # vLLM 0.13
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+        from vllm.utils import FlexibleArgumentParser
     return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vLLM engine arguments", add_help=False))
 
 
@@ -570,7 +572,7 @@ def parse_engine_args(model: str, engine_args: list[str]) -> Any:
     def error(message: str) -> None:
         raise ValueError(message)
 
-    parser.error = error  # type: ignore[method-assign]  # no sys.exit inside the child / the command
+    parser.error = error  # no sys.exit inside the child / the command
     try:
         ns = parser.parse_args(["--model", model, *engine_args])
     except SystemExit as exc:  # argparse's own exit on a malformed value
@@ -672,7 +674,10 @@ def run_model(args, *, llm_overrides=None, after_build=None) -> int:
     _dummy_batch_when_no_model_ran(llm)
     llm.collective_rpc(_worker_install)
     extra = after_build() if after_build else {}
-    inputs = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) if "prompt_token_ids" in p else p["prompt"] for p in prompts]
+    inputs = [
+        TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) if "prompt_token_ids" in p else p["prompt"]
+        for p in prompts
+    ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     start = time.monotonic()
     outs = llm.generate(inputs, params, use_tqdm=False)
@@ -692,7 +697,11 @@ def run_model(args, *, llm_overrides=None, after_build=None) -> int:
         **{field: {rid(r): n for r, n in c.items()} for field, c in counts.items()},
         **{field: [c[i] for i in range(spec.num_speculative_tokens if spec else 0)] for field, c in per_pos.items()},
         "steps": [
-            {**s, "sched": [[rid(r), *rest] for r, *rest in s["sched"]], "out": {rid(r): t for r, t in s["out"].items()}}
+            {
+                **s,
+                "sched": [[rid(r), *rest] for r, *rest in s["sched"]],
+                "out": {rid(r): t for r, t in s["out"].items()},
+            }
             for s in steps
         ],
         "generate_seconds": wall,

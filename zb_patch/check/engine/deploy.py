@@ -44,7 +44,8 @@ def config_env(name: str) -> tuple[list[str], dict[str, str]]:
 def run_names(configs: Sequence[str]) -> list[str]:
     """The runs of ``configs`` in order, a configuration named again getting ``#2``, ``#3``...; ValueError unless
     async+fixes is named twice (the noise floor) and every name is a configuration."""
-    names, seen = [], {}
+    names: list[str] = []
+    seen: dict[str, int] = {}
     for c in configs:
         config_env(c)
         seen[c] = seen.get(c, 0) + 1
@@ -61,7 +62,7 @@ def load_prompts(path: str | None, num: int, vocab: int, seed: int = 0, max_len:
     if path:
         with open(path) as f:
             lines = [line.rstrip("\n") for line in f if line.strip()]
-        prompts = []
+        prompts: list[dict] = []
         for line in lines:
             text = line
             if line.lstrip().startswith("{"):
@@ -229,7 +230,9 @@ def merge_ranks(results: list[dict]) -> dict:
             merged["zero_bubble"][key] = sum(z[key] for z in zbs)
     merged["zero_bubble"]["active"] = all(z.get("active") for z in zbs)
     if not merged["zero_bubble"]["active"]:
-        merged["zero_bubble"]["reason"] = "; ".join(f"rank {i}: {z.get('reason')}" for i, z in enumerate(zbs) if not z.get("active"))
+        merged["zero_bubble"]["reason"] = "; ".join(
+            f"rank {i}: {z.get('reason')}" for i, z in enumerate(zbs) if not z.get("active")
+        )
     for field in ("graph_replays", "host_drains", "task_group_updates"):
         total: dict[str, int] = {}
         for res in results:
@@ -260,7 +263,8 @@ def describe_engine_args(model: str, engine_args: list[str], timeout: float = 60
     try:
         answer = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        raise ValueError(f"the engine arguments could not be parsed (rc {proc.returncode}): {_tail(proc.stderr, 800)}")
+        why = f"the engine arguments could not be parsed (rc {proc.returncode}): {_tail(proc.stderr, 800)}"
+        raise ValueError(why) from None
     if not answer["ok"]:
         raise ValueError(answer["error"])
     return answer
@@ -424,9 +428,7 @@ def render(report: dict) -> str:
                 continue
             s, sp = e["summary"], e["speed"]
             zb = s["zero_bubble"]
-            zb_text = (
-                f"active, {zb.get('corrected_steps')} corrected" if zb.get("active") else zb.get("kind", "none")
-            )
+            zb_text = f"active, {zb.get('corrected_steps')} corrected" if zb.get("active") else zb.get("kind", "none")
             row = [tag, e["seconds"], s["tokens"], s["drafted"], s["accepted"], s["acceptance"], zb_text]
             row += [s["graph_replays"] or "-", sp["tpot_ms_median"], f"{sp['itl_ms_median']} ({sp['itl_ms_p90']})"]
             row += [sp["output_tokens_per_s"]]
