@@ -637,12 +637,17 @@ def _worker_report(worker) -> dict:
         "pid": os.getpid(),
         "zero_bubble": _zero_bubble_state(runner),
         "zb_patch_status": _zb_patch_status(),
-        "draft_model": type(runner.drafter.get_model()).__name__ if getattr(runner, "drafter", None) else "",
+        "draft_model": _draft_model_name(runner),
         **(report() if report else {}),
     }
 
 
 _WORKER: dict[str, Any] = {}
+
+
+def _draft_model_name(runner) -> str:
+    get_model = getattr(getattr(runner, "drafter", None), "get_model", None)
+    return type(get_model()).__name__ if get_model is not None else ""
 
 
 def run_model(args, *, llm_overrides=None, after_build=None) -> int:
