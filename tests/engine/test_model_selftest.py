@@ -60,7 +60,7 @@ def operator(tmp_path_factory):
 def selftest(operator):
     """The operator's command, --json: (exit status, the report from stdout)."""
     target, spec, prompts, report_dir = operator
-    cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--model", target]
+    cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2", "--model", target]
     cmd += ["--speculative-config", spec, "--prompts", prompts, "--max-tokens", str(MAX_TOKENS)]
     cmd += ["--report", report_dir, "--", *ENGINE_ARGS]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)

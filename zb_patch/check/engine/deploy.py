@@ -322,6 +322,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
         tiny = run_engine_selftest(
             Workload(),
             t["ks"],
+            parallel=getattr(args, "jobs", 1),
             keep=os.path.join(root, "tiny"),
             log=log,
             drafter=t["drafter"],
