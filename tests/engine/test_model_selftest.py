@@ -56,13 +56,19 @@ def operator(tmp_path_factory):
     return target, spec, str(prompts), str(root / "report")
 
 
+# the tiny-model strict check is the engine self-test test_engine.py runs; here under E2E_BIG=1 only (CI time), else
+# left out with the developers' flag (the verdict then reads PASS-WITHOUT-STRICT-CHECK)
+STRICT = bool(os.environ.get("E2E_BIG"))
+PASS = "PASS" if STRICT else "PASS-WITHOUT-STRICT-CHECK"
+
+
 @pytest.fixture(scope="module")
 def selftest(operator):
     """The operator's command, --json: (exit status, the report from stdout)."""
     target, spec, prompts, report_dir = operator
     cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2", "--model", target]
     cmd += ["--speculative-config", spec, "--prompts", prompts, "--max-tokens", str(MAX_TOKENS)]
-    cmd += ["--report", report_dir, "--", *ENGINE_ARGS]
+    cmd += ["--report", report_dir] + ([] if STRICT else ["--skip-tiny-check"]) + ["--", *ENGINE_ARGS]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     print("\n" + proc.stderr[-3000:])
     report = json.loads(proc.stdout)  # stdout carries the report and nothing else
@@ -81,8 +87,12 @@ def _results(report_dir: str) -> dict[str, dict]:
 
 def test_model_selftest_passes_with_an_exact_floor(selftest, operator):
     rc, report = selftest
-    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
-    assert report["tiny"]["verdict"] == "PASS" and report["tiny"]["k"] == [K]
+    assert (report["verdict"], rc) == (PASS, 0), report["failures"]
+    if STRICT:
+        assert report["tiny"]["verdict"] == "PASS" and report["tiny"]["k"] == [K]
+    else:
+        assert report["tiny"] == {"verdict": "NOT-RUN", "reason": "--skip-tiny-check"}
+        assert report["notes"][0].startswith("tiny-model strict check: not run (--skip-tiny-check)")
     assert report["floor"]["exact"] and report["pairs"]["async+zb"]["exact"]
     assert report["floor"]["identical_schedule_steps"] > 0
     assert list(report["runs"]) == ["async+fixes", "async+fixes-2", "async+zb"]
@@ -95,12 +105,20 @@ def test_model_selftest_passes_with_an_exact_floor(selftest, operator):
     report_dir = operator[3]
     assert os.path.exists(os.path.join(report_dir, "report.json"))
     with open(os.path.join(report_dir, "report.md")) as f:
-        assert f.read().rstrip().endswith("Verdict: PASS")
+        text = f.read()
+    assert text.rstrip().endswith(f"Verdict: {PASS}")
+    assert STRICT or "- tiny-model strict check: NOT RUN (--skip-tiny-check)" in text
 
 
 def test_text_prompts_went_through_the_checkpoints_tokenizer(selftest, operator):
     runs = _results(operator[3])
     assert runs["async+zb"]["prompt_tokens"] == {"0": 8, "1": 20, "2": 40, "3": 3}  # one token per word (+ no bos)
+
+
+def _tiny(selftest) -> dict | None:
+    """The strict check's report as the verdict takes it (None: not run)."""
+    tiny = selftest[1]["tiny"]
+    return None if tiny["verdict"] == "NOT-RUN" else tiny
 
 
 def _setup(operator) -> deploy.Setup:
@@ -123,11 +141,11 @@ def test_planted_nondeterminism_makes_the_floor_inexact_and_judges_by_it(selftes
     assert run.result is not None, run.log[-3000:]
     assert run.result["perturbed"]["hit"]
     runs["async+fixes#2"] = run.result
-    out = model_verdict.judge(runs, selftest[1]["tiny"])
+    out = model_verdict.judge(runs, _tiny(selftest))
     print("\n" + "\n".join([*out["failures"], *out["notes"], out["verdict"]]))
     assert not out["floor"]["exact"] and len(out["floor"]["diverged"]) >= 1
-    assert out["verdict"] == "PASS", out["failures"]
-    assert out["notes"][0].startswith("noise floor not exact: ")
+    assert out["verdict"] == PASS, out["failures"]
+    assert [n for n in out["notes"] if n.startswith("noise floor not exact: ")]
 
 
 def test_planted_zero_bubble_mistake_fails(selftest, operator):
@@ -138,7 +156,7 @@ def test_planted_zero_bubble_mistake_fails(selftest, operator):
     assert run.result is not None, run.log[-3000:]
     assert run.result["plant_hits"]["slot-mapping-off-by-one"] > 0
     runs["async+zb"] = run.result
-    out = model_verdict.judge(runs, selftest[1]["tiny"])
+    out = model_verdict.judge(runs, _tiny(selftest))
     print("\n" + "\n".join([*out["failures"], out["verdict"]]))
     assert out["verdict"] == "FAIL"
     assert (
