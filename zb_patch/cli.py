@@ -408,6 +408,16 @@ def cmd_patches(args) -> int:
 
 
 def cmd_selftest(args) -> int:
+    if args.model and not args.engine:
+        print("zb-patch selftest: --model needs --engine", file=sys.stderr)
+        return 2
+    if args.engine_args and not args.model:
+        print(f"zb-patch selftest: engine arguments {args.engine_args} need --engine --model", file=sys.stderr)
+        return 2
+    if args.engine and args.model:
+        from .check.engine import deploy
+
+        return deploy.run_cli(args)
     if args.engine:
         from .check.engine import run
 
@@ -617,6 +627,47 @@ def build_parser() -> argparse.ArgumentParser:
         "release's own compilation otherwise; FAIL unless every judged run captured graphs in that mode and replayed "
         "them, and each applied graph patch counted its work",
     )
+    mod = st.add_argument_group(
+        "on your model (--engine --model PATH ... -- <vLLM engine arguments>)",
+        "Your model with your engine arguments, after `--` as vLLM's CLI spells them (parsed by vLLM's own "
+        "parser; --model, --async-scheduling and --speculative-config there are refused; --data-parallel-size N: N "
+        "engine processes per run, vLLM's offline data-parallel form). The tiny-model self-test "
+        "runs first (the strict check), then each configuration of --configs in its own engine process, greedy. "
+        "Verdict (docs/selftest.md, 'On your model'): the two async+fixes runs give the noise floor; each "
+        "zero-bubble run against async+fixes must be exact where the floor is exact, else within the floor plus "
+        "5% of the requests diverging and 0.02 acceptance rate; over steps with identical schedules and histories "
+        "the sampled tokens agree (a note where the floor breaks that too); zero-bubble active and correcting where "
+        "configured, off in async+fixes; in a graph mode decode replays > 0 and each applied graph patch's work "
+        "counted. FAIL names the first diverging request and position. Exit 0 PASS (or PASS-WITHOUT-STRICT-CHECK), "
+        "1 FAIL, 2 refused / no NPU.",
+    )
+    mod.add_argument("--model", metavar="PATH", help="your model directory (as vLLM's --model takes it)")
+    mod.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='vLLM\'s --speculative-config, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\'',
+    )
+    mod.add_argument(
+        "--prompts", metavar="FILE", help='one prompt per line, or JSONL with "prompt" (default: generated token ids)'
+    )
+    mod.add_argument("--num-prompts", type=int, default=64, help="prompts used (default 64; 0 with --prompts: all)")
+    mod.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    mod.add_argument(
+        "--configs",
+        type=lambda text: [c.strip() for c in text.split(",") if c.strip()],
+        default=["async+fixes", "async+fixes", "async+zb"],
+        metavar="LIST",
+        help="runs, comma-separated (default async+fixes,async+fixes,async+zb; async+fixes twice is required: the "
+        "noise floor); also sync, async (classic, zb-patch off), async+zb+<opt-in id> (ZB_PATCH_ENABLE=<id>)",
+    )
+    mod.add_argument("--repeats", type=int, default=1, help="run every configuration N times (speed: median, spread)")
+    mod.add_argument("--report", metavar="DIR", help="write report.md, report.json and every run's result under DIR")
+    mod.add_argument(
+        "--skip-tiny-check",
+        action="store_true",
+        help="(developers) leave out the tiny-model strict check; the verdict then reads PASS-WITHOUT-STRICT-CHECK",
+    )
+    mod.add_argument("engine_args", nargs="*", metavar="-- ENGINE_ARGS", help="vLLM engine arguments, after --")
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")

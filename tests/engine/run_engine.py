@@ -31,6 +31,14 @@ def main(argv: list[str]) -> int:
         "async-output thread is removed, so the output is made inline): the engine core then processes each step's "
         "output before it schedules the next -- the side of the race the async-output thread wins now and then",
     )
+    ap.add_argument(
+        "--perturb-logits",
+        type=int,
+        default=0,
+        metavar="N",
+        help="planted nondeterminism (zb-patch selftest --engine --model's noise floor): at the target's N-th "
+        "compute_logits call, row 0's greedy choice loses to its runner-up",
+    )
     args, rest = ap.parse_known_args(argv)
 
     # before install() imports vLLM: the child needs the EngineCore in this process (the emulation lives here)
@@ -64,6 +72,8 @@ def main(argv: list[str]) -> int:
 
             npu_graphs_cuda.REPLAYED_GROUPS.clear()
             started["graph_task_groups_replayed"] = npu_graphs_cuda.REPLAYED_GROUPS
+        if args.perturb_logits:
+            started["perturbed"] = _perturb_logits(args.perturb_logits)
         if not args.plant:
             return {"plant": "", "plant_hits": {}, **started}
         plants.install(args.plant)
@@ -80,6 +90,27 @@ def main(argv: list[str]) -> int:
 
         npu_graphs_cuda.check()  # an ExternalEvent wait that never saw its record: a hang on the NPU
     return rc
+
+
+def _perturb_logits(n: int) -> dict:
+    """At the target's ``n``-th ``compute_logits`` call (Llama targets; the EAGLE head, a subclass, is left alone),
+    row 0's best logit is pushed below every other: that row samples its runner-up. A live record of the hit."""
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    record = {"calls": 0, "hit": False}
+    original = LlamaForCausalLM.compute_logits
+
+    def compute_logits(self, *args, **kwargs):
+        logits = original(self, *args, **kwargs)
+        if type(self) is LlamaForCausalLM and logits is not None:
+            record["calls"] += 1
+            if record["calls"] == n:
+                logits[0, logits[0].argmax()] = logits[0].min() - 1.0
+                record["hit"] = True
+        return logits
+
+    LlamaForCausalLM.compute_logits = compute_logits
+    return record
 
 
 def _count_dummy_batches() -> dict:

@@ -37,6 +37,7 @@ ZYGOTE_ENV = "ZB_TEST_ENGINE_ZYGOTE"  # the socket path of a serving zygote
 PER_RUN = (
     "ZB_PATCH",
     "ZB_PATCH_DISABLE",
+    "ZB_PATCH_ENABLE",
     "ZB_PATCH_STRICT",
     "ZB_SELFTEST_ENGINE_CHILD",
     "PYTEST_CURRENT_TEST",

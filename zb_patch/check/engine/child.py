@@ -77,7 +77,27 @@ def main(
         help="eager: enforce_eager (no graphs); piecewise / full_decode_only: vLLM's compilation with that "
         "cudagraph_mode (ACL graphs), the release's own configuration otherwise",
     )
+    ap.add_argument("--model", help="an operator's model directory (zb-patch selftest --engine --model): see run_model")
+    ap.add_argument(
+        "--engine-args", default="[]", help="--model: vLLM engine arguments as vLLM's CLI spells them (JSON list)"
+    )
+    ap.add_argument("--speculative-config", default="", help="--model: vLLM's --speculative-config (JSON)")
+    ap.add_argument("--prompts-file", help="--model: JSON list of {id, prompt | prompt_token_ids}")
+    ap.add_argument("--max-tokens", type=int, default=128, help="--model: output tokens per request")
+    ap.add_argument(
+        "--describe-engine-args",
+        action="store_true",
+        help="--model: parse --engine-args with vLLM's parser and print what the self-test needs of them, as JSON",
+    )
     args = ap.parse_args(argv)
+    if args.describe_engine_args:
+        report = describe_engine_args(args.model, json.loads(args.engine_args))
+        print(json.dumps(report))
+        return 0 if report["ok"] else 4
+    if args.model and not args.check_device:
+        if not (args.out and args.prompts_file):
+            ap.error("--model needs --out and --prompts-file")
+        return run_model(args, llm_overrides=llm_overrides, after_build=after_build)
     if args.check_device:
         report = device()
         print(json.dumps(report))
@@ -405,7 +425,7 @@ def _dummy_batch_when_no_model_ran(llm) -> None:
     core.step_fn = step_or_dummy_batch
 
 
-def _observe_scheduler() -> tuple[dict, dict, dict]:
+def _observe_scheduler(steps: list | None = None) -> tuple[dict, dict, dict]:
     """Count per request what vLLM's scheduler counts (drafted / accepted per step, preemptions), apart the drafts
     it verified in a step that was not a pure decode step (it also computed prompt tokens, or recomputed tokens:
     vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk and verifies them with the last
@@ -420,7 +440,11 @@ def _observe_scheduler() -> tuple[dict, dict, dict]:
     of them were scheduled while an earlier step's result was still outstanding (``overlapped``: async scheduling
     ran; 0 in a synchronous engine), and how many scheduled a request whose drafts were verified in the step before
     while that step's result was still outstanding (``after_drafts``: the steps whose inputs zero-bubble must correct
-    on the device; once the engine core has processed the result, the scheduler's counts are exact)."""
+    on the device; once the engine core has processed the result, the scheduler's counts are exact).
+
+    ``steps`` (a list, ``--model`` runs): one entry per step whose result the engine core processed, in that order:
+    ``{"t": monotonic time, "sched": [[request, computed before, scheduled, output tokens before], ...], "out":
+    {request: sampled token ids}}`` -- the schedule step by step and what each step produced."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     fields = ("drafted", "accepted", "preemptions", "drafted_in_prefill", "accepted_in_prefill")
@@ -458,6 +482,8 @@ def _observe_scheduler() -> tuple[dict, dict, dict]:
         step["computed"] = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
         step["computed"].update(zip(cached.req_ids, cached.num_computed_tokens))  # before the step
         step["scheduled"] = scheduler_output.num_scheduled_tokens
+        if steps is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            steps.append(_step_record(self, step["computed"], step["scheduled"], model_runner_output))
         return update(self, scheduler_output, model_runner_output)
 
     def make_spec_decoding_stats(self, *args, **kwargs):
@@ -492,6 +518,238 @@ def _observe_scheduler() -> tuple[dict, dict, dict]:
     Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
     Scheduler._preempt_request = _preempt_request
     return counts, per_pos, scheduling
+
+
+def _step_record(scheduler, computed: dict, scheduled: dict, output) -> dict:
+    """One step of ``_observe_scheduler``'s ``steps``: its schedule (sorted by request) and its sampled tokens."""
+    import time
+
+    sched = []
+    for rid, n in scheduled.items():
+        request = scheduler.requests.get(rid)
+        before = request.num_output_tokens if request is not None else -1
+        sched.append([rid.split("-")[0], int(computed.get(rid, -1)), int(n), int(before)])
+    sched.sort()
+    out: dict[str, list[int]] = {}
+    index = getattr(output, "req_id_to_index", None) or {}
+    sampled = getattr(output, "sampled_token_ids", None)
+    if sampled is not None:
+        for rid, i in index.items():
+            if rid in scheduled and i < len(sampled):
+                out[rid.split("-")[0]] = [int(t) for t in list(sampled[i])]
+    return {"t": time.monotonic(), "sched": sched, "out": out}
+
+
+# -- --model: an operator's model and engine arguments (zb-patch selftest --engine --model) -----------------------
+
+# engine arguments the self-test sets itself (vLLM's argparse dests): named in --engine-args, they are refused
+SELFTEST_SETS = {
+    "model": "the selftest's --model",
+    "async_scheduling": "each run's configuration (sync / async)",
+    "speculative_config": "the selftest's --speculative-config",
+}
+
+
+def flexible_parser():
+    """vLLM's own CLI parser with every engine argument (``EngineArgs.add_cli_args``)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # vLLM 0.13
+        from vllm.utils import FlexibleArgumentParser
+    return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vLLM engine arguments", add_help=False))
+
+
+def parse_engine_args(model: str, engine_args: list[str]) -> Any:
+    """``EngineArgs`` from ``engine_args`` as vLLM's CLI spells them, for ``model``; ValueError naming each argument
+    the self-test sets itself (:data:`SELFTEST_SETS`) or that vLLM's parser refuses."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    parser = flexible_parser()
+    defaults = vars(parser.parse_args(["--model", model]))
+
+    def error(message: str) -> None:
+        raise ValueError(message)
+
+    parser.error = error  # no sys.exit inside the child / the command
+    try:
+        ns = parser.parse_args(["--model", model, *engine_args])
+    except SystemExit as exc:  # argparse's own exit on a malformed value
+        raise ValueError(f"vLLM's parser refused the engine arguments {engine_args} (exit {exc.code})") from None
+    given = [f"{dest} ({why})" for dest, why in SELFTEST_SETS.items() if vars(ns).get(dest) != defaults.get(dest)]
+    if given:
+        raise ValueError("engine arguments the selftest sets itself: " + ", ".join(given))
+    return EngineArgs.from_cli_args(ns)
+
+
+def describe_engine_args(model: str, engine_args: list[str]) -> dict:
+    """What the parent needs of the engine arguments (parsed here, where vLLM and the platform import): ``{"ok":
+    True, tensor / pipeline parallel size, max_model_len, graph_mode}`` -- graph_mode: eager under enforce_eager,
+    piecewise / full_decode_only when the compilation config names that cudagraph_mode, else eager -- or ``{"ok":
+    False, "error"}``."""
+    try:
+        ea = parse_engine_args(model, engine_args)
+    except ValueError as exc:
+        return {"ok": False, "error": str(exc)}
+    mode = getattr(ea.compilation_config, "cudagraph_mode", None)
+    name = str(getattr(mode, "name", mode) or "").lower()
+    return {
+        "ok": True,
+        "tensor_parallel_size": ea.tensor_parallel_size,
+        "pipeline_parallel_size": ea.pipeline_parallel_size,
+        "max_model_len": ea.max_model_len,
+        "graph_mode": "eager" if ea.enforce_eager or name not in ("piecewise", "full_decode_only") else name,
+        "cudagraph_mode": str(mode),
+    }
+
+
+def model_llm_kwargs(model: str, engine_args: list[str], speculative_config: dict | None, async_scheduling: bool):
+    """``LLM(...)``'s keyword arguments: the engine arguments vLLM's parser set away from its defaults, the
+    speculative config, the run's scheduling, the engine's own per-request statistics on (TPOT / ITL)."""
+    import dataclasses
+
+    ea = parse_engine_args(model, engine_args)
+    default = parse_engine_args(model, [])
+    kwargs = {
+        f.name: getattr(ea, f.name)
+        for f in dataclasses.fields(ea)
+        if getattr(ea, f.name) != getattr(default, f.name) or f.name == "model"
+    }
+    kwargs.setdefault("disable_log_stats", False)
+    kwargs["async_scheduling"] = async_scheduling
+    if speculative_config:
+        kwargs["speculative_config"] = speculative_config
+    return kwargs
+
+
+def _worker_install(worker) -> bool:
+    """Run on every worker (``collective_rpc``) once the engine is built: the ACL graph counters of that process."""
+    _WORKER["graph_work"] = count_graph_work()
+    return True
+
+
+def _worker_report(worker) -> dict:
+    """Run on every worker after generating: zero-bubble's state on its runner, zb-patch's status, its graph work."""
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    report = _WORKER.get("graph_work")
+    return {
+        "pid": os.getpid(),
+        "zero_bubble": _zero_bubble_state(runner),
+        "zb_patch_status": _zb_patch_status(),
+        "draft_model": _draft_model_name(runner),
+        **(report() if report else {}),
+    }
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _draft_model_name(runner) -> str:
+    get_model = getattr(getattr(runner, "drafter", None), "get_model", None)
+    return type(get_model()).__name__ if get_model is not None else ""
+
+
+def run_model(args, *, llm_overrides=None, after_build=None) -> int:
+    """One configuration of ``zb-patch selftest --engine --model``: the operator's model with their engine arguments
+    (``--engine-args``, parsed by vLLM's own parser), greedy, each prompt ``--max-tokens`` tokens; writes per request
+    tokens, drafted / accepted, the step-by-step schedule (``steps``), the engine's own per-request timestamps, and
+    from every worker zero-bubble's state and the ACL graph work."""
+    import time
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the EngineCore (its scheduler) in this process
+    with open(args.prompts_file) as f:
+        prompts = json.load(f)
+    speculative = json.loads(args.speculative_config) if args.speculative_config else None
+    kwargs = model_llm_kwargs(args.model, json.loads(args.engine_args), speculative, args.async_scheduling)
+    # the platform's global patches first, as LLM(...) applies them: vllm-ascend replaces vLLM's MLAAttentionSpec,
+    # which the KV-cache managers _observe_scheduler imports key by class (an MLA model: DeepSeek)
+    from vllm.platforms import current_platform
+
+    current_platform.pre_register_and_update()
+    steps: list = []
+    counts, per_pos, scheduling = _observe_scheduler(steps)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**{**kwargs, **(llm_overrides or {})})
+    if _engine_core_elsewhere(llm):
+        raise RuntimeError("the engine self-test needs the EngineCore in this process")
+    _take_drafts_in_process(llm)
+    _dummy_batch_when_no_model_ran(llm)
+    llm.collective_rpc(_worker_install)
+    extra = after_build() if after_build else {}
+    inputs = [
+        TokensPrompt(prompt_token_ids=p["prompt_token_ids"]) if "prompt_token_ids" in p else p["prompt"]
+        for p in prompts
+    ]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    start = time.monotonic()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.monotonic() - start
+    workers = llm.collective_rpc(_worker_report)
+    ids = {str(i): str(p["id"]) for i, p in enumerate(prompts)}
+
+    def rid(engine_id: str) -> str:
+        return ids.get(engine_id.split("-")[0], engine_id)
+
+    config = llm.llm_engine.vllm_config
+    spec = config.speculative_config
+    result = {
+        "tokens": {rid(o.request_id): list(o.outputs[0].token_ids) for o in outs},
+        "prompt_tokens": {rid(o.request_id): len(o.prompt_token_ids or []) for o in outs},
+        "metrics": {rid(o.request_id): _request_metrics(o.metrics) for o in outs},
+        **{field: {rid(r): n for r, n in c.items()} for field, c in counts.items()},
+        **{field: [c[i] for i in range(spec.num_speculative_tokens if spec else 0)] for field, c in per_pos.items()},
+        "steps": [
+            {
+                **s,
+                "sched": [[rid(r), *rest] for r, *rest in s["sched"]],
+                "out": {rid(r): t for r, t in s["out"].items()},
+            }
+            for s in steps
+        ],
+        "generate_seconds": wall,
+        "async_scheduling": config.scheduler_config.async_scheduling,
+        "scheduling": scheduling,
+        "zero_bubble": workers[0]["zero_bubble"],
+        "workers": workers,
+        "zb_patch": os.environ.get("ZB_PATCH", ""),
+        "zb_patch_status": _zb_patch_status(),
+        "worker_zb_patch_status": workers[0]["zb_patch_status"],
+        "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+        "graphs_captured": _graphs_captured(),
+        "graph_replays": _sum_counts(w.get("graph_replays", {}) for w in workers),
+        "host_drains": _sum_counts(w.get("host_drains", {}) for w in workers),
+        "task_group_updates": _sum_counts(w.get("task_group_updates", {}) for w in workers),
+        "speculative_method": getattr(spec, "method", None) if spec else None,
+        "num_speculative_tokens": spec.num_speculative_tokens if spec else 0,
+        "parallel": {
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "data_parallel_size": config.parallel_config.data_parallel_size,
+            "data_parallel_rank": config.parallel_config.data_parallel_rank,
+        },
+        "draft_model": workers[0].get("draft_model", ""),
+        **{k: v for k, v in extra.items() if k not in ("mla_op_calls",)},
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, default=lambda o: dict(o) if isinstance(o, collections.Counter) else str(o))
+    return 0
+
+
+def _sum_counts(dicts) -> dict:
+    total: collections.Counter = collections.Counter()
+    for d in dicts:
+        total.update(d)
+    return dict(total)
+
+
+def _request_metrics(stats) -> dict:
+    """The engine's own per-request timestamps (vLLM's ``RequestStateStats``, engine-core monotonic clock)."""
+    if stats is None:
+        return {}
+    fields = ("num_generation_tokens", "first_token_ts", "last_token_ts", "scheduled_ts", "first_token_latency")
+    return {f: getattr(stats, f) for f in fields if hasattr(stats, f)}
 
 
 if __name__ == "__main__":
