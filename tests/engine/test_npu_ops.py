@@ -132,15 +132,16 @@ def test_rotary_embedding_refuses_other_modes():
         rope._npu_rotary_embedding(positions, rnd(2, 2, 8, dtype=HALF), rnd(2, 8, dtype=HALF), 8, cache, True)
 
 
-def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads):
-    """q_rows [q, N, D]; keys/values [kv, KVN, D]; causal with the diagonal at the bottom right."""
+def _naive_attention(q_rows, keys, values, scale, n_heads, kv_heads, causal=True):
+    """q_rows [q, N, D]; keys/values [kv, KVN, D]; causal with the diagonal at the bottom right, or (``causal``
+    False) every query row over every key."""
     q_len, kv_len = q_rows.shape[0], keys.shape[0]
     q_rows, keys, values = q_rows.double(), keys.double(), values.double()
     out = torch.zeros_like(q_rows)
     for i in range(q_len):
         for h in range(n_heads):
             kh = h // (n_heads // kv_heads)
-            visible = range(kv_len - q_len + i + 1)
+            visible = range(kv_len - q_len + i + 1) if causal else range(kv_len)
             scores = [float(q_rows[i, h] @ keys[j, kh]) * scale for j in visible]
             m = max(scores)
             w = [math.exp(s - m) for s in scores]
@@ -244,11 +245,48 @@ def test_ops_stay_on_the_inputs_device_without_reading_values():
     assert [t.device for t in outputs] == [meta] * len(outputs)
 
 
+def test_fia_without_mask_attends_every_kv_token():
+    """sparse_mode=0 without atten_mask (the releases/v0.18.0 head's DecodeOnly call, #10302): no mask. Request 0
+    decodes 1 token over 10 KV (equal to right-down causal there); request 1's 3 query rows each see all 6 KV tokens,
+    which right-down causal would not."""
+    n, kvn, d, bs, nblocks = 4, 2, 8, 4, 10
+    kc, vc = rnd(nblocks, bs, kvn, d, dtype=HALF), rnd(nblocks, bs, kvn, d, dtype=HALF)
+    table = torch.tensor([[1, 9, 4], [5, 3, 0]], dtype=torch.int32)
+    q_lens, kv_lens = [1, 3], [10, 6]
+    q = rnd(sum(q_lens), n, d, dtype=HALF)
+    args = dict(
+        block_table=table,
+        input_layout="TND",
+        block_size=bs,
+        actual_seq_lengths=[1, 4],
+        actual_seq_lengths_kv=kv_lens,
+        num_key_value_heads=kvn,
+        num_heads=n,
+        scale=0.25,
+    )
+    out, _ = attention.npu_fused_infer_attention_score(
+        q, kc.view(nblocks, bs, -1), vc.view(nblocks, bs, -1), sparse_mode=0, **args
+    )
+    causal, _ = attention.npu_fused_infer_attention_score(
+        q, kc.view(nblocks, bs, -1), vc.view(nblocks, bs, -1), sparse_mode=3, atten_mask=MASK, **args
+    )
+    start = 0
+    for b, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        keys = torch.stack([kc[table[b, j // bs], j % bs] for j in range(kl)])
+        vals = torch.stack([vc[table[b, j // bs], j % bs] for j in range(kl)])
+        ref = _naive_attention(q[start : start + ql], keys, vals, 0.25, n, kvn, causal=False)
+        torch.testing.assert_close(out[start : start + ql].double(), ref, **BF16_TOL)
+        start += ql
+    torch.testing.assert_close(out[:1], causal[:1])  # one query token: the same as right-down causal
+    assert not torch.allclose(out[1:3], causal[1:3])  # earlier query rows see keys causal hides
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"input_layout": "BSH"}, "input_layout='BSH'"),
-        ({"sparse_mode": 0}, "sparse_mode=0"),
+        ({"sparse_mode": 0}, "sparse_mode=0 with atten_mask"),
+        ({"sparse_mode": 1}, "sparse_mode=1"),
         ({"atten_mask": None}, "without atten_mask"),
         ({"pre_tokens": 128}, "pre_tokens=128"),
         ({"antiquant_scale": torch.ones(1)}, "antiquant_scale"),

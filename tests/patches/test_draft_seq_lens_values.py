@@ -69,9 +69,11 @@ def target(cpu_worker):
     from zb_patch.versions import fingerprint_in_tree, native
 
     if FAMILY == "0.18":
-        from zb_patch.versions.ascend_0_18 import DRAFT_LENGTHS_AT_MAX_MODEL_LEN as patch
+        from zb_patch.versions.ascend_0_18 import ADAPTER
     else:
-        from zb_patch.versions.ascend_0_19_0_25 import DRAFT_LENGTHS_AT_MAX_MODEL_LEN as patch
+        from zb_patch.versions.ascend_0_19_0_25 import ADAPTER
+    # the adapter's spec: its native forms include those of the recorded commits (a maintenance-branch head)
+    (patch,) = [p for p in ADAPTER.patch_set.patches if p.id == "draft-seq-lens-max-model-len"]
     resolved = R.resolve(patch.target, import_missing=True)
     assert resolved.found, resolved.reason
     fp = fingerprint_in_tree(native.installed_root(), patch.target)

@@ -3,9 +3,10 @@ vllm-ascend 0.18's ``AscendAttentionBackendImpl`` calls in eager mode with specu
 (``using_paged_attention`` is False whenever a speculative config is set, so ``_npu_paged_attention`` is not
 reached).
 
-Implemented mode -- exactly how ``forward_fused_infer_attention`` calls it for every attention state
+Implemented modes -- exactly how ``forward_fused_infer_attention`` calls it for every attention state
 (PrefillNoCache, PrefillCacheHit, ChunkedPrefill, DecodeOnly, SpecDecoding):
-``input_layout="TND"``, ``sparse_mode=3``, ``scale``, ``num_heads``, ``num_key_value_heads``.
+``input_layout="TND"``, ``sparse_mode=3`` (or ``0`` without a mask), ``scale``, ``num_heads``,
+``num_key_value_heads``.
 
 - ``query [T, N, D]``: the batch's query tokens, request after request.
 - ``actual_seq_lengths``: cumulative query ends per request (``query_start_loc[1:]``); request ``b`` owns
@@ -19,6 +20,9 @@ Implemented mode -- exactly how ``forward_fused_infer_attention`` calls it for e
 - ``sparse_mode=3`` ("rightDownCausal"): query row ``i`` of a request with ``q`` query and ``kv`` KV tokens
   attends KV tokens ``j <= kv - q + i`` (the causal diagonal aligned to the bottom right). On the NPU the
   mask comes in as the compressed 2048x2048 ``atten_mask``; it must be given and is otherwise not read here.
+- ``sparse_mode=0`` ("defaultMask") without ``atten_mask``: no mask, every query row attends all ``kv`` KV tokens of
+  its request. The ``releases/v0.18.0`` head calls it so for the DecodeOnly state (#10302: one query token per
+  request, where it equals right-down causal). ``sparse_mode=0`` with a mask is refused (not used).
 - grouped-query attention: head ``h`` reads KV head ``h // (N // KVN)``.
 Returns ``(attention_out [T, N, D], softmax_lse [T, N, 1] float32)``; softmax in float32.
 ``query`` / ``key`` / ``value`` are float16 or bfloat16, one dtype (the op's documented types; int8 only with the
@@ -80,10 +84,13 @@ def npu_fused_infer_attention_score(
     dtypes(OP, HALF, query=query, key=key, value=value)
     if input_layout != "TND":
         raise unsupported(OP, f"input_layout={input_layout!r} (only 'TND')")
-    if sparse_mode != 3:
-        raise unsupported(OP, f"sparse_mode={sparse_mode} (only 3, right-down causal)")
-    if atten_mask is None:
+    if sparse_mode == 0 and atten_mask is not None:
+        raise unsupported(OP, "sparse_mode=0 with atten_mask (only without: no mask)")
+    if sparse_mode not in (0, 3):
+        raise unsupported(OP, f"sparse_mode={sparse_mode} (only 3, right-down causal, or 0 without a mask)")
+    if sparse_mode == 3 and atten_mask is None:
         raise unsupported(OP, "sparse_mode=3 without atten_mask (the NPU op requires the compressed mask)")
+    causal = sparse_mode == 3
     kv_heads = num_key_value_heads or num_heads
     tokens, heads, head_dim = query.shape
     if heads != num_heads or num_heads % kv_heads:
@@ -131,9 +138,10 @@ def npu_fused_infer_attention_score(
         k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [N, kv, D]
         v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [N, q, kv]
-        kv_pos, q_pos = torch.arange(kv_len, device=query.device), torch.arange(q_len, device=query.device)
-        allowed = kv_pos[None, :] <= (kv_len - q_len + q_pos)[:, None]
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        if causal:
+            kv_pos, q_pos = torch.arange(kv_len, device=query.device), torch.arange(q_len, device=query.device)
+            allowed = kv_pos[None, :] <= (kv_len - q_len + q_pos)[:, None]
+            scores = scores.masked_fill(~allowed, float("-inf"))
         lse[q_start:q_end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)[..., None]
         out[q_start:q_end] = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(query.dtype)
         q_start = q_end
