@@ -12,17 +12,8 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import HOST, ONE_STREAM, Guard, Patch, PatchSet, RestsOn
-from . import (
-    REFUSED_HERE,
-    STILL_HOLDS,
-    Adapter,
-    Form,
-    FormDecision,
-    early_output,
-    graph_replay,
-    npu_runner,
-    spec_fixes,
-)
+from . import early_output, graph_replay, npu_runner, spec_fixes
+from .adapter import REFUSED_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
