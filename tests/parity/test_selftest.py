@@ -164,11 +164,13 @@ def test_upstream_correction_formula(suite):
 
 
 # `zb-patch selftest` (the CLI command, in a fresh process) with every zero_bubble entry point the product's runner
-# wrappers use counted: names looked up on the module at call time, the class's calls through its __call__.
+# wrappers use counted: names looked up at call time on the package and on the module defining them (a function of
+# zero_bubble calling another), the class's calls through its __call__.
 _PRODUCT_CODE = r"""
 import json, sys
 from zb_patch import cli
 from zb_patch import zero_bubble as zb
+from zb_patch.zero_bubble import batch, counts, device
 
 names, out = json.loads(sys.argv[1]), sys.argv[2]
 called = set()
@@ -183,8 +185,11 @@ for name in names:
     obj = getattr(zb, name)
     if isinstance(obj, type):
         obj.__call__ = counted(name, obj.__call__)
-    else:
-        setattr(zb, name, counted(name, obj))
+        continue
+    wrapped = counted(name, obj)
+    for module in (zb, batch, counts, device):
+        if getattr(module, name, None) is obj:
+            setattr(module, name, wrapped)
 code = cli.main(["selftest", "--steps", "60", "--seed", "3", "--quiet"])
 with open(out, "w") as fh:
     json.dump({"code": code, "called": sorted(called)}, fh)
@@ -212,7 +217,8 @@ def _product_zero_bubble_names() -> set[str]:
 def test_selftest_runs_the_product_zero_bubble_code(tmp_path):
     """`zb-patch selftest` runs the zero-bubble arithmetic vLLM runs: every zero_bubble entry point the product's
     runner wrappers call (optimistic counts, batch-change map, device correction and slot mapping, exact CPU
-    seq_lens, deferred corrections) is called by the self-test -- one copy, no inline twin on either side."""
+    seq_lens, the deferred correction's rejected drafts) is called by the self-test -- one copy, no inline twin on
+    either side."""
     names = _product_zero_bubble_names()
     assert names >= {
         "optimistic_advance",
@@ -220,7 +226,7 @@ def test_selftest_runs_the_product_zero_bubble_code(tmp_path):
         "CountCorrection",
         "slot_mapper",
         "correct_seq_lens_cpu",
-        "deferred_cpu_corrections",
+        "rejected_tokens",
     }, names
     out = tmp_path / "called.json"
     proc = subprocess.run(

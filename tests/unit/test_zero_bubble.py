@@ -44,9 +44,8 @@ def test_prev_positions_follow_reorder_condense_and_new_requests():
 # ------------------------------------------------------------------------------------------------
 def test_optimistic_advance_resets_and_records_at_previous_rows():
     buf = np.full(6, 9, dtype=np.int32)
-    placeholders = zb.optimistic_advance(np.array([3, -1, 0]), np.array([2, 4, 1]), buf)
+    zb.optimistic_advance(np.array([3, -1, 0]), np.array([2, 4, 1]), buf)
     assert buf.tolist() == [1, 0, 0, 2, 0, 0]
-    assert placeholders.tolist() == [2, 4, 1]
     buf2 = np.full(3, 5, dtype=np.int32)
     zb.optimistic_advance(np.array([1]), np.array([3]), buf2, reset=False)
     assert buf2.tolist() == [5, 3, 5]
@@ -388,10 +387,11 @@ def test_deferred_corrections_single_previous_row_and_dtype():
     assert corr.tolist() == [2, 0] and corr.dtype == np.int64
 
 
-def test_optimistic_advance_returns_int64_placeholders():
-    buf = np.zeros(4, dtype=np.int32)
-    got = zb.optimistic_advance(np.array([2], dtype=np.int32), np.array([3], dtype=np.int32), buf)
-    assert got.dtype == np.int64 and buf.tolist() == [0, 0, 3, 0]
+def test_optimistic_advance_takes_the_runner_lists_and_arrays_alike():
+    for prev, drafts in (([2, -1], [3, 5]), (np.array([2, -1], dtype=np.int32), np.array([3, 5], dtype=np.int32))):
+        buf = np.full(4, 9, dtype=np.int32)
+        zb.optimistic_advance(prev, drafts, buf)
+        assert buf.tolist() == [0, 0, 3, 0]
 
 
 def test_backup_token_indices_and_ids_at_the_row_edges():

@@ -456,13 +456,12 @@ class ZeroBubble:
         if valid:
             from .. import zero_bubble
 
-            queue = st.queue
-            corrections = zero_bubble.deferred_cpu_corrections([q[2] for q in queue], [q[1] for q in queue], valid)
+            rejected = zero_bubble.rejected_tokens
             requests = runner.requests
-            for (req_id, _, _), correction in zip(queue, corrections.tolist()):
+            for req_id, drafts, row in st.queue:
                 req_state = requests.get(req_id)
-                if req_state is not None:
-                    req_state.num_computed_tokens -= correction
+                if req_state is not None and row < len(valid):
+                    req_state.num_computed_tokens -= rejected(drafts, int(valid[row]))
         st.queue = []
         st.valid_host = None
 
