@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib
-import io
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
 
 from . import __version__
+from .console import run_command
 
 DOCTOR_SCHEMA = "zb-patch-doctor/1"
 EXIT_OK, EXIT_SETTINGS, EXIT_REFUSED = 0, 1, 2
@@ -494,48 +492,6 @@ def cmd_fingerprints(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """While the block runs, everything written to stdout goes to stderr: Python code (``sys.stdout``, and
-    vLLM's log handler, which binds the ``sys.stdout`` of vLLM's first import), C extensions and child
-    processes (file descriptor 1)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        _flush_c_stdio()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _flush_c_stdio() -> None:
-    """C-level ``printf`` output buffered in libc still belongs to the redirected descriptor."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):  # no C library to ask (not Linux / macOS)
-        pass
-
-
-def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run a command; it writes its result to ``args.out``. With ``--json`` stdout carries that one JSON
-    document and nothing else: every other line (ours, vLLM's, a C extension's, a child's) goes to stderr."""
-    if not getattr(args, "json", False):
-        args.out = sys.stdout
-        return func(args)
-    args.out = io.StringIO()
-    with _stdout_to_stderr():
-        code = func(args)
-    sys.stdout.write(args.out.getvalue())
-    sys.stdout.flush()
-    return code
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -121,7 +121,7 @@ def test_fast_path_equals_whole_file_on_every_function_of_the_upstream_modules(s
 
     monkeypatch.setattr(R, "_file_compiles_to", counted)
 
-    modules = sorted({V.split_target(t)[0] for a in V.adapters() for t in _targets(a)} & set(sys.modules))
+    modules = sorted({R.split_target(t)[0] for a in V.adapters() for t in _targets(a)} & set(sys.modules))
     assert modules
     compared, fallbacks = 0, []
     for name in modules:

@@ -44,9 +44,9 @@ SAMPLE = [
     "zb_patch.versions.npu_runner.xǁZeroBubbleǁdevice_correction__mutmut_36",  # previous rows not remapped
     "zb_patch.versions.npu_runner.xǁZeroBubbleǁexact_host_counts__mutmut_2",  # exact CPU counts without the wait
     # killed only by tests written for survivors (docs/mutation.md)
-    "zb_patch.versions.npu_runner.xǁZeroBubbleǁmake_update_states__mutmut_53",  # optimistic count drafts + 2
-    "zb_patch.versions.npu_runner.xǁZeroBubbleǁmake_update_states__mutmut_50",  # a row past the previous batch
-    "zb_patch.versions.npu_runner.xǁZeroBubbleǁapply_deferred__mutmut_17",  # a row past the counts
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁmake_update_states__mutmut_68",  # optimistic count drafts + 2
+    "zb_patch.versions.npu_runner.xǁZeroBubbleǁmake_update_states__mutmut_65",  # a row past the previous batch
+    "zb_patch.zero_bubble.counts.x_deferred_cpu_corrections__mutmut_26",  # a row past the counts (deferred)
     "zb_patch.versions.npu_runner.x_slot_mapper__mutmut_3",  # one slot mapper per block table
     "zb_patch.zero_bubble.batch.x_remap_accepted_counts__mutmut_17",  # stale rows past num_prev
     "zb_patch.zero_bubble.device.x__subtract_rejected__mutmut_21",  # the same, base="cpu"

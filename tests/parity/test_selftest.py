@@ -161,3 +161,82 @@ def test_upstream_correction_formula(suite):
         assert rep["ok"], json.dumps(rep["examples"], indent=1)[:3000]
     else:
         assert not rep["ok"]
+
+
+# `zb-patch selftest` (the CLI command, in a fresh process) with every zero_bubble entry point the product's runner
+# wrappers use counted: names looked up at call time on the package and on the module defining them (a function of
+# zero_bubble calling another), the class's calls through its __call__.
+_PRODUCT_CODE = r"""
+import json, sys
+from zb_patch import cli
+from zb_patch import zero_bubble as zb
+from zb_patch.zero_bubble import batch, counts, device
+
+names, out = json.loads(sys.argv[1]), sys.argv[2]
+called = set()
+
+def counted(name, fn):
+    def wrapper(*args, **kwargs):
+        called.add(name)
+        return fn(*args, **kwargs)
+    return wrapper
+
+for name in names:
+    obj = getattr(zb, name)
+    if isinstance(obj, type):
+        obj.__call__ = counted(name, obj.__call__)
+        continue
+    wrapped = counted(name, obj)
+    for module in (zb, batch, counts, device):
+        if getattr(module, name, None) is obj:
+            setattr(module, name, wrapped)
+code = cli.main(["selftest", "--steps", "60", "--seed", "3", "--quiet"])
+with open(out, "w") as fh:
+    json.dump({"code": code, "called": sorted(called)}, fh)
+"""
+
+
+def _product_zero_bubble_names() -> set[str]:
+    """Every ``zero_bubble.<name>`` the product's zero-bubble code (the runner wrappers of vllm-ascend 0.13 / 0.18 and
+    their release hooks) uses, read from the source."""
+    import ast
+
+    import zb_patch.versions as V
+
+    names = set()
+    root = os.path.dirname(V.__file__)
+    for module in ("npu_runner.py", "ascend_0_13.py", "ascend_0_18.py"):
+        with open(os.path.join(root, module), encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "zero_bubble":
+                names.add(node.attr)
+    return names
+
+
+def test_selftest_runs_the_product_zero_bubble_code(tmp_path):
+    """`zb-patch selftest` runs the zero-bubble arithmetic vLLM runs: every zero_bubble entry point the product's
+    runner wrappers call (optimistic counts, batch-change map, device correction and slot mapping, exact CPU
+    seq_lens, the deferred correction's rejected drafts) is called by the self-test -- one copy, no inline twin on
+    either side."""
+    names = _product_zero_bubble_names()
+    assert names >= {
+        "optimistic_advance",
+        "compute_prev_positions",
+        "CountCorrection",
+        "slot_mapper",
+        "correct_seq_lens_cpu",
+        "rejected_tokens",
+    }, names
+    out = tmp_path / "called.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRODUCT_CODE, json.dumps(sorted(names)), str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["code"] == 0
+    assert set(result["called"]) == names

@@ -270,7 +270,6 @@ def test_parity_scheduler_edge_cases(H, release, sess):
 
 
 def test_parity_on_triton_kernels(H, release, ZB, sess):
-    from zb_patch import kernels
     from zb_patch.kernels._launch import interpret_mode
 
     if not interpret_mode():
@@ -279,11 +278,9 @@ def test_parity_on_triton_kernels(H, release, ZB, sess):
     assert res["divergences"] == 0, res["examples"]
     _check_waits(res)
     buffers = res["runners"][1].__dict__[ZB.state_attr].buffers
-    if ZB.count_base == "previous":
-        assert type(buffers.token_counts).__name__ == "TokenCountsLauncher"
-    else:
-        assert buffers.token_counts is None
-        assert kernels._triton_update_token_counts is not None  # zero_bubble.correct_counts took the Triton path
+    # one route on both releases: zero_bubble.CountCorrection with the release's base, over the bound Triton launcher
+    assert type(buffers.counts) is zero_bubble.CountCorrection and buffers.counts.base == ZB.count_base
+    assert type(buffers.counts.launch).__name__ == "TokenCountsLauncher"
     assert all(type(m).__name__ == "SlotMappingLauncher" for _, m in buffers.slot_mappers.values())
 
 
@@ -411,8 +408,9 @@ def test_kernels_compiled_at_kv_cache_initialisation(H, ZB, sess):
     assert calls == [(runner, ("kv config",), {"flag": 1})]
     assert len(ZB.compile_seconds) == compiled + 1 and 0 <= ZB.compile_seconds[-1] < 60
     assert runner.seq_lens.gpu.eq(0).all() and runner.positions.gpu.eq(9).all() and b.num_computed.eq(0).all()
-    if type(b.token_counts).__name__ == "TokenCountsLauncher":  # Triton (interpreted here): the correcting variant
-        assert set(b.token_counts._launchers) == {True}
+    if type(b.counts.launch).__name__ == "TokenCountsLauncher":  # Triton (interpreted here): the variant a corrected
+        # step launches -- base "previous" the correcting one, base "cpu" the copy of its corrected CPU counts
+        assert set(b.counts.launch._launchers) == {ZB.count_base == "previous"}
     for t in tables:
         assert t.slot_mapping.gpu[: t.max_num_batched_tokens].eq(-1).all()
 

@@ -87,3 +87,41 @@ def test_only_the_cli_imports_the_diagnostics_and_only_lazily():
             importers[name] = hits
     assert set(importers) == {"zb_patch.cli"}
     assert not [t for t, top in importers["zb_patch.cli"] if top], "zb_patch.cli imports zb_patch.check at module level"
+
+
+def _names_taken_from_ancestors(name: str) -> list[str]:
+    """``package.name`` for every name module ``name`` imports from a package above it (its own package included)
+    that is not a submodule: a name defined in that package's ``__init__``, i.e. an import back up."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            base = f"{anchor}.{base}" if base else anchor
+        if base in MODULES and _is_package(base) and (name == base or name.startswith(base + ".")) and base != name:
+            found += [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" not in MODULES]
+    return found
+
+
+def test_no_module_imports_a_name_back_up_from_a_package_above_it():
+    """An adapter module takes the adapter types from versions.adapter and the source-tree fingerprints from
+    versions.source, never from the table in versions/__init__ (which imports the adapters); the diagnostics take
+    run_command from zb_patch.console, never from the CLI that imports them. Submodules are fine (``from . import
+    spec_fixes``); the package version (``zb_patch.__version__``) is the one name the package root exports. A
+    ``__main__`` (an entry point: it runs after its package and nothing imports it) may use its package's API."""
+    up = {n: hits for n in MODULES if not n.endswith(".__main__") and (hits := _names_taken_from_ancestors(n))}
+    allowed = {"zb_patch.__version__"}
+    assert {n: h for n, h in up.items() if set(h) - allowed} == {}
+    assert "zb_patch.versions.adapter" in MODULES and "zb_patch.versions.source" in MODULES
+
+
+def test_the_diagnostics_never_import_the_cli():
+    """check/ is imported by the CLI (lazily); it reaches the CLI's helpers through zb_patch.console instead."""
+    for name in MODULES:
+        if name == CHECK or name.startswith(CHECK + "."):
+            assert "zb_patch.cli" not in {t for t, _ in _imports(name)}, name
+    assert ("zb_patch.console", True) in _imports("zb_patch.check.selftest.__main__")

@@ -16,7 +16,7 @@ import sys
 # extension), a raw write to file descriptor 1, and a child process that inherits it.
 NOISY = r"""
 import argparse, ctypes, logging, os, subprocess, sys
-from zb_patch import cli
+from zb_patch import console
 
 handler = logging.StreamHandler(sys.stdout)
 log = logging.getLogger("noisy")
@@ -34,7 +34,7 @@ def noisy(args):
     return 3
 
 ns = argparse.Namespace(json=JSON)
-code = cli.run_command(noisy, ns)
+code = console.run_command(noisy, ns)
 print("after the command")
 sys.exit(code)
 """

@@ -44,9 +44,8 @@ def test_prev_positions_follow_reorder_condense_and_new_requests():
 # ------------------------------------------------------------------------------------------------
 def test_optimistic_advance_resets_and_records_at_previous_rows():
     buf = np.full(6, 9, dtype=np.int32)
-    placeholders = zb.optimistic_advance(np.array([3, -1, 0]), np.array([2, 4, 1]), buf)
+    zb.optimistic_advance(np.array([3, -1, 0]), np.array([2, 4, 1]), buf)
     assert buf.tolist() == [1, 0, 0, 2, 0, 0]
-    assert placeholders.tolist() == [2, 4, 1]
     buf2 = np.full(3, 5, dtype=np.int32)
     zb.optimistic_advance(np.array([1]), np.array([3]), buf2, reset=False)
     assert buf2.tolist() == [5, 3, 5]
@@ -227,19 +226,20 @@ def test_zero_bubble_chain_equals_classic(case, sched_extra):
     positions = torch.zeros(64, dtype=torch.int64)
     req_idx = torch.from_numpy(np.repeat(np.arange(n), nst)).to(torch.int64)
     qpos = torch.from_numpy(np.concatenate([np.arange(x) for x in nst]) if n else np.zeros(0, dtype=np.int64))
-    zb.correct_counts(
-        dev_nc,
-        None,
-        torch.from_numpy(prev_pos.copy()),
-        torch.from_numpy(valid_buf[:n_prev].copy()),
-        torch.from_numpy(prev_drafts.copy()),
-        torch.from_numpy(optimistic.copy()),
-        torch.from_numpy(nst.copy()),
-        seq_lens,
-        num_reqs=n,
+    correction = zb.CountCorrection(
+        num_computed_tokens=dev_nc,
+        seq_lens=seq_lens,
+        num_scheduled_tokens=torch.from_numpy(nst.copy()),
+        prev_positions=torch.from_numpy(prev_pos.copy()),
+        prev_num_draft_tokens=torch.from_numpy(prev_drafts.copy()),
         req_indices=req_idx,
         query_pos=qpos.to(torch.int64),
         positions=positions,
+    )
+    correction(
+        n,
+        torch.from_numpy(optimistic.copy()),
+        torch.from_numpy(valid_buf[:n_prev].copy()),
         num_tokens=int(nst.sum()),
         num_prev_reqs=n_prev,
     )
@@ -271,22 +271,24 @@ def _device_correct(base, prev_pos, valid, drafts, cpu, prev_nc, n_prev):
     pos = torch.zeros(16, dtype=torch.int64)
     nst = torch.ones(n, dtype=torch.int32)
     acc = torch.ones(n, dtype=torch.int32)
-    zb.correct_counts(
-        nc,
-        acc,
-        torch.tensor(prev_pos, dtype=torch.int64),
-        torch.tensor(valid, dtype=torch.int64),
-        torch.tensor(drafts, dtype=torch.int32),
-        torch.tensor(cpu, dtype=torch.int32),
-        nst,
-        seq,
-        num_reqs=n,
+    correction = zb.CountCorrection(
+        num_computed_tokens=nc,
+        seq_lens=seq,
+        num_scheduled_tokens=nst,
+        prev_positions=torch.tensor(prev_pos, dtype=torch.int64),
+        prev_num_draft_tokens=torch.tensor(drafts, dtype=torch.int32),
         req_indices=torch.arange(n, dtype=torch.int64),
         query_pos=torch.zeros(n, dtype=torch.int64),
         positions=pos,
+        num_accepted_tokens=acc,
+        base=base,
+    )
+    correction(
+        n,
+        torch.tensor(cpu, dtype=torch.int32),
+        torch.tensor(valid, dtype=torch.int64),
         num_tokens=n,
         num_prev_reqs=n_prev,
-        base=base,
     )
     return nc[:n].tolist(), acc.tolist(), seq[:n].tolist(), pos[:n].tolist()
 
@@ -311,7 +313,7 @@ def test_cpu_base_is_right_when_the_previous_step_also_caught_up_tokens():
 
 
 def test_correction_base_is_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="base"):
         _device_correct("nope", [0], [1], [1], [1], [0], 1)
 
 
@@ -335,23 +337,25 @@ def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num
     acc = torch.full((8,), -5, dtype=torch.int32)
     seq = torch.full((8,), -9, dtype=torch.int32)
     pos = torch.full((16,), -9, dtype=torch.int64)
-    zb.correct_counts(
-        nc,
-        acc,
-        None if prev_pos is None else torch.tensor(prev_pos, dtype=torch.int64),
-        None if valid is None else torch.tensor(valid, dtype=torch.int64),
-        None if drafts is None else torch.tensor(drafts, dtype=torch.int32),
-        torch.tensor(_CPU + [77], dtype=torch.int32),
-        torch.full((8,), 2, dtype=torch.int32),
-        seq,
-        num_reqs=n,
+    correction = zb.CountCorrection(
+        num_computed_tokens=nc,
+        seq_lens=seq,
+        num_scheduled_tokens=torch.full((8,), 2, dtype=torch.int32),
+        prev_positions=torch.tensor(_PREV_POS if prev_pos is None else prev_pos, dtype=torch.int64),
+        prev_num_draft_tokens=torch.tensor(_PREV_DRAFTS if drafts is None else drafts, dtype=torch.int32),
         req_indices=torch.arange(n, dtype=torch.int64).repeat_interleave(2),
         query_pos=torch.tensor([0, 1] * n, dtype=torch.int64),
         positions=pos,
+        num_accepted_tokens=acc,
+        base=base,
+    )
+    correction(
+        n,
+        torch.tensor(_CPU + [77], dtype=torch.int32),
+        None if valid is None else torch.tensor(valid, dtype=torch.int64),
         num_tokens=tokens,
         num_positions=num_positions,
         num_prev_reqs=num_prev,
-        base=base,
     )
     return nc[:n].tolist(), acc.tolist(), seq.tolist(), pos.tolist()
 
@@ -371,7 +375,8 @@ def test_correct_counts_participation_bounds_and_padding(base):
 
 @pytest.mark.parametrize("base", ["previous", "cpu"])
 def test_correct_counts_without_previous_counts(base):
-    """An empty count tensor (nothing to gather from) and no previous step at all: the CPU counts are copied."""
+    """An empty count tensor (nothing to gather from) and no previous step at all (no valid counts: the buffers are
+    bound but not read): the CPU counts are copied."""
     assert _correct(base, valid=[], drafts=[], num_prev=None)[0] == _CPU
     assert _correct(base, valid=None, drafts=None, prev_pos=None, num_prev=None)[0] == _CPU
     assert _correct(base, num_prev=None)[0][:3] == _EXACT[:3]  # num_prev defaults to the count tensor's length
@@ -382,10 +387,11 @@ def test_deferred_corrections_single_previous_row_and_dtype():
     assert corr.tolist() == [2, 0] and corr.dtype == np.int64
 
 
-def test_optimistic_advance_returns_int64_placeholders():
-    buf = np.zeros(4, dtype=np.int32)
-    got = zb.optimistic_advance(np.array([2], dtype=np.int32), np.array([3], dtype=np.int32), buf)
-    assert got.dtype == np.int64 and buf.tolist() == [0, 0, 3, 0]
+def test_optimistic_advance_takes_the_runner_lists_and_arrays_alike():
+    for prev, drafts in (([2, -1], [3, 5]), (np.array([2, -1], dtype=np.int32), np.array([3, 5], dtype=np.int32))):
+        buf = np.full(4, 9, dtype=np.int32)
+        zb.optimistic_advance(prev, drafts, buf)
+        assert buf.tolist() == [0, 0, 3, 0]
 
 
 def test_backup_token_indices_and_ids_at_the_row_edges():
@@ -398,14 +404,14 @@ def test_backup_token_indices_and_ids_at_the_row_edges():
     assert got.tolist() == [0, 7, 11]
 
 
-def test_device_slot_mapping_entry_point():
-    """zero_bubble.slot_mapping forwards every argument (num_reqs and the context-parallel options included)."""
+def test_device_slot_mapper_entry_point():
+    """zero_bubble.slot_mapper forwards every argument (num_reqs and the context-parallel options included)."""
     bt = torch.arange(32, dtype=torch.int32).reshape(4, 8)
     qsl, pos = torch.tensor([0, 2, 3, 4], dtype=torch.int32), torch.tensor([0, 5, 1, 2])
     out = torch.zeros(8, dtype=torch.int64)
-    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=2)
+    zb.slot_mapper(bt, out, block_size=4, max_num_tokens=6)(2, qsl, pos)
     assert out.tolist() == [0, 5, 33, -1, -1, -1, 0, 0]  # the fourth token belongs to no request of the two
-    zb.slot_mapping(qsl, pos, bt, out, block_size=4, max_num_tokens=6, num_reqs=3, dcp_world_size=2, dcp_rank=1)
+    zb.slot_mapper(bt, out, block_size=4, max_num_tokens=6, dcp_world_size=2, dcp_rank=1)(3, qsl, pos)
     assert out.tolist() == [-1, 2, 32, -1, -1, -1, 0, 0]  # rank 1 of 2 owns the odd positions, at local p // 2
 
 

@@ -12,17 +12,8 @@ docs/releases/ascend-0.13.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import HOST, ONE_STREAM, Guard, Patch, PatchSet, RestsOn
-from . import (
-    REFUSED_HERE,
-    STILL_HOLDS,
-    Adapter,
-    Form,
-    FormDecision,
-    early_output,
-    graph_replay,
-    npu_runner,
-    spec_fixes,
-)
+from . import early_output, graph_replay, npu_runner, spec_fixes
+from .adapter import REFUSED_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -384,7 +375,7 @@ INIT_MODEL_KWARGS = Patch(
     "has no draft ids and gets a host gather that may read a -1 placeholder: junk the rejection sampler rejects "
     "in both modes, but never an embedding index; the release embeds multimodal / prompt-embeds inputs right "
     "after this call; no host work, no sync); device counts = private snapshot of this step's CPU counts minus "
-    "step N's rejected drafts (zero_bubble.correct_counts base='cpu' -- vLLM 0.13's scheduler can schedule a "
+    "step N's rejected drafts (zero_bubble.CountCorrection base='cpu' -- vLLM 0.13's scheduler can schedule a "
     "row catch-up tokens and drafts in one step, so upstream's 'previous device count + valid count' is wrong "
     "here; docs/selftest.md), fused with positions.gpu / seq_lens.gpu, then zb-patch's slot-mapping kernel on "
     "every table the release maps. Then the host waits for step N's counts (valid_sampled_token_count_event, "

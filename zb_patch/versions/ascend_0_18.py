@@ -9,7 +9,8 @@ docs/releases/ascend-0.18.md: what is verified and how.
 from __future__ import annotations
 
 from ..registry import HOST, Guard, Patch, PatchSet, RestsOn
-from . import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision, early_output, graph_replay, npu_runner, spec_fixes
+from . import early_output, graph_replay, npu_runner, spec_fixes
+from .adapter import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 
 from ..registry import BACKPORT, UPSTREAM, Advisory, Guard, Patch, PatchSet, RestsOn
-from . import Adapter, spec_fixes
+from . import spec_fixes
+from .adapter import Adapter
 
 
 def _make_compute_slot_mapping(original):

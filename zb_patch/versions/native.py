@@ -151,7 +151,7 @@ class AdvisoryCheck:
 
 def check_advisories(vllm_root: str | None) -> tuple[AdvisoryCheck, ...]:
     """Every native advisory against the vLLM sources under ``vllm_root`` (the directory holding ``vllm/``)."""
-    from . import _parsed, fingerprint_in_tree
+    from .source import _parsed, fingerprint_in_tree
 
     out = []
     for adv in ADVISORIES:
@@ -196,7 +196,7 @@ class Check:
 def check_tree(root: str) -> tuple[Check, ...]:
     """Every native form checked against the vllm-ascend sources under ``root`` (the directory that holds
     ``vllm_ascend/``)."""
-    from . import _parsed, fingerprint_in_tree
+    from .source import _parsed, fingerprint_in_tree
 
     out = []
     for form in FORMS:

@@ -65,7 +65,7 @@ class Buffers:
     num_scheduled: Any  # CpuGpuBuffer int32 [max_num_reqs]
     req_indices: Any  # CpuGpuBuffer int64 [max_num_tokens]
     query_pos: Any  # CpuGpuBuffer int64 [max_num_tokens]
-    token_counts: Callable[..., None] | None = None  # the fused count launcher (count_base "previous")
+    counts: Any = None  # zero_bubble.CountCorrection bound to these buffers and the runner's (count_base: its base)
     slot_mappers: dict = field(default_factory=dict)  # id(block table) -> (table, launcher)
 
 
@@ -128,9 +128,9 @@ def slot_mapper(buffers: Buffers, block_table: Any) -> Callable:
     key = id(block_table)
     entry = buffers.slot_mappers.get(key)
     if entry is None or entry[0] is not block_table:
-        from .. import kernels
+        from .. import zero_bubble
 
-        mapper = kernels.slot_mapper(
+        mapper = zero_bubble.slot_mapper(
             block_table.block_table.gpu,
             block_table.slot_mapping.gpu,
             block_size=block_table.block_size,
@@ -147,9 +147,9 @@ class ZeroBubble:
 
     Release hooks (class attributes / methods a release module overrides):
 
-    * ``count_base``: how the device counts are corrected (:func:`zb_patch.zero_bubble.correct_counts`):
-      ``"previous"`` (previous device counts + valid counts, one fused launcher) or ``"cpu"`` (this step's CPU
-      counts minus the rejected drafts).
+    * ``count_base``: how the device counts are corrected (the ``base`` of
+      :class:`zb_patch.zero_bubble.CountCorrection`): ``"previous"`` (previous device counts + valid counts) or
+      ``"cpu"`` (this step's CPU counts minus the rejected drafts).
     * ``waits_for_input_prep``: the ``_update_states`` wrapper first waits on ``prepare_inputs_event`` (for a
       release whose ``execute_model`` does not enter ``synchronize_input_prep``).
     * ``valid_count_dtype``: the dtype of the drafter's device valid counts (the kernels are compiled for it).
@@ -262,20 +262,19 @@ class ZeroBubble:
         )
         b.prev_drafts.np.fill(0)
         b.prev_drafts.gpu.fill_(0)
-        if self.count_base == "previous":
-            from .. import kernels
+        from .. import zero_bubble
 
-            b.token_counts = kernels.token_counts_launcher(
-                num_computed_tokens=b.num_computed,
-                seq_lens=runner.seq_lens.gpu,
-                num_scheduled_tokens=b.num_scheduled.gpu,
-                prev_positions=b.prev_positions.gpu,
-                prev_num_draft_tokens=b.prev_drafts.gpu,
-                num_accepted_tokens=None,
-                req_indices=b.req_indices.gpu,
-                query_pos=b.query_pos.gpu,
-                positions=runner.positions.gpu,
-            )
+        b.counts = zero_bubble.CountCorrection(
+            num_computed_tokens=b.num_computed,
+            seq_lens=runner.seq_lens.gpu,
+            num_scheduled_tokens=b.num_scheduled.gpu,
+            prev_positions=b.prev_positions.gpu,
+            prev_num_draft_tokens=b.prev_drafts.gpu,
+            req_indices=b.req_indices.gpu,
+            query_pos=b.query_pos.gpu,
+            positions=runner.positions.gpu,
+            base=self.count_base,
+        )
         return b
 
     # -- _update_states: optimistic counts instead of the blocking sync -----------------------------------
@@ -301,9 +300,11 @@ class ZeroBubble:
             batch = runner.input_batch
             prev_sampled = batch.prev_sampled_token_ids
             b = st.buffers
-            b.prev_drafts.np.fill(0)
+            from .. import zero_bubble
+
             if prev_sampled is None or runner.valid_sampled_token_count_event is None:
                 st.num_prev = 0
+                zero_bubble.optimistic_advance((), (), b.prev_drafts.np)  # no drafts to carry: the buffer is cleared
                 return original(runner, scheduler_output)  # no previous step to wait for: no sync either way
             st.num_prev = int(prev_sampled.shape[0])
             values = [1] * st.num_prev
@@ -323,7 +324,8 @@ class ZeroBubble:
                 drafts = values[row] - 1
                 if drafts > 0 and row in row_req and row not in exact:
                     st.queue.append((row_req[row], drafts, row))
-                    b.prev_drafts.np[row] = drafts
+            # prev_num_draft_tokens: cleared, then step N's drafts at step N's rows of the queued requests
+            zero_bubble.optimistic_advance([q[2] for q in st.queue], [q[1] for q in st.queue], b.prev_drafts.np)
             return result
 
         return _update_states
@@ -382,32 +384,7 @@ class ZeroBubble:
     def _launch_corrections(self, runner: Any, b: Buffers, n: int, total: int, valid_gpu: Any, num_prev: int) -> None:
         """The device correction's launches (zb-patch's token-count and slot-mapping kernels) for ``n`` rows and
         ``total`` tokens whose inputs are queued in ``b``."""
-        if self.count_base == "cpu":
-            from .. import zero_bubble
-
-            zero_bubble.correct_counts(
-                b.num_computed,
-                None,
-                b.prev_positions.gpu[:n],
-                valid_gpu,
-                b.prev_drafts.gpu,
-                b.cpu_counts.gpu[:n],
-                b.num_scheduled.gpu[:n],
-                runner.seq_lens.gpu,
-                num_reqs=n,
-                req_indices=b.req_indices.gpu,
-                query_pos=b.query_pos.gpu,
-                positions=runner.positions.gpu,
-                num_tokens=total,
-                num_positions=total,
-                num_prev_reqs=num_prev,
-                base="cpu",
-            )
-        else:
-            assert b.token_counts is not None  # built by _allocate for count_base "previous"
-            b.token_counts(
-                n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=num_prev
-            )
+        b.counts(n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=num_prev)
         query_start_loc = runner.query_start_loc.gpu[: n + 1]
         positions = runner.positions.gpu[:total]
         for table in runner.input_batch.block_table.block_tables:
@@ -477,11 +454,14 @@ class ZeroBubble:
             valid = runner._get_valid_sampled_token_count()
             st.host_waits += 1
         if valid:
+            from .. import zero_bubble
+
+            rejected = zero_bubble.rejected_tokens
             requests = runner.requests
             for req_id, drafts, row in st.queue:
                 req_state = requests.get(req_id)
                 if req_state is not None and row < len(valid):
-                    req_state.num_computed_tokens -= drafts - (int(valid[row]) - 1)
+                    req_state.num_computed_tokens -= rejected(drafts, int(valid[row]))
         st.queue = []
         st.valid_host = None
 

@@ -27,6 +27,7 @@ nothing from vLLM.  ``int`` inputs follow vLLM's dtypes: counts int32, positions
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,30 +48,28 @@ __all__ = [
 
 
 def optimistic_advance(
-    prev_index: np.ndarray,
-    num_drafts: np.ndarray,
+    prev_index: Sequence[int],
+    num_drafts: Sequence[int],
     prev_num_draft_tokens: np.ndarray,
     *,
     reset: bool = True,
-) -> np.ndarray:
-    """Record step N's draft counts at the requests' step-N rows; return the placeholders to append.
+) -> None:
+    """Record step N's draft counts at the requests' step-N rows.
 
     ``prev_index[i]``: request i's row in the previous batch (-1 if absent), ``num_drafts[i]``: the
-    drafts it was scheduled with in step N (``req_state.prev_num_draft_len``).  Writes
+    drafts it was scheduled with in step N (``req_state.prev_num_draft_len``; each request gets that
+    many ``-1`` output placeholders, all drafts assumed accepted, and hands it to
+    :func:`deferred_cpu_corrections` later as ``optimistic``).  Writes
     ``prev_num_draft_tokens[prev_index[i]] = num_drafts[i]`` after zeroing the buffer (``reset``;
     vLLM 0.19 ``_update_states`` does ``prev_num_draft_tokens.np.fill(0)`` first so that rows of
-    requests that left the batch do not participate).  Returns ``num_drafts`` as int64: the number of
-    ``-1`` output placeholders each request gets (all drafts assumed accepted) — also the amount
-    to hand :func:`deferred_cpu_corrections` later as ``optimistic``.
+    requests that left the batch do not participate).  A loop, not array ops: the runner calls it
+    every step with one short list per batch, where building arrays costs more than the writes.
     """
-    prev = np.asarray(prev_index, dtype=np.int64)
-    drafts = np.asarray(num_drafts, dtype=np.int64)
     if reset:
         prev_num_draft_tokens.fill(0)
-    sel = prev >= 0
-    if sel.any():
-        prev_num_draft_tokens[prev[sel]] = drafts[sel]
-    return drafts
+    for prev, drafts in zip(prev_index, num_drafts):
+        if prev >= 0:
+            prev_num_draft_tokens[prev] = drafts
 
 
 def rejected_tokens(num_drafts: Any, valid_sampled_token_count: Any) -> Any:
@@ -90,7 +89,8 @@ def deferred_cpu_corrections(
 
     Mirrors vLLM 0.19's ``correct_spec_decode_token_counts`` closure: for a request queued by
     :func:`optimistic_advance` with ``optimistic`` drafts and previous row ``p >= 0``,
-    ``correction = optimistic - (valid[p] - 1)``; requests without a previous row get 0.
+    ``correction = optimistic - (valid[p] - 1)`` (:func:`rejected_tokens`); requests without a previous
+    row get 0.
     ``valid_sampled_token_count`` is the host copy in step N's row order (the caller waited on its
     event).  ``num_prev`` bounds the previous rows (default: the buffer length) — a row outside it
     gets 0 instead of a stale count.  Returns int64 corrections, one per queued request.
@@ -103,7 +103,7 @@ def deferred_cpu_corrections(
     if bound <= 0:
         return np.zeros_like(opt)
     gathered = valid[np.where(ok, prev, 0)].astype(np.int64)
-    return np.where(ok, opt - (gathered - 1), 0)
+    return np.where(ok, rejected_tokens(opt, gathered), 0)
 
 
 def apply_cpu_corrections(

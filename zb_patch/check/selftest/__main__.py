@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zb_patch.cli import run_command
+from zb_patch.console import run_command
 
 from . import run_cli
 

@@ -303,7 +303,7 @@ class Runner:
         plants: frozenset[str] = frozenset(),
         count_base: str = "cpu",
     ) -> None:
-        if count_base not in ("cpu", "previous"):
+        if count_base not in zb.BASES:
             raise ValueError(f"device correction base must be 'cpu' or 'previous', not {count_base!r}")
         self.mode, self.shape, self.plants = mode, shape, plants
         self.count_base = count_base
@@ -335,6 +335,21 @@ class Runner:
         self.cpu_values_dev = torch.zeros(R, dtype=torch.int32)
         self.backup_dev = torch.zeros(R, dtype=torch.int64)
         self.discard_dev = torch.zeros(R, dtype=torch.bool)
+        # -- zero-bubble's device launches, bound to these buffers as the product runner binds its own -------------
+        self.count_correction = zb.CountCorrection(
+            num_computed_tokens=self.num_computed_dev,
+            seq_lens=self.seq_lens_dev,
+            num_scheduled_tokens=self.num_sched_dev,
+            prev_positions=self.prev_positions_dev,
+            prev_num_draft_tokens=self.prev_num_draft_dev,
+            req_indices=self.req_indices_dev,
+            query_pos=self.query_pos_dev,
+            positions=self.positions_dev,
+            base=count_base,
+        )
+        self.slot_mapper = zb.slot_mapper(
+            self.bt_dev, self.slot_dev, block_size=shape.block_size, max_num_tokens=shape.max_num_batched_tokens
+        )
         # -- pinned host staging buffers (CpuGpuBuffer.cpu / .np) ----------------------------------
         self.bt_cpu = torch.from_numpy(self.batch.bt_np)
         self.input_ids_np = np.zeros(T, dtype=np.int32)
@@ -618,35 +633,17 @@ class Runner:
             by_row = "accepted-counts-by-row" in self.plants
 
             def correct() -> None:
-                prev_pos = self.prev_positions_dev[:n]
                 if by_row and correcting:
-                    prev_pos = torch.where(prev_pos >= 0, torch.arange(n, dtype=prev_pos.dtype), prev_pos)
-                zb.correct_counts(
-                    self.num_computed_dev,
-                    None,
-                    prev_pos if correcting else None,
-                    valid_dev if correcting else None,
-                    self.prev_num_draft_dev if correcting else None,
+                    prev_pos = self.prev_positions_dev[:n]
+                    prev_pos.copy_(torch.where(prev_pos >= 0, torch.arange(n, dtype=prev_pos.dtype), prev_pos))
+                self.count_correction(
+                    n,
                     self.cpu_values_dev[:n],
-                    self.num_sched_dev[:n],
-                    self.seq_lens_dev,
-                    num_reqs=n,
-                    req_indices=self.req_indices_dev,
-                    query_pos=self.query_pos_dev,
-                    positions=self.positions_dev,
+                    valid_dev if correcting else None,
                     num_tokens=total,
                     num_prev_reqs=num_prev if correcting else None,
-                    base=self.count_base,
                 )
-                zb.slot_mapping(
-                    self.qsl_dev[: n + 1],
-                    self.positions_dev[:total],
-                    self.bt_dev,
-                    self.slot_dev,
-                    block_size=shape.block_size,
-                    max_num_tokens=shape.max_num_batched_tokens,
-                    num_reqs=n,
-                )
+                self.slot_mapper(n, self.qsl_dev[: n + 1], self.positions_dev[:total])
 
             dev.launch(correct)
         dev.h2d(self.discard_dev, self.discard_np, n)
