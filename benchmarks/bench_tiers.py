@@ -60,8 +60,8 @@ QUICK = {
     "repeats": 3,
 }
 # seconds per engine run (one engine process, the default workload) for --plan's estimate, measured on an H200
-# (docs/results.md, "Tiers per graph mode": 9-run graph-mode cells in 354-449 s, eager 432 s); measured figures are in every cell's
-# report (bench_tiers.json "cells"[...]["seconds"]); the first cell of a mode adds a warm-up run
+# (docs/results.md, "Tiers per graph mode": 9-run graph-mode cells in 354-449 s, eager 432 s); measured figures are
+# in every cell's report (bench_tiers.json "cells"[...]["seconds"]); the first cell of a mode adds a warm-up run
 RUN_SECONDS = {"eager": 48.0, "piecewise": 38.0, "full_decode_only": 38.0}
 CELL_OVERHEAD_S = 10.0  # the cell's device check and model unpacking
 

@@ -229,12 +229,14 @@ def cmd_doctor(args) -> int:
     return data["exit_code"]
 
 
-def supported_markdown() -> str:
+def supported_markdown(brief: bool = False) -> str:
+    """The supported table; ``brief`` (README): patch counts instead of the patch ids."""
     from . import versions as V
 
     lines = ["| vllm-ascend | vLLM | verdict | adapter | patches |", "|---|---|---|---|---|"]
     for r in V.supported_table():
-        lines.append(f"| {r['vllm_ascend']} | {r['vllm']} | {r['verdict']} | {r['adapter']} | {r['patches']} |")
+        patches = r.get("summary", r["patches"]) if brief else r["patches"]
+        lines.append(f"| {r['vllm_ascend']} | {r['vllm']} | {r['verdict']} | {r['adapter']} | {patches} |")
     return "\n".join(lines) + "\n"
 
 
@@ -333,6 +335,11 @@ def _commit_forms_markdown(a) -> list[str]:
             f"Applied on the commit: {', '.join(applied) or 'none'}. Native there: {', '.join(native_ids) or 'none'}. "
             f"Refused there (with their groups and the patches that require them): {', '.join(refused) or 'none'}.",
             "",
+            f"Tested in `tox -e {form.env}`: the commit built from its source, `ZB_PATCH=1 zb-patch doctor`, contract, "
+            "lifecycle, runner parity, `tests/patches` and the engine self-test's runs."
+            if form.env
+            else "No test env: its fingerprints and decisions are recomputed from its source tree (`tox -e sources`).",
+            "",
         ]
     return out
 
@@ -341,7 +348,7 @@ def cmd_supported(args) -> int:
     from . import versions as V
 
     if args.markdown:
-        sys.stdout.write(supported_markdown())
+        sys.stdout.write(supported_markdown(brief=args.brief))
     else:
         rows = V.supported_table()
         w = {k: max(len(r[k]) for r in rows) for k in ("vllm_ascend", "vllm", "verdict", "adapter")}
@@ -627,7 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_selftest)
 
     t = sub.add_parser("supported", help="print the supported-versions table (generated from the adapter table)")
-    t.add_argument("--markdown", action="store_true", help="markdown table (as in README.md)")
+    t.add_argument("--markdown", action="store_true", help="markdown table")
+    t.add_argument("--brief", action="store_true", help="with --markdown: patch counts, not ids (as in README.md)")
     t.set_defaults(func=cmd_supported)
 
     lp = sub.add_parser(

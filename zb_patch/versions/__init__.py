@@ -321,7 +321,14 @@ def supported_table() -> list[dict]:
             assert rv.adapter is not None
             patches = _patch_list(by_id(rv.adapter), rv.patches, "none (every fix native; guards verified)")
             rows.append(
-                {"vllm_ascend": span, "vllm": vllm, "verdict": "adapter", "adapter": rv.adapter, "patches": patches}
+                {
+                    "vllm_ascend": span,
+                    "vllm": vllm,
+                    "verdict": "adapter",
+                    "adapter": rv.adapter,
+                    "patches": patches,
+                    "summary": _patch_count(by_id(rv.adapter), rv.patches),
+                }
             )
         else:
             rows.append({"vllm_ascend": span, "vllm": vllm, "verdict": rv.verdict, "adapter": "-", "patches": rv.why})
@@ -387,19 +394,34 @@ def _patch_list(adapter: Adapter, ids: Sequence[str], none: str) -> str:
     return text
 
 
+def _patch_count(adapter: Adapter, ids: Sequence[str]) -> str:
+    """A supported row's patches in brief (README): how many ZB_PATCH=1 applies, and the opt-in ones."""
+    opt_in = sum(1 for p in adapter.patch_set.patches if p.opt_in and p.id in ids)
+    default = len(ids) - opt_in
+    return (f"{default} patches" if default else "none (every fix native; guards verified)") + (
+        f" + {opt_in} opt-in" if opt_in else ""
+    )
+
+
 def commit_row(adapter: Adapter, form: Form) -> dict:
     applied, native_ids, refused = commit_patches(adapter, form)
     patches = _patch_list(adapter, applied, "none")
+    summary = _patch_count(adapter, applied)
     if native_ids:
         patches += f"; native there: {', '.join(native_ids)}"
+        summary += f"; native there: {', '.join(native_ids)}"
     if refused:
         patches += f"; refused there: {', '.join(refused)}"
+        zero_bubble = set(adapter.zero_bubble_ids) & set(refused)
+        summary += f"; {len(refused)} refused there" + (" (zero-bubble among them)" if zero_bubble else "")
+    tested = f"; tested in tox -e {form.env}" if form.env else "; fingerprints checked against its source only"
     return {
         "vllm_ascend": f"{form.branch} @ {form.short} (v{form.release} + {form.past_tag} commits: {form.reports})",
         "vllm": _pinned_vllm(form.release),
         "verdict": "adapter",
         "adapter": adapter.id,
-        "patches": patches,
+        "patches": patches + tested,
+        "summary": summary + tested,
         "form": "commit",
     }
 

@@ -44,6 +44,8 @@ class Form:
     branch: str = ""  # commit forms: the branch the commit is the head of when recorded
     past_tag: int = 0  # commit forms: commits between the tag and the commit
     date: str = ""  # commit forms: commit date
+    # commit forms: the tox env that builds this commit and runs the tests on it ("" = fingerprints only, tests/sources)
+    env: str = ""
     fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)  # target -> fingerprint
     decisions: Mapping[str, FormDecision] = dataclasses.field(default_factory=dict)  # item id -> decision
 

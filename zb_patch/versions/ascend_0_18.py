@@ -445,6 +445,7 @@ COMMITS = (
         branch="releases/v0.18.0",
         past_tag=45,
         date="2026-08-07",
+        env="va018-head",
         fingerprints={
             "vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__": "0f3a79171e3bf24f",
             "vllm_ascend.worker.model_runner_v1:NPUModelRunner._build_attn_state": "96514ebc0c149e64",
