@@ -1,14 +1,13 @@
 """Sampling beyond greedy through the engine (vllm-ascend 0.13.0 / 0.18.0 on CPU, the NPU emulation): every request
-with temperature > 0 (every third greedy), ``min_tokens``, logprobs, and on 0.18.0
-repetition / presence / frequency penalties (vLLM 0.13 refuses penalties under async scheduling + spec decode:
-docs/releases/ascend-0.13.md, "Sampling beyond greedy"). zero-bubble (``ZB_PATCH=1``) must give the tokens of classic
-async with the same fixes (``ZB_PATCH_DISABLE=<zero-bubble>``), token for token: the engine's seed (0), the same schedules,
-the same random draws. Synchronous scheduling draws its random numbers at other steps (its own schedules), so against
-it the acceptance is reported, not compared. Per-request seeds are left out here: vllm-ascend makes a request's
-generator on the NPU (``torch.Generator(device=...)``), which the CPU emulation cannot; the runner parity
-(tests/patches/test_sampling_fields.py) has them, with the release's generator rewinds. Top-p / top-k are left out here: vllm-ascend's sampler applies them with
-``torch.ops._C_ascend.npu_apply_top_k_top_p``, which the CPU emulation does not carry
-(tests/patches/test_sampling_fields.py has them on the runner).
+with temperature > 0 (every third greedy), ``min_tokens``, logprobs, and on 0.18.0 repetition / presence / frequency
+penalties (vLLM 0.13 refuses penalties under async scheduling + spec decode: docs/releases/ascend-0.13.md, "Sampling
+beyond greedy"). zero-bubble (``ZB_PATCH=1``) must give the tokens of classic async with the same fixes
+(``ZB_PATCH_DISABLE=<zero-bubble>``), token for token: the engine's seed (0), the same schedules, the same random
+draws. Synchronous scheduling draws its random numbers at other steps (its own schedules), so against it the
+acceptance is reported, not compared. Left out here: per-request seeds (vllm-ascend makes a request's generator on
+the NPU, which the CPU emulation cannot) and top-p / top-k (applied with ``torch.ops._C_ascend.npu_apply_top_k_top_p``,
+which the emulation does not carry); the runner parity (tests/patches/test_sampling_fields.py) has both, with the
+release's generator rewinds.
 """
 
 from __future__ import annotations
