@@ -36,7 +36,7 @@ LAUNCHER = os.path.join(HERE, "run_sampling_engine.py")
 WORKLOAD = Workload(
     num_requests=6, max_prompt=30, max_tokens=32, num_speculative_tokens=3, limit_every=4, max_num_batched_tokens=256
 )
-SAMPLING = dict(temperature=1.0, min_tokens=4, logprobs=2, greedy_every=3)
+SAMPLING = dict(temperature=2.0, min_tokens=4, logprobs=2, greedy_every=3)
 if RELEASE == "0.18.0":
     SAMPLING.update(repetition_penalty=1.2, presence_penalty=0.2, frequency_penalty=0.1)
 
