@@ -90,6 +90,7 @@ EXPECTED = {
                 "mtp-draft-slots",
                 "mtp-draft-lengths",
                 "draft-sample-indices-past-batch",
+                "draft-placeholders-after-metadata",
                 "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),
@@ -118,6 +119,7 @@ EXPECTED = {
                 "mla-draft-rope-rows-dummy-run",
                 "cudagraph-batch-sizes-after-rounding",
                 "draft-sample-indices-past-batch",
+                "draft-placeholders-after-metadata",
                 "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),

@@ -47,6 +47,7 @@ class ZeroBubble013(npu_runner.ZeroBubble):
                 result = original(runner, *args, **kwargs)
             finally:
                 missed, st.in_prepare = st.in_prepare, False
+                spec_fixes.drop_ids_before_clamp(runner)  # consumed by the metadata, or never to be read
             if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
                 raise RuntimeError(
                     "zb-patch ascend-0.13: _prepare_inputs returned without calling "
@@ -70,7 +71,10 @@ class ZeroBubble013(npu_runner.ZeroBubble):
                 total = int(query_start_loc[n])
                 # a row re-added with draft placeholders gets its host token table gathered there, where the
                 # optimistic bookkeeping may have left a -1: junk the rejection sampler rejects, but never an
-                # embedding index (the release embeds multimodal / prompt-embeds inputs right after this call)
+                # embedding index (the release embeds multimodal / prompt-embeds inputs right after this call);
+                # the ids as they were are kept for the spec-decode metadata built after this call, so the
+                # rejection sampler sees a -1 draft as -1 (patch draft-placeholders-after-metadata)
+                spec_fixes.keep_ids_before_clamp(runner, total)
                 runner.input_ids.gpu[:total].clamp_(min=0)
                 self.correct(runner, st, query_start_loc[1 : n + 1] - query_start_loc[:n], total)
             return result
@@ -580,6 +584,14 @@ MTP_DRAFT_LENGTHS = Patch(
     upstream=("vllm-ascend#7033",),
     remove_when=_REMOVE_WHEN,
 )
+DRAFT_PLACEHOLDERS_AFTER_METADATA = spec_fixes.draft_placeholders_after_metadata(
+    {"vllm-ascend 0.13.0": "c8889f0865f578a3"},
+    release_lines="RecomputeScheduler.add_request, core/recompute_scheduler.py:110; the drafts gathered in "
+    "_calc_spec_decode_metadata, model_runner_v1.py:1301, after _init_model_kwargs (:776)",
+    remove_when=_REMOVE_WHEN,
+    not_covered=" Not covered: a multimodal / prompt-embeds model without zero-bubble, which the release embeds "
+    "inside _prepare_inputs before the metadata (model_runner_v1.py:779-830).",
+)
 DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     {"vllm-ascend 0.13.0": "08a0f995a61d0d7d"},
     buffer="last_token_indices",
@@ -621,6 +633,7 @@ PATCHES: tuple = (
     MTP_DRAFT_SLOTS,
     MTP_DRAFT_LENGTHS,
     DRAFT_SAMPLE_INDICES,
+    DRAFT_PLACEHOLDERS_AFTER_METADATA,
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     *FULL_ORDERED_ON_DEVICE,
@@ -659,6 +672,7 @@ COMMITS = (
             "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping": "7ecb26d2b557ccfa",
             "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": "0f8503e71d058d24",
             f"{_RUNNER}._prepare_inputs": "426a9095c59bc79b",
+            f"{_RUNNER}._calc_spec_decode_metadata": "c8889f0865f578a3",
             f"{_RUNNER}.execute_model": "1fa926246f24c3fd",
             "vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded": "b04a2a09323e2c31",
             f"{_RUNNER}.initialize_kv_cache": "5f7069af5b9c305f",

@@ -391,6 +391,13 @@ CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
     upstream=("vllm-ascend#6860",),
     remove_when=_REMOVE_WHEN,
 )
+DRAFT_PLACEHOLDERS_AFTER_METADATA = spec_fixes.draft_placeholders_after_metadata(
+    {"vllm-ascend 0.18.0": "c8889f0865f578a3"},
+    release_lines="RecomputeScheduler.add_request, core/recompute_scheduler.py:152; the drafts gathered in "
+    "_calc_spec_decode_metadata, model_runner_v1.py:944, the ids embedded in vLLM's _preprocess after "
+    "_prepare_inputs (model_runner_v1.py:1294)",
+    remove_when=_REMOVE_WHEN,
+)
 DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
     {"vllm-ascend 0.18.0": "08404fc38be7261e"},
     buffer="token_indices_to_sample",
@@ -426,6 +433,7 @@ PATCHES: tuple = (
     *MLA_DRAFT_ROPE_ROWS,
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
     DRAFT_SAMPLE_INDICES,
+    DRAFT_PLACEHOLDERS_AFTER_METADATA,
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     FULL_ORDERED_ON_DEVICE,
@@ -464,6 +472,7 @@ COMMITS = (
             "vllm_ascend.worker.block_table:BlockTable.commit_slot_mapping": "7ecb26d2b557ccfa",
             "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": "9b098020be5b986e",
             "vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs": "72f01a8e67691f0d",
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._calc_spec_decode_metadata": "c8889f0865f578a3",
             "vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model": "9eca449f8a01d727",
             "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded": (
                 "b04a2a09323e2c31"
