@@ -21,6 +21,33 @@ def cpu_worker():
     return setup_cpu_worker()
 
 
+# the runner harness of each release family (tests/support: runner013.py, runner018.py)
+RUNNER_HARNESS = {"0.13": "runner013", "0.18": "runner018"}
+
+
+@pytest.fixture(scope="module")
+def H(cpu_worker):
+    """tests/support/runner_harness.py: vLLM's real scheduler driving the release's real runner on CPU."""
+    import runner_harness
+
+    return runner_harness
+
+
+@pytest.fixture(scope="module")
+def release(cpu_worker):
+    """This env's release family's runner harness module (RUNNER_HARNESS)."""
+    import importlib
+
+    return importlib.import_module(RUNNER_HARNESS[npu_standin.detect_family()])
+
+
+@pytest.fixture(scope="module")
+def sess(H):
+    """One harness session (its engine state) per test module."""
+    with H.session() as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def tiny_eagle_config(cpu_worker):
     """The function :func:`_tiny_eagle_engine_config` (vLLM's worker state set up first)."""

@@ -17,7 +17,6 @@ rejection sampler (``vllm_ascend.sample.rejection_sampler.rejection_sample``, gr
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import types
@@ -34,24 +33,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 FIX = "draft-placeholders-after-metadata"
 K, SEED, ITERATIONS, PLANTS = 2, 3, 60, 4
-
-
-@pytest.fixture(scope="module")
-def H(cpu_worker):
-    import runner_harness
-
-    return runner_harness
-
-
-@pytest.fixture(scope="module")
-def release(cpu_worker):
-    return importlib.import_module(HARNESS[FAMILY])
-
-
-@pytest.fixture(scope="module")
-def sess(H):
-    with H.session() as s:
-        yield s
 
 
 def _planting_hook(planted: list):

@@ -14,7 +14,6 @@ the recompute scheduler; the fix applies without it).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -31,24 +30,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 FIX = "draft-placeholders-after-metadata"
 K = 2
 CONNECTOR = "ZbPatchTestNoHitConsumer"
-
-
-@pytest.fixture(scope="module")
-def H(cpu_worker):
-    import runner_harness
-
-    return runner_harness
-
-
-@pytest.fixture(scope="module")
-def release(cpu_worker):
-    return importlib.import_module(HARNESS[FAMILY])
-
-
-@pytest.fixture(scope="module")
-def sess(H):
-    with H.session() as s:
-        yield s
 
 
 def _connector_class():

@@ -13,7 +13,6 @@ disabled) and with zero-bubble, exactly the drafts the drafter proposed for that
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -33,24 +32,6 @@ FIX = "stale-draft-placeholders"
 # k = 4, seed 4: requests at max_model_len skip a step with placeholders (both releases), and preempted requests
 # resume with stale placeholders (0.13); found by running the workload, ~40 s per run on 2 cores
 K, SEED, ITERATIONS = 4, 4, 1100
-
-
-@pytest.fixture(scope="module")
-def H(cpu_worker):
-    import runner_harness
-
-    return runner_harness
-
-
-@pytest.fixture(scope="module")
-def release(cpu_worker):
-    return importlib.import_module(HARNESS[FAMILY])
-
-
-@pytest.fixture(scope="module")
-def sess(H):
-    with H.session() as s:
-        yield s
 
 
 class Recorder:

@@ -11,7 +11,6 @@ Classic async with the adapter's fixes and zero-bubble must hand the sampler the
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -26,24 +25,6 @@ if FAMILY not in HARNESS:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
 
 K, SEED, ITERATIONS = 3, 5, 400
-
-
-@pytest.fixture(scope="module")
-def H(cpu_worker):
-    import runner_harness
-
-    return runner_harness
-
-
-@pytest.fixture(scope="module")
-def release(cpu_worker):
-    return importlib.import_module(HARNESS[FAMILY])
-
-
-@pytest.fixture(scope="module")
-def sess(H):
-    with H.session() as s:
-        yield s
 
 
 def sampling_params(req_id: str, max_tokens: int, stop_token_ids: list[int]):
