@@ -313,11 +313,22 @@ def _commit_forms_markdown(a) -> list[str]:
     for form in a.commits:
         applied, native_ids, refused = V.commit_patches(a, form)
         fps = form.fingerprints
-        same = sum(1 for t, fp in fps.items() if tag.get(t) == fp)
+        pinned = V._pinned_vllm(form.release)
+        tag_of = {  # a replaced vLLM target's tag form: vLLM's own, under the release's vLLM pin
+            **{t: fp for t, labels in V._items(a.patch_set) if t in form.replaced for lb, fp in labels.items()
+               if lb.startswith("vllm ") and V.label_names(lb, pinned)},
+            **tag,
+        }
+        ascend = [t for t in fps if t not in form.replaced]
+        same = sum(1 for t in ascend if tag.get(t) == fps[t])
+        replaced = "".join(
+            f" At import it replaces vLLM's `{t}` by `{f}` on every process (the fingerprint below is that function's)."
+            for t, f in form.replaced.items()
+        )
         out += [
             f"`{form.ref}`: head of `{form.branch}` of {form.date}, {form.past_tag} commits past `v{form.release}`; "
-            f"a setuptools-scm build of it reports `{form.reports}`. {same} of {len(fps)} vllm-ascend targets have the "
-            f"tag's fingerprint; the items of the others:",
+            f"a setuptools-scm build of it reports `{form.reports}`. {same} of {len(ascend)} vllm-ascend targets have "
+            f"the tag's fingerprint; the items of the others are listed below.{replaced}",
             "",
             "| item | target | tag | commit | decision | reason |",
             "|---|---|---|---|---|---|",
@@ -328,15 +339,15 @@ def _commit_forms_markdown(a) -> list[str]:
                 continue
             out.append(
                 f"| `{item.split(':', 1)[0] if item.startswith('guard:') else item}` | `{target}` | "
-                f"`{tag.get(target)}` | `{fps.get(target)}` | {d.decision} | {d.reason} |"
+                f"`{tag_of.get(target)}` | `{fps.get(target)}` | {d.decision} | {d.reason} |"
             )
         out += [
             "",
             f"Applied on the commit: {', '.join(applied) or 'none'}. Native there: {', '.join(native_ids) or 'none'}. "
             f"Refused there (with their groups and the patches that require them): {', '.join(refused) or 'none'}.",
             "",
-            f"Tested in `tox -e {form.env}`: the commit built from its source, `ZB_PATCH=1 zb-patch doctor`, contract, "
-            "lifecycle, runner parity, `tests/patches` and the engine self-test's runs."
+            f"Tested in `tox -e {form.env}`: the commit built from its source, `ZB_PATCH=1 zb-patch doctor` and the "
+            "tests tox.ini lists for that env."
             if form.env
             else "No test env: its fingerprints and decisions are recomputed from its source tree (`tox -e sources`).",
             "",

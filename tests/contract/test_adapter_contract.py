@@ -21,6 +21,8 @@ from zb_patch import versions as V  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
 from zb_patch.registry import Patch, PatchSet  # noqa: E402
 
+import installed_release  # noqa: E402  (tests/support)
+
 # vllm-ascend family installed in this env -> the adapter that must be selected (None = refused)
 EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.25"}
 
@@ -68,7 +70,9 @@ def _items(adapter):
 
 
 OWN = _own_adapter()
-OWN_ITEMS = _items(OWN) if OWN else []
+# the adapter as it applies to what is installed: on a recorded commit form, without the parts refused there
+OWN_HERE = OWN.for_form(installed_release.COMMIT_FORM) if OWN and installed_release.COMMIT_FORM else OWN
+OWN_ITEMS = _items(OWN_HERE) if OWN_HERE else []
 
 
 @pytest.mark.skipif(OWN is None, reason=f"vllm-ascend {FAMILY} has no adapter: it must be refused (tested below)")
@@ -94,7 +98,7 @@ def test_advisory_target_resolves(worker_modules, advisory):
 
 @pytest.mark.skipif(OWN is None, reason=f"vllm-ascend {FAMILY} has no adapter: it must be refused (tested below)")
 def test_adapter_verifies_ok(worker_modules, versions):
-    report, _ = OWN.patch_set.verify(versions)
+    report, _ = OWN_HERE.patch_set.verify(versions)
     assert report.verdict == R.OK, report.reason
 
 

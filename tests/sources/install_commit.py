@@ -10,7 +10,9 @@ the repository named by ``ZB_UPSTREAM_REPO`` (a vllm-ascend clone's path or a gi
 out at the commit. Neither: one line naming the commit and both places, exit 1.
 
 The build is vllm-ascend's own ``setup.py`` without its custom kernels (``COMPILE_CUSTOM_KERNELS=0``; they need
-CANN), for a named chip (``SOC_VERSION``: setup.py asks ``npu-smi`` otherwise), with the version a setuptools-scm
+CANN), for a named chip (``SOC_VERSION``: setup.py asks ``npu-smi`` otherwise; ``910b``, the A2 family name, which both
+heads' setup.py map to device type A2 and for which the 0.13 head's ``csrc/build_aclnn.sh``, always run by its
+``build_ext``, builds no custom operator), with the version a setuptools-scm
 build of the commit reports (``Form.reports``, e.g. ``0.18.1.dev45+g35b0fdf``: the archive carries no git metadata,
 and without it setup.py would say ``0.0.0``). Prints the source used and the installed version on stdout.
 """
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from zb_patch import versions as V  # noqa: E402
 
 REPO_ENV = "ZB_UPSTREAM_REPO"  # not ZB_PATCH_*: zb-patch refuses to activate beside a ZB_PATCH_* name it does not know
-BUILD_ENV = {"COMPILE_CUSTOM_KERNELS": "0", "SOC_VERSION": "ascend910b1"}
+BUILD_ENV = {"COMPILE_CUSTOM_KERNELS": "0", "SOC_VERSION": "910b"}
 
 
 def _toplevel() -> str:

@@ -36,8 +36,10 @@ class Form:
     """One upstream source form an adapter records: a release tag or a commit of a maintenance branch.
 
     A tag form is implied by each entry of ``Adapter.releases`` (its fingerprints are the ones whose labels name the
-    release). A commit form lists the fingerprint of every vllm-ascend target in that commit's tree and, for each item
-    (patch id, or ``guard:<target>``) whose target differs from the tag's, a :class:`FormDecision`."""
+    release). A commit form lists the fingerprint of every vllm-ascend target in that commit's tree, and of every vLLM
+    target that the commit's vllm-ascend replaces on every process (``replaced``: the fingerprint is that of the
+    installed function), and, for each item (patch id, or ``guard:<target>``) whose target differs from the tag's, a
+    :class:`FormDecision`."""
 
     ref: str  # "v0.18.0" (tag) or the full 40-digit commit
     release: str  # the release the tag is, or the tag the commit continues
@@ -48,6 +50,8 @@ class Form:
     env: str = ""
     fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)  # target -> fingerprint
     decisions: Mapping[str, FormDecision] = dataclasses.field(default_factory=dict)  # item id -> decision
+    # commit forms: vLLM target -> the vllm_ascend function the commit installs in its place at import
+    replaced: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def is_commit(self) -> bool:

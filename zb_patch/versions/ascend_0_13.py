@@ -648,6 +648,10 @@ PATCHES: tuple = (
 _RUNNER = "vllm_ascend.worker.model_runner_v1:NPUModelRunner"
 _DSV4 = "DeepSeek-V4 (use_compress, #8648)"
 _LEFT_WITH_GROUP = "; left out with its group (zb013-prepare-inputs-window is refused on this commit)"
+_UPDATE_STATES = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
+# the tag imports vllm_ascend.patch.worker.patch_model_runner only for PD decode + MTP with the recompute scheduler
+# (platform.py:340); the commit imports it from patch/worker/__init__.py, in every process
+_REPLACED_AT_IMPORT = "vllm_ascend.patch.worker.patch_model_runner replaces it in every process"
 COMMITS = (
     Form(
         ref="f92eadfca968666893715f0a295f036c7bc9d207",
@@ -683,8 +687,21 @@ COMMITS = (
             "vllm_ascend.compilation.acl_graph:update_mla_attn_params": "2f17428cb1637d22",
             "vllm_ascend.compilation.acl_graph:update_attn_dcp_pcp_params": "4015cc2d6c33f949",
             "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params": "66535df4507a2c1d",
+            _UPDATE_STATES: "f73d43f8bb2ace70",
         },
+        replaced={_UPDATE_STATES: "vllm_ascend.patch.worker.patch_model_runner:_update_states"},
         decisions={
+            f"guard:{_UPDATE_STATES}": FormDecision(
+                STILL_HOLDS,
+                f"{_REPLACED_AT_IMPORT}: vLLM 0.13.0's body plus, on a kv-consumer with async spec decode, "
+                "prev_num_draft_len set for each added request; it still calls _may_reorder_batch right after "
+                "re-adding requests and writes no drafts for re-added rows",
+            ),
+            "zb013-optimistic-update-states": FormDecision(
+                REFUSED_HERE,
+                f"{_REPLACED_AT_IMPORT} (vLLM 0.13.0's body plus a kv-consumer block); not wrapped on this commit, "
+                "where its group is refused",
+            ),
             f"guard:{_RUNNER}.__init__": FormDecision(
                 STILL_HOLDS,
                 "positions / seq_lens / query_start_loc are the same CpuGpuBuffers; added: the "

@@ -216,15 +216,17 @@ module(
 # triton-ascend extension ops. vLLM's HAS_TRITON is True here (CUDA_VISIBLE_DEVICES= + plain triton,
 # as on a real NPU host with triton-ascend), so vllm_ascend resolves these at import time; they are
 # only called inside @triton.jit bodies (never at import).
-module("triton.language.extra.cann", {F18, F23}, "parent of extension")
+# 0.13: the releases/v0.13.0 head (f92eadf) has this triton_utils.py (its DeepSeek-V4 kernels); the 0.13.0 tag does
+# not import it.
+module("triton.language.extra.cann", {F13, F18, F23}, "parent of extension")
 module(
     "triton.language.extra.cann.extension",
-    {F18, F23},
+    {F13, F18, F23},
     "ops/triton/triton_utils.py:12 `import triton.language.extra.cann.extension`; without it "
     "_resolve_triton_ascend_op raises at import (plain triton has no insert_slice)",
-    insert_slice=E(unavailable, {F18, F23}, "ops/triton/triton_utils.py:37 (import time)"),
-    extract_slice=E(unavailable, {F18, F23}, "ops/triton/triton_utils.py:38 (import time)"),
-    get_element=E(unavailable, {F18, F23}, "ops/triton/triton_utils.py:39 (import time)"),
+    insert_slice=E(unavailable, {F13, F18, F23}, "ops/triton/triton_utils.py:37 (import time)"),
+    extract_slice=E(unavailable, {F13, F18, F23}, "ops/triton/triton_utils.py:38 (import time)"),
+    get_element=E(unavailable, {F13, F18, F23}, "ops/triton/triton_utils.py:39 (import time)"),
 )
 
 # triton-ascend's `ascend` backend package. Its triton/language/extra/__init__.py imports every backend package,
