@@ -1,6 +1,8 @@
 """Checkpoints zb-patch did not write, for ``zb-patch selftest --engine --model`` on the CPU stand-in: a tiny
 Llama-style target saved by ``transformers`` (``LlamaConfig``, random weights, ``save_pretrained``) with a
-word-level tokenizer saved beside it (``PreTrainedTokenizerFast``), and an EAGLE head for it.
+word-level tokenizer saved beside it (``PreTrainedTokenizerFast``), and an EAGLE head for it in its own directory;
+a DeepSeek-V3-style target (``DeepseekV3ForCausalLM``, MLA) saved the same way, with the MTP layer vLLM's DeepSeek MTP
+reads added to its checkpoint (:func:`write_deepseek_mtp`).
 
 Random weights, scaled so that drafting is partly right: the embedding and LM head are drawn large and the decoder
 layer small, so the target's next token is mostly a function of the current token (its "bigram") and sometimes not;
@@ -9,6 +11,7 @@ the EAGLE head passes the token's embedding through (``fc``) and its own layer a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -43,6 +46,25 @@ def _config(arch: str, layers: int):
     )
 
 
+def environ_kept(write):
+    """``write`` leaves ``os.environ`` as it found it. transformers' modelling imports torch's inductor, which sets
+    ``TORCHINDUCTOR_CACHE_DIR`` in the process; in the tests' process that variable would then differ from the engine
+    zygote's environment, and the zygote refuses every later engine process of the session (each then imports vLLM
+    itself: tests/support/engine_zygote.py)."""
+
+    @functools.wraps(write)
+    def wrapper(*args, **kwargs):
+        saved = dict(os.environ)
+        try:
+            return write(*args, **kwargs)
+        finally:
+            for key in set(os.environ) - set(saved):
+                del os.environ[key]
+            os.environ.update(saved)
+
+    return wrapper
+
+
 def write_tokenizer(path: str) -> None:
     """A word-level tokenizer: ``<unk> <s> </s>`` then ``w3`` .. ``w127``, split on whitespace."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -56,6 +78,7 @@ def write_tokenizer(path: str) -> None:
     fast.save_pretrained(path)
 
 
+@environ_kept
 def write_llama_eagle(root: str, seed: int = 0) -> tuple[str, str]:
     """``root/target`` (transformers' save_pretrained + tokenizer) and ``root/eagle``; returns both paths."""
     import torch
@@ -138,6 +161,7 @@ def _deepseek_config():
     )
 
 
+@environ_kept
 def write_deepseek_mtp(root: str, seed: int = 0) -> str:
     """``root/deepseek``: a ``DeepseekV3ForCausalLM`` (MLA, dense MLP) saved by transformers' save_pretrained with
     random weights and the word-level tokenizer, then its MTP layer added to the checkpoint as vLLM's DeepSeek MTP
