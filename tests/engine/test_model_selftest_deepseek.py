@@ -2,7 +2,7 @@
 (operator_model.write_deepseek_mtp: ``DeepseekV3ForCausalLM`` with random weights, MLA, a dense MLP, the word-level
 tokenizer; its MTP layer added to the checkpoint at ``model.layers.{num_hidden_layers}``, where vLLM's DeepSeek MTP
 reads it), drafting with that MTP layer (``method: mtp``, k = 2), text prompts through the checkpoint's tokenizer,
-eager. E2E_BIG=1 only (the MLA emulation: minutes per engine process on two cores); the tiny-model strict check left
+eager. E2E_BIG=1 only (about a minute on two cores, which CI time has no room for); the tiny-model strict check left
 out (``--skip-tiny-check``: PASS-WITHOUT-STRICT-CHECK; the MLA + MTP strict check is test_engine_mla.py's).
 """
 
