@@ -606,14 +606,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Your model with your engine arguments, after `--` as vLLM's CLI spells them (parsed by vLLM's own "
         "parser; --model, --async-scheduling and --speculative-config there are refused; --data-parallel-size N: N "
         "engine processes per run, vLLM's offline data-parallel form). The tiny-model self-test "
-        "runs first (the strict check), then each configuration of --configs in its own engine process, greedy. "
-        "Verdict (docs/selftest.md, 'On your model'): the two async+fixes runs give the noise floor; each "
-        "zero-bubble run against async+fixes must be exact where the floor is exact, else within the floor plus "
-        "5% of the requests diverging and 0.02 acceptance rate; over steps with identical schedules and histories "
-        "the sampled tokens agree (a note where the floor breaks that too); zero-bubble active and correcting where "
-        "configured, off in async+fixes; in a graph mode decode replays > 0 and each applied graph patch's work "
-        "counted. FAIL names the first diverging request and position. Exit 0 PASS (or PASS-WITHOUT-STRICT-CHECK), "
-        "1 FAIL, 2 refused / no NPU.",
+        "runs first (the strict check, its drafter, k and graph mode following the deployment), then each "
+        "configuration of --configs in its own engine process, greedy. Verdict (docs/selftest.md, 'On your model'): "
+        "the strict check passed; the two async+fixes runs give the noise floor; each zero-bubble run against "
+        "async+fixes must be exact where the floor is exact, else within the floor plus 5% of the requests diverging "
+        "and 0.02 acceptance rate; over steps with identical schedules and histories the sampled tokens agree (a "
+        "note where the floor breaks that too); every async run scheduled asynchronously, zero-bubble active and "
+        "correcting where configured, off in async+fixes, each async+zb+<id> run's patch applied; in a graph mode "
+        "graphs captured, decode replays > 0 in that mode and each applied graph patch's work counted. FAIL names "
+        "the first diverging request and position. Progress on stderr (logger vllm.zb_patch.selftest), the report "
+        "on stdout. Exit 0 PASS (or PASS-WITHOUT-STRICT-CHECK), 1 FAIL, 2 refused / no NPU.",
     )
     mod.add_argument("--model", metavar="PATH", help="your model directory (as vLLM's --model takes it)")
     mod.add_argument(

@@ -3,25 +3,26 @@ own model and engine arguments.
 
 The tiny-model self-test (:func:`.run.run_engine_selftest`, the strict check) first, then each configuration of
 ``--configs`` in its own engine process (:func:`.child.run_model`, each ``--repeats`` times), then the verdict of
-:mod:`.model_verdict` and a report (markdown + JSON). Progress goes to stderr; stdout carries the report only.
+:mod:`.model_verdict` and a report (markdown + JSON). Progress goes through zb-patch's logger (:data:`LOGGER`, a
+child of vLLM's: the CLI's handler writes it to stderr); stdout carries the report only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from . import model_verdict
 from .run import CONFIGS as TINY_CONFIGS
-from .run import Run, _tail, _versions, check_device, child_command, stop_reason
+from .run import LOGGER, Run, _tail, _versions, check_device, child_command, stop_reason
 
 SCHEMA = "zb-patch-selftest-engine-model/1"
 DEFAULT_CONFIGS = ("async+fixes", "async+fixes", "async+zb")
@@ -270,12 +271,11 @@ def describe_engine_args(model: str, engine_args: list[str], timeout: float = 60
     return answer
 
 
-def run_model_selftest(args, log: TextIO | None = None) -> dict:
-    """The whole ``--model`` self-test; returns the report (:data:`SCHEMA`)."""
+def run_model_selftest(args, log: logging.Logger = LOGGER) -> dict:
+    """The whole ``--model`` self-test; returns the report (:data:`SCHEMA`); progress lines go to ``log``."""
     from .run import run_engine_selftest
     from .workload import Workload
 
-    log = log or sys.stderr
     engine_args = list(args.engine_args or [])
     speculative = json.loads(args.speculative_config) if args.speculative_config else None
     report: dict[str, Any] = {
@@ -315,9 +315,9 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
     tiny = None
     if args.skip_tiny_check:
         report["tiny"] = {"verdict": "NOT-RUN", "reason": "--skip-tiny-check"}
-        print("zb-patch selftest --engine --model: tiny-model strict check skipped (--skip-tiny-check)", file=log)
+        log.info("zb-patch selftest --engine --model: tiny-model strict check skipped (--skip-tiny-check)")
     else:
-        print("zb-patch selftest --engine --model: tiny-model strict check (exact rules) first", file=log)
+        log.info("zb-patch selftest --engine --model: tiny-model strict check (exact rules) first")
         t = tiny_check_args(speculative, graph_mode, str(model_config(args.model).get("model_type", "")))
         tiny = run_engine_selftest(
             Workload(),
@@ -330,7 +330,7 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
             graph_mode=t["graph_mode"],
         )
         report["tiny"] = {k: tiny.get(k) for k in ("verdict", "failures", "drafter", "graph_mode")} | {"k": t["ks"]}
-        print(f"  tiny-model strict check: {tiny['verdict']}", file=log)
+        log.info("zb-patch selftest --engine --model: tiny-model strict check: %s", tiny["verdict"])
     max_len = ea["max_model_len"] - args.max_tokens if ea["max_model_len"] else None
     prompts = load_prompts(args.prompts, args.num_prompts, model_vocab(args.model), max_len=max_len)
     prompts_file = os.path.join(root, "prompts.json")
@@ -349,9 +349,9 @@ def run_model_selftest(args, log: TextIO | None = None) -> dict:
     for repeat in range(1, args.repeats + 1):
         for name in names:
             tag = name.replace("#", "-") + (f"-r{repeat}" if args.repeats > 1 else "")
-            print(f"zb-patch selftest --engine --model: run {tag} starting", file=log)
+            log.info("zb-patch selftest --engine --model: run %s starting", tag)
             run = run_ranks(name, setup, tag, dp, per_rank, getattr(args, "child_args", ()) or ())
-            print(f"  {tag}: {run.seconds:.0f} s, rc {run.returncode}", file=log)
+            log.info("zb-patch selftest --engine --model: run %s: %.0f s, rc %d", tag, run.seconds, run.returncode)
             entry: dict[str, Any] = {"name": name, "repeat": repeat, "seconds": round(run.seconds, 1)}
             entry["returncode"] = run.returncode
             if run.result is None:
@@ -466,8 +466,8 @@ def render(report: dict) -> str:
 
 
 def run_cli(args) -> int:
-    """``zb-patch selftest --engine --model``: progress on stderr, the report on stdout (``--json``: the JSON
-    object), both files under ``--report``."""
+    """``zb-patch selftest --engine --model``: progress through :data:`LOGGER` (stderr), the report on stdout
+    (``--json``: the JSON object), both files under ``--report``."""
     report = run_model_selftest(args)
     text = render(report)
     if args.report:

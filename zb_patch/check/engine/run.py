@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import subprocess
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any
 
 from zb_patch.detect import package
 from zb_patch.versions import adapters
@@ -38,6 +39,8 @@ from .verdict import BESIDE, compare
 from .workload import Workload, divergences, summarize, table
 
 SCHEMA = "zb-patch-selftest-engine/1"
+# progress lines: a child of vLLM's logger, as zb-patch's own (plugin.LOGGER_NAME); the CLI writes it to stderr
+LOGGER = logging.getLogger("vllm.zb_patch.selftest")
 # not "ZB_PATCH_*": zb-patch refuses to activate when it sees a ZB_PATCH_* variable it does not know
 CHILD_ENV = "ZB_SELFTEST_ENGINE_CHILD"
 # ZB_PATCH_DISABLE of every adapter's zero-bubble / kernel patches: zb-patch applies only its fixes of the release
@@ -121,7 +124,7 @@ def run_engine_selftest(
     ks: Sequence[int],
     parallel: int = 1,
     keep: str | None = None,
-    log: TextIO | None = None,
+    log: logging.Logger = LOGGER,
     drafter: str = "eagle",
     classic: bool = True,
     graph_mode: str = "eager",
@@ -129,9 +132,8 @@ def run_engine_selftest(
     """The whole comparison for each k in ``ks``; returns the report (see :data:`SCHEMA`). ``classic=False`` leaves
     out the classic async run (reported beside, never judged). ``graph_mode``: the child's ``--graph-mode`` (the
     verdict's rule 6 checks that each judged run captured and replayed graphs in it, and the applied graph patches'
-    counted work)."""
+    counted work). Progress lines go to ``log``."""
     names = [n for n in CONFIGS if classic or n != BESIDE]
-    log = log or sys.stderr
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "versions": _versions(),
@@ -160,7 +162,7 @@ def run_engine_selftest(
     failures: list[str] = []
     for k in ks:
         wk = replace(wl, num_speculative_tokens=k)
-        print(f"zb-patch selftest --engine: k = {k}: {len(names)} engine runs, {parallel} at a time", file=log)
+        log.info("zb-patch selftest --engine: k = %d: %d engine runs, %d at a time", k, len(names), parallel)
         runs = run_all([functools.partial(run_config, n, models, root, wk, extra_args) for n in names], parallel)
         entry: dict[str, Any] = {"seconds": {r.tag: round(r.seconds, 1) for r in runs}}
         crashed = [r for r in runs if r.result is None and r.name != BESIDE]
@@ -179,7 +181,7 @@ def run_engine_selftest(
             entry["rows"] = [summarize(n, res) for n, res in results.items()]
             entry["divergences"] = {n: len(divergences(results["sync"], res)) for n, res in results.items()}
         for r in runs:
-            print(f"  {r.tag}: {r.seconds:.0f} s, rc {r.returncode}", file=log)
+            log.info("zb-patch selftest --engine: run %s: %.0f s, rc %d", r.tag, r.seconds, r.returncode)
         report["k"][str(k)] = entry
         failures += [f"k={k}: {f}" for f in entry["failures"]]
     report["failures"] = failures
@@ -213,7 +215,8 @@ def render(report: dict) -> str:
 
 
 def run_cli(args) -> int:
-    """``zb-patch selftest --engine``: the report goes to ``args.out`` (stdout); progress to stderr."""
+    """``zb-patch selftest --engine``: the report goes to ``args.out`` (stdout); progress through :data:`LOGGER`
+    (stderr)."""
     wl = Workload(**json.loads(args.workload)) if args.workload else Workload()
     ks = [int(k) for k in args.k.split(",")]
     report = run_engine_selftest(
@@ -221,7 +224,6 @@ def run_cli(args) -> int:
         ks,
         parallel=args.jobs,
         keep=args.keep,
-        log=sys.stderr,
         drafter=args.drafter,
         classic=not args.no_classic,
         graph_mode=args.graph_mode,
