@@ -16,6 +16,7 @@ unfinished request:
   in flight;
 * a running request: ``0 <= num_computed_tokens - num_output_placeholders <= num_tokens - 1`` (the tokens whose KV
   is written and known, never past the last known token); a preempted one: ``num_computed_tokens == 0``;
+* a resumed request has nothing of its life before the preemption in flight, and no such output changes it later;
 
 and, per step, that the runner discarded a request's sampled tokens exactly when the scheduler gave it no
 placeholders (the discard mask against ``is_prefill_chunk``, #11313 / #11334).
@@ -25,7 +26,11 @@ step in flight, and their resumptions): the release's classic async without zb-p
 disabled (the adapter's fixes only), ZB_PATCH=1 (zero-bubble). The planted run mirrors a batch queue of depth 3
 (vLLM 0.18's engine core with async scheduling and pipeline parallelism >= 3: ``max_concurrent_batches`` is the PP
 size, vllm/v1/executor/multiproc_executor.py:472): a request can be resumed while an output of its pre-preemption
-life is still in flight, and the ledger must report #48245's divergence.
+life is still in flight, and the ledger must report #48245's divergence. The release's own defect: the engine core's
+``reset_prefix_cache(reset_running_requests=True)`` between two steps breaks the invariants (vLLM #46066 / #42117).
+
+CI (va013 / va018): EAGLE, 600 iterations. ``E2E_BIG=1``: 2000 iterations, MTP on the MLA target, the classic reset
+run.
 """
 
 from __future__ import annotations
@@ -98,7 +103,10 @@ class Ledger:
         before = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
         so = self._schedule(*args, **kwargs)
         self.step += 1
-        added = {rid: self.sched.requests[rid].num_output_placeholders - before.get(rid, 0) for rid in so.num_scheduled_tokens}
+        added = {
+            rid: self.sched.requests[rid].num_output_placeholders - before.get(rid, 0)
+            for rid in so.num_scheduled_tokens
+        }
         for rid in getattr(so, "preempted_req_ids", None) or ():
             self.counts["preempted"] += 1
             # #48245's precondition: preempted with an output still in flight
@@ -181,7 +189,9 @@ class Ledger:
             if p < 0:
                 self.violations.append(f"{where}: {rid} num_output_placeholders {p} < 0")
             if p != want:
-                self.violations.append(f"{where}: {rid} num_output_placeholders {p}, in flight {want} ({r.status.name})")
+                self.violations.append(
+                    f"{where}: {rid} num_output_placeholders {p}, in flight {want} ({r.status.name})"
+                )
             if r.status == self.RUNNING:
                 known = r.num_computed_tokens - p
                 if not 0 <= known <= r.num_tokens - 1:
@@ -206,7 +216,18 @@ class Ledger:
 
 
 def _run(
-    H, release, sess, monkeypatch, *, patched, disabled=(), depth=2, method="eagle", shape=None, reset_every=0, iterations=0
+    H,
+    release,
+    sess,
+    monkeypatch,
+    *,
+    patched,
+    disabled=(),
+    depth=2,
+    method="eagle",
+    shape=None,
+    reset_every=0,
+    iterations=0,
 ):
     ledgers: list[Ledger] = []
     make_scheduler = H.make_scheduler
@@ -228,7 +249,14 @@ def _run(
     try:
         with H.reference_kernels():
             res = H.run_mode(
-                sess, shape, specs, iterations, release=release, seed=SEED, patched=patched, disabled=disabled,
+                sess,
+                shape,
+                specs,
+                iterations,
+                release=release,
+                seed=SEED,
+                patched=patched,
+                disabled=disabled,
                 method=method,
             )
     except AssertionError as e:  # the release's assert, or what the harness checks at the end (KV pool, requests)
@@ -312,7 +340,9 @@ def test_placeholders_consistent_under_preemption(H, release, sess, monkeypatch,
             f"flight), {c['resumed']} resumed, {c['checks']} request checks, {c['rows']} rows "
             f"({c['discarded_rows']} discarded), {res.seconds} s"
         )
-    differ = {m: sorted(r for r in streams[m] if streams[m][r] != streams[MODES[1]].get(r)) for m in (MODES[0], MODES[2])}
+    differ = {
+        m: sorted(r for r in streams[m] if streams[m][r] != streams[MODES[1]].get(r)) for m in (MODES[0], MODES[2])
+    }
     lines.append(f"requests whose tokens differ from the fixes-only run: {differ}")
     # zero-bubble changes no token of this workload
     assert streams[MODES[1]] == streams[MODES[2]]
@@ -349,7 +379,13 @@ def test_release_reset_prefix_cache_with_output_in_flight(H, release, sess, monk
     resumed life (vLLM #42117). Same with and without zero-bubble (the scheduler is the release's)."""
     zb_ids = H.zero_bubble_and_fix_ids(release.ADAPTER)[0]
     res, ledger, error = _run(
-        H, release, sess, monkeypatch, patched=True, disabled=() if zero_bubble else zb_ids[:1], reset_every=40,
+        H,
+        release,
+        sess,
+        monkeypatch,
+        patched=True,
+        disabled=() if zero_bubble else zb_ids[:1],
+        reset_every=40,
         iterations=ITERATIONS["eagle"] if BIG else 120,
     )
     c = ledger.counts
