@@ -1,0 +1,433 @@
+"""Output-placeholder accounting of the release's real vLLM ``AsyncScheduler`` under async scheduling + spec decode
++ KV-pressure preemption (vLLM #48245: ``assert request.num_output_placeholders >= 0`` in
+``AsyncScheduler._update_request_with_output``; vllm-ascend #11313 / #11334: a preempted-then-resumed request whose
+runner discard mask disagrees with the scheduler's ``is_prefill_chunk``), vllm-ascend 0.13 / 0.18, on the
+runner-parity harness (tests/parity/runner_harness.py: the scheduler, its KV-cache manager and the runner's
+``_update_states`` / ``_prepare_inputs`` / ``_bookkeeping_sync`` are the release's; the engine core's batch queue is
+mirrored at the depth the release's executors give async scheduling).
+
+:class:`Ledger` wraps the scheduler's ``schedule`` and ``update_from_output`` and checks, after every call, for every
+unfinished request:
+
+* ``num_output_placeholders >= 0``;
+* ``num_output_placeholders`` equals what the steps still in flight added for it (each step's increment recorded
+  when it was scheduled; a step leaves the flight once its output was processed): a preempted request keeps exactly
+  its in-flight step's placeholders until that output is drained, and a resumed request starts from what is still
+  in flight;
+* a running request: ``0 <= num_computed_tokens - num_output_placeholders <= num_tokens - 1`` (the tokens whose KV
+  is written and known, never past the last known token); a preempted one: ``num_computed_tokens == 0``;
+* a resumed request has nothing of its life before the preemption in flight, and no such output changes it later;
+
+and, per step, that the runner discarded a request's sampled tokens exactly when the scheduler gave it no
+placeholders (the discard mask against ``is_prefill_chunk``, #11313 / #11334).
+
+Three runs per release, EAGLE k = 3 on a small KV pool (many preemptions, among them preemptions of requests with a
+step in flight, and their resumptions): the release's classic async without zb-patch, ZB_PATCH=1 with zero-bubble
+disabled (the adapter's fixes only), ZB_PATCH=1 (zero-bubble). The planted run mirrors a batch queue of depth 3
+(vLLM 0.18's engine core with async scheduling and pipeline parallelism >= 3: ``max_concurrent_batches`` is the PP
+size, vllm/v1/executor/multiproc_executor.py:472): a request can be resumed while an output of its pre-preemption
+life is still in flight, and the ledger must report #48245's divergence. The release's own defect: the engine core's
+``reset_prefix_cache(reset_running_requests=True)`` between two steps breaks the invariants (vLLM #46066 / #42117).
+
+CI (va013 / va018): EAGLE, 600 iterations. ``E2E_BIG=1``: 2000 iterations, MTP on the MLA target, the classic reset
+run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+HARNESS = {"0.13": "runner013", "0.18": "runner018"}
+FAMILY = npu_standin.detect_family()
+if FAMILY not in HARNESS:
+    pytest.skip(f"the runner harness covers vllm-ascend 0.13 / 0.18; this env has {FAMILY}", allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
+
+K, SEED = 3, 11
+BIG = bool(os.environ.get("E2E_BIG"))
+ITERATIONS = {"eagle": 2000 if BIG else 600, "mtp": 400}
+
+
+def _shape(method="eagle"):
+    from zb_patch.check.selftest.compat import EngineShape
+
+    if method == "mtp":
+        # the MLA target (tests/parity/mla_harness.py): 5 blocks of 128 for up to 4 requests of up to 512 tokens
+        return EngineShape(num_spec_tokens=K, block_size=128, max_model_len=512, num_blocks=6, max_num_seqs=4)
+    # 24 blocks of 16 for up to 8 requests of up to 192 tokens: KV pressure, preemption of decoding requests
+    return EngineShape(num_spec_tokens=K, num_blocks=24)
+
+
+class Ledger:
+    """The scheduler's placeholder invariants, checked after every ``schedule`` / ``update_from_output``."""
+
+    def __init__(self, sched) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.sched, self.RUNNING, self.PREEMPTED = sched, RequestStatus.RUNNING, RequestStatus.PREEMPTED
+        self.step = 0
+        self.flight: dict[int, dict[str, int]] = {}  # step -> {request: placeholders it added}, output not processed
+        self.added: dict[int, dict[str, int]] = {}  # every step's increments
+        self.step_of: dict[int, int] = {}  # id(scheduler output) -> step
+        self.violations: list[str] = []
+        self.resumed_at: dict[str, int] = {}  # request -> the step that last resumed it
+        self.counts: Counter = Counter()
+        self.reset_at: dict[str, tuple[int, list[int]]] = {}  # force-preempted -> (last step, its steps in flight)
+        self._schedule, self._update = sched.schedule, sched.update_from_output
+        self._reset = sched.reset_prefix_cache
+        sched.schedule, sched.update_from_output = self.schedule, self.update_from_output
+        sched.reset_prefix_cache = self.reset_prefix_cache
+
+    def reset_prefix_cache(self, *args, **kwargs):
+        """``reset_prefix_cache(reset_running_requests=True)`` (an engine-core utility call, between two steps):
+        every running request is preempted and its in-flight output is to be dropped."""
+        running = [r.request_id for r in self.sched.running]
+        out = self._reset(*args, **kwargs)
+        for rid in running:
+            steps = [s for s, d in self.flight.items() if rid in d]
+            self.reset_at[rid] = (self.step, steps)
+            for s in steps:
+                self.flight[s] = {k: v for k, v in self.flight[s].items() if k != rid}
+            self.counts["force_preempted"] += 1
+            self.counts["force_preempted_in_flight"] += bool(steps)
+        self._check(f"reset after step {self.step}")
+        return out
+
+    def schedule(self, *args, **kwargs):
+        before = {rid: r.num_output_placeholders for rid, r in self.sched.requests.items()}
+        so = self._schedule(*args, **kwargs)
+        self.step += 1
+        added = {
+            rid: self.sched.requests[rid].num_output_placeholders - before.get(rid, 0)
+            for rid in so.num_scheduled_tokens
+        }
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            self.counts["preempted"] += 1
+            # #48245's precondition: preempted with an output still in flight
+            self.counts["preempted_in_flight"] += self.sched.requests[rid].num_output_placeholders > 0
+        for rid in so.scheduled_cached_reqs.resumed_req_ids:
+            self.counts["resumed"] += 1
+            self.resumed_at[rid] = self.step
+            # what is in flight for a resumed request belongs to its life before the preemption: the release drains
+            # it against the resumed request (#48245)
+            stale = [s for s, d in self.flight.items() if rid in d]
+            if stale or before.get(rid, 0):
+                self.violations.append(
+                    f"schedule {self.step}: {rid} resumed with {before.get(rid, 0)} placeholders, "
+                    f"its steps {stale} in flight"
+                )
+        self.flight[self.step] = added
+        self.added[self.step] = added
+        self.step_of[id(so)] = self.step
+        self._check(f"schedule {self.step}")
+        return so
+
+    def update_from_output(self, so, model_output):
+        step = self.step_of.pop(id(so))
+        # requests of this step resumed since: its output belongs to their life before the preemption
+        stale = {
+            rid: (r.num_computed_tokens, r.num_output_placeholders)
+            for rid in self.flight[step]
+            if self.resumed_at.get(rid, 0) > step and (r := self.sched.requests.get(rid)) is not None
+        }
+        # force-preempted requests: the output of a step scheduled before the reset must change nothing; the first
+        # output of a step scheduled after it is the resumed request's own
+        forced = {}
+        for rid in self.added[step]:
+            r = self.sched.requests.get(rid)
+            if rid in self.reset_at and r is not None:
+                forced[rid] = (r.num_computed_tokens, r.num_output_placeholders, r.num_output_tokens)
+        try:
+            return self._update(so, model_output)
+        except AssertionError as e:  # the release's own assert (#48245)
+            self.violations.append(f"update {step}: the scheduler raised AssertionError {e}")
+            raise
+        finally:
+            del self.flight[step]
+            for rid, (computed, placeholders, outputs) in forced.items():
+                r = self.sched.requests.get(rid)
+                if r is None or r.is_finished():
+                    continue
+                reset_step, steps = self.reset_at[rid]
+                now = (r.num_computed_tokens, r.num_output_placeholders, r.num_output_tokens)
+                if step in steps and now != (computed, placeholders, outputs):
+                    self.violations.append(
+                        f"update {step}: {rid}'s output of step {step}, in flight at reset_prefix_cache after step "
+                        f"{reset_step}, changed (num_computed_tokens, num_output_placeholders, num_output_tokens) "
+                        f"{(computed, placeholders, outputs)} -> {now}"
+                    )
+                elif step > reset_step and not steps and outputs == r.num_output_tokens and self.added[step][rid]:
+                    self.violations.append(
+                        f"update {step}: {rid}'s first output after reset_prefix_cache (after step {reset_step}, "
+                        f"nothing in flight) dropped"
+                    )
+                if step > reset_step and self.added[step][rid]:
+                    del self.reset_at[rid]
+            for rid, (computed, placeholders) in stale.items():
+                r = self.sched.requests.get(rid)
+                if r is not None and (r.num_computed_tokens, r.num_output_placeholders) != (computed, placeholders):
+                    self.violations.append(
+                        f"update {step}: {rid}'s output of step {step} drained after its resume at step "
+                        f"{self.resumed_at[rid]}: num_computed_tokens {computed} -> {r.num_computed_tokens}, "
+                        f"num_output_placeholders {placeholders} -> {r.num_output_placeholders}"
+                    )
+            self._check(f"update {step}")
+
+    def _check(self, where: str) -> None:
+        for rid, r in self.sched.requests.items():
+            if r.is_finished():
+                continue
+            p = r.num_output_placeholders
+            want = sum(d.get(rid, 0) for d in self.flight.values())
+            self.counts["checks"] += 1
+            if p < 0:
+                self.violations.append(f"{where}: {rid} num_output_placeholders {p} < 0")
+            if p != want:
+                self.violations.append(
+                    f"{where}: {rid} num_output_placeholders {p}, in flight {want} ({r.status.name})"
+                )
+            if r.status == self.RUNNING:
+                known = r.num_computed_tokens - p
+                if not 0 <= known <= r.num_tokens - 1:
+                    self.violations.append(
+                        f"{where}: {rid} num_computed_tokens {r.num_computed_tokens} - placeholders {p} = {known} "
+                        f"outside [0, num_tokens - 1 = {r.num_tokens - 1}]"
+                    )
+            elif r.status == self.PREEMPTED and r.num_computed_tokens != 0:
+                self.violations.append(f"{where}: preempted {rid} num_computed_tokens {r.num_computed_tokens}")
+
+    def discard_mismatches(self, records: dict) -> list[str]:
+        """Rows whose runner discard decision disagrees with the scheduler's placeholders for that step."""
+        out = []
+        for step, rows in records.items():
+            for rid, rec in rows.items():
+                added = self.added.get(step, {}).get(rid)
+                self.counts["rows"] += 1
+                self.counts["discarded_rows"] += rec.discarded
+                if added is None or rec.discarded != (added == 0):
+                    out.append(f"step {step}: {rid} discarded={rec.discarded}, scheduler added {added} placeholders")
+        return out
+
+
+def _run(
+    H,
+    release,
+    sess,
+    monkeypatch,
+    *,
+    patched,
+    disabled=(),
+    depth=2,
+    method="eagle",
+    shape=None,
+    reset_every=0,
+    iterations=0,
+):
+    ledgers: list[Ledger] = []
+    make_scheduler = H.make_scheduler
+
+    def make(*args, **kwargs):
+        sched = make_scheduler(*args, **kwargs)
+        ledgers.append(Ledger(sched))
+        return sched
+
+    monkeypatch.setattr(H, "make_scheduler", make)
+    if depth != 2:
+        monkeypatch.setattr(H.Run, "iteration", _iteration_at_depth(H.Run.iteration, depth))
+    if reset_every:
+        monkeypatch.setattr(H.Run, "iteration", _iteration_with_resets(H.Run.iteration, reset_every))
+    shape = shape or _shape(method)
+    iterations = iterations or ITERATIONS[method]
+    specs = H.make_workload(SEED, shape, iterations)
+    error = None
+    try:
+        with H.reference_kernels():
+            res = H.run_mode(
+                sess,
+                shape,
+                specs,
+                iterations,
+                release=release,
+                seed=SEED,
+                patched=patched,
+                disabled=disabled,
+                method=method,
+            )
+    except Exception as e:  # the release's assert or a later failure, or the harness's end checks (KV pool, requests)
+        res, error = None, e
+    finally:
+        monkeypatch.undo()
+    return res, ledgers[0], error
+
+
+def _iteration_at_depth(iteration, depth):
+    """``Run.iteration`` with a batch queue of ``depth`` (the harness's is 2, as vLLM's executors give async
+    scheduling without pipeline parallelism): it returns without waiting for an output while the queue has room."""
+
+    def it(run, abort_after):
+        sched = run.scheduler
+        if sched.has_requests() and len(run.queue) + 1 < depth:
+            holding = {
+                r.request_id: (len(r.spec_token_ids), r.num_computed_tokens) for r in sched.running if r.spec_token_ids
+            }
+            so = sched.schedule()
+            run.step += 1
+            run.preemptions += len(getattr(so, "preempted_req_ids", None) or ())
+            run._count_edges(so, holding)
+            executed = run.driver.execute_model(so, run.step)
+            out = run.driver.sample_tokens(so) if executed else None
+            run.queue.appendleft((out, so))
+            return
+        iteration(run, abort_after)
+
+    return it
+
+
+def _iteration_with_resets(iteration, every):
+    """``Run.iteration``, then, every ``every`` steps while a step is in flight and requests run, the engine core's
+    utility call ``reset_prefix_cache(reset_running_requests=True)`` (what ``LLM.reset_prefix_cache`` / the
+    ``/reset_prefix_cache`` endpoint, weight updates and ``sleep`` reach), as the busy loop makes it between two
+    steps."""
+    last = [0]
+
+    def it(run, abort_after):
+        iteration(run, abort_after)
+        if run.step - last[0] >= every and run.queue and run.scheduler.running:
+            last[0] = run.step
+            run.scheduler.reset_prefix_cache(reset_running_requests=True)
+
+    return it
+
+
+MODES = ("classic async, no zb-patch", "ZB_PATCH=1, zero-bubble disabled", "ZB_PATCH=1 (zero-bubble)")
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["eagle", pytest.param("mtp", marks=pytest.mark.skipif(not BIG, reason="E2E_BIG=1 (the MLA target: ~45 s)"))],
+)
+def test_placeholders_consistent_under_preemption(H, release, sess, monkeypatch, capsys, method):
+    """The release's classic async, the adapter's fixes alone and zero-bubble: no invariant is ever broken, the
+    runner discards exactly the rows the scheduler gave no placeholders, and the run preempts requests that have a
+    step in flight and resumes them."""
+    zb_ids = H.zero_bubble_and_fix_ids(release.ADAPTER)[0]
+    runs = {
+        MODES[0]: dict(patched=False),
+        MODES[1]: dict(patched=True, disabled=zb_ids[:1]),
+        MODES[2]: dict(patched=True),
+    }
+    lines, streams = [], {}
+    for mode, kw in runs.items():
+        res, ledger, error = _run(H, release, sess, monkeypatch, method=method, **kw)
+        assert error is None, (mode, error, ledger.violations[:5])
+        assert not ledger.violations, (mode, ledger.violations[:8])
+        mismatches = ledger.discard_mismatches(res.records)
+        assert not mismatches, (mode, mismatches[:8])
+        c = ledger.counts
+        assert bool(res.zb.get("active")) == (mode == MODES[2]), (mode, res.zb)
+        assert res.spec_steps > 0 and 0 < res.accepted < res.drafted
+        assert c["preempted_in_flight"] >= 5 and c["resumed"] >= 5, (mode, dict(c))
+        assert c["discarded_rows"] > 0
+        streams[mode] = res.streams
+        lines.append(
+            f"{mode}: {res.steps} steps, {c['preempted']} preemptions ({c['preempted_in_flight']} with a step in "
+            f"flight), {c['resumed']} resumed, {c['checks']} request checks, {c['rows']} rows "
+            f"({c['discarded_rows']} discarded), {res.seconds} s"
+        )
+    differ = {
+        m: sorted(r for r in streams[m] if streams[m][r] != streams[MODES[1]].get(r)) for m in (MODES[0], MODES[2])
+    }
+    lines.append(f"requests whose tokens differ from the fixes-only run: {differ}")
+    # zero-bubble changes no token of this workload
+    assert streams[MODES[1]] == streams[MODES[2]]
+    with capsys.disabled():
+        print(f"\n{release.ADAPTER.id} {method} k={K}, batch queue 2:\n  " + "\n  ".join(lines))
+
+
+def test_planted_batch_queue_depth_three_breaks_the_accounting(H, release, sess, monkeypatch, capsys):
+    """Planted: a batch queue of depth 3 (vLLM 0.18's engine core with async scheduling and PP >= 3; not reachable
+    on vLLM 0.13, whose executors give async scheduling 2 at any PP size) lets a request be resumed while an output of
+    its pre-preemption life is in flight. The ledger must see #48245's divergence: the stale output is drained
+    against the resumed request."""
+    res, ledger, error = _run(H, release, sess, monkeypatch, patched=False, depth=3, iterations=240)
+    with capsys.disabled():
+        print(f"\n{release.ADAPTER.id} planted batch queue 3: {dict(ledger.counts)}; error: {error!r}")
+        for v in ledger.violations[:6]:
+            print("  ", v)
+    resumed = [v for v in ledger.violations if " resumed with " in v and " resumed with 0 " not in v]
+    drained = [v for v in ledger.violations if "drained after its resume" in v]
+    assert resumed and drained, ledger.violations[:8]
+
+
+@pytest.mark.parametrize(
+    "zero_bubble",
+    [pytest.param(False, marks=pytest.mark.skipif(not BIG, reason="E2E_BIG=1")), True],
+    ids=["classic", "zero-bubble"],
+)
+def test_release_reset_prefix_cache_with_output_in_flight(H, release, sess, monkeypatch, capsys, zero_bubble):
+    """The release's own defect, not fixed by zb-patch (its fixes are worker-side; this is the EngineCore's scheduler):
+    ``reset_prefix_cache(reset_running_requests=True)`` between two steps zeroes every running request's placeholders
+    and flags its next output for discard (vllm/v1/core/sched/scheduler.py, ``reset_prefix_cache``), but
+    ``update_from_output`` subtracts a returning spec-decode output's rejected drafts from the resumed request's
+    counters before that discard (vLLM #46066), and a request with nothing in flight loses the first token of its
+    resumed life (vLLM #42117). Same with and without zero-bubble (the scheduler is the release's)."""
+    zb_ids = H.zero_bubble_and_fix_ids(release.ADAPTER)[0]
+    res, ledger, error = _run(
+        H,
+        release,
+        sess,
+        monkeypatch,
+        patched=True,
+        disabled=() if zero_bubble else zb_ids[:1],
+        reset_every=40,
+        iterations=ITERATIONS["eagle"] if BIG else 120,
+    )
+    c = ledger.counts
+    with capsys.disabled():
+        print(f"\n{release.ADAPTER.id} reset_prefix_cache every 40 steps: {dict(c)}; error: {error!r}")
+        for v in ledger.violations[:6]:
+            print("  ", v)
+    assert c["force_preempted_in_flight"] > 0
+    drained = [v for v in ledger.violations if "in flight at reset_prefix_cache" in v]
+    dropped = [v for v in ledger.violations if "first output after reset_prefix_cache" in v]
+    negative = [v for v in ledger.violations if "num_output_placeholders -" in v and "< 0" in v]
+    assert drained and negative, ledger.violations[:8]
+    if BIG and c["force_preempted"] > c["force_preempted_in_flight"]:  # one ran with nothing in flight (0.18's run)
+        assert dropped, ledger.violations[:8]
+
+
+def test_planted_discard_mask_ignores_resumed_rows(H, release, sess, monkeypatch, capsys):
+    """Planted: the runner's discard mask leaves out the rows of requests resumed in the step (the class of vllm-ascend
+    #11313 / #11334: the runner's prompt boundary of a resumed request disagrees with the scheduler's
+    ``is_prefill_chunk``). A resumed request's partial prefill chunk then returns a token the scheduler gave no
+    placeholder for: the ledger sees the discard mismatch and the release's own assert fires (#11296's
+    ``num_output_placeholders >= 0``)."""
+    import functools
+
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    original = NPUModelRunner.__dict__["_prepare_inputs"]
+
+    @functools.wraps(original)
+    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
+        out = original(self, scheduler_output, *args, **kwargs)
+        resumed = {self.input_batch.req_id_to_index[r] for r in scheduler_output.scheduled_cached_reqs.resumed_req_ids}
+        kept = [int(i) for i in self.discard_request_indices.np[: self.num_discarded_requests] if int(i) not in resumed]
+        self.discard_request_indices.np[: len(kept)] = kept
+        self.num_discarded_requests = len(kept)
+        return out
+
+    monkeypatch.setattr(NPUModelRunner, "_prepare_inputs", _prepare_inputs)
+    res, ledger, error = _run(H, release, sess, monkeypatch, patched=False)
+    with capsys.disabled():
+        print(f"\n{release.ADAPTER.id} planted discard mask: error {error!r}")
+        for v in ledger.violations[:4]:
+            print("  ", v)
+    assert isinstance(error, AssertionError) and "num_output_placeholders" in "".join(ledger.violations)
+    assert any("the scheduler raised AssertionError" in v for v in ledger.violations), ledger.violations[:8]
