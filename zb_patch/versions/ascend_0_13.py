@@ -659,6 +659,7 @@ COMMITS = (
         branch="releases/v0.13.0",
         past_tag=30,
         date="2026-07-16",
+        env="va013-head",
         fingerprints={
             f"{_RUNNER}.__init__": "6ce9b379b1d01980",
             f"{_RUNNER}.sample_tokens": "4a7d6cf7b2fe1407",
