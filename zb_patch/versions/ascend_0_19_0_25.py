@@ -18,8 +18,13 @@ from __future__ import annotations
 import functools
 
 from ..registry import BACKPORT, UPSTREAM, Advisory, Guard, Patch, PatchSet, RestsOn
-from . import spec_fixes
 from .adapter import Adapter
+from .fixes import (
+    draft_sample_indices_past_batch,
+    draft_seq_lens_max_model_len,
+    mla_draft_rope_rows,
+    stale_draft_placeholders,
+)
 
 
 def _make_compute_slot_mapping(original):
@@ -312,17 +317,11 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
     roles=("worker",),
 )
 
-# vLLM #37159 (no vLLM release fixes it): the same two wrappers as adapters ascend-0.13 / ascend-0.18
-# (zb_patch.versions.spec_fixes). vLLM-side targets: one fingerprint per form, read from the sdist of every vLLM release
-# from 0.19.0 to 0.25.1; each label also names the vllm-ascend releases that run on those vLLMs (the supported table
-# counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
-STALE_DRAFT_PLACEHOLDERS = Patch(
-    id="stale-draft-placeholders",
-    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
-    make=spec_fixes.make_prepare_input_ids,
-    fingerprints={
+# vLLM #37159 (no vLLM release fixes it). vLLM-side targets: one fingerprint per form, read from the sdist of every vLLM
+# release from 0.19.0 to 0.25.1; each label also names the vllm-ascend releases that run on those vLLMs (the supported
+# table counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
+STALE_DRAFT_PLACEHOLDERS, STALE_DRAFT_ROWS = stale_draft_placeholders.patches(
+    {
         "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2, 0.21.0 (vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1)": (
             "c8cdcefe001f6eb2"
         ),
@@ -331,52 +330,33 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
         # the previous proposal's width is prev_num_spec_tokens (= _draft_token_ids.shape[1])
         "vllm 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.24.0rc1, 0.25.1rc1)": "887b8f1b462d5be5",
     },
-    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
-    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
-    "step's batch (`if prev_index < 0: continue`). A request that skipped a step (the scheduler keeps its "
-    "placeholders; vLLM's max_model_len clamp on the optimistic count leaves a request at the limit 0 tokens for a "
-    "step) comes back with them, InputBatch.update_req_spec_token_ids writes them into token_ids_cpu and the `-1` "
-    "reaches the model. vLLM 0.19.0-0.24.0 (vllm-ascend 0.19.1rc1-0.24.0rc1, whose NPUModelRunner has a _preprocess "
-    "of its own) guard nothing: the `-1` is an out-of-range index of the target's embedding, a crash wherever the "
-    "embedding does not mask it (vllm-ascend's VocabParallelEmbedding masks out-of-range ids only with the "
-    "vocabulary split, TP > 1). vLLM 0.25.0 / 0.25.1 "
-    "(vllm-ascend 0.25.1rc1, whose NPUModelRunner inherits vLLM's _preprocess) clamp it to token 0 before the "
-    "embedding (vllm#47029, GPUModelRunner._preprocess) and reject a negative draft (vllm#46533, "
-    "vllm/v1/sample/rejection_sampler.py; vllm-ascend's AscendRejectionSampler rejects it too): no crash, wasted "
-    "verification, one token instead of up to k + 1 for that step. The releases' own zero-bubble path is vLLM's "
-    "here. Every upstream fix proposed (#37629, #40768, #43434, #46899) was closed unmerged.",
-    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.13 / 0.18: before the release's body the drafts of "
-    "each request that was sampled in the last proposing step and left the batch since are kept (device clone of "
-    "its row of _draft_token_ids, row width _draft_token_ids.shape[1]); after the body a row back with scheduled "
-    "drafts that was not in the previous batch gets them written over its draft input ids (device copy; the "
-    "rejection sampler reads the same ids). Tokens and acceptance are those of the request's own drafts; no host "
-    "wait. Applies with async scheduling + spec decode; a runner whose class overrides _prepare_input_ids (310P) is "
-    "not covered.",
-    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
-    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0); the adapter range ends at vllm-ascend "
-    "0.26.0rc1, whose native verdict reports it as an advisory",
-)
-
-STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
     {
         "vllm 0.19.0, 0.19.1 (vllm-ascend 0.19.1rc1)": "9425e7ced1a19cb5",
         "vllm 0.20.0, 0.20.1, 0.20.2 (vllm-ascend 0.20.2rc1)": "7052f42ae2f49b7b",
         "vllm 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, "
         "0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1)": "4ad52348e5126401",
     },
-    STALE_DRAFT_PLACEHOLDERS.remove_when,
+    release="vLLM 0.19.0-0.24.0 (vllm-ascend 0.19.1rc1-0.24.0rc1, whose NPUModelRunner has a _preprocess of its own) "
+    "guard nothing: the `-1` is an out-of-range index of the target's embedding, a crash wherever the embedding "
+    "does not mask it (vllm-ascend's VocabParallelEmbedding masks out-of-range ids only with the vocabulary "
+    "split, TP > 1). vLLM 0.25.0 / 0.25.1 (vllm-ascend 0.25.1rc1, whose NPUModelRunner inherits vLLM's "
+    "_preprocess) clamp it to token 0 before the embedding (vllm#47029, GPUModelRunner._preprocess) and reject a "
+    "negative draft (vllm#46533, vllm/v1/sample/rejection_sampler.py; vllm-ascend's AscendRejectionSampler "
+    "rejects it too): no crash, wasted verification, one token instead of up to k + 1 for that step. The "
+    "releases' own zero-bubble path is vLLM's here.",
+    not_covered="a runner whose class overrides _prepare_input_ids (310P)",
+    also_upstream=("vllm#44734",),
+    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0); the adapter range ends at vllm-ascend "
+    "0.26.0rc1, whose native verdict reports it as an advisory",
     forms="The forms differ in unrelated per-request state only (block-table row clearing, logprob and "
     "thinking-budget bookkeeping).",
 )
 
-DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
-    id="draft-seq-lens-max-model-len",
-    rests_on=spec_fixes.DRAFT_LENGTHS_ONE_STREAM,
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = draft_seq_lens_max_model_len.patch(
     # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
     # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
-    target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
-    make=spec_fixes.make_attn_update_stack_num_spec_norm,
-    fingerprints={"vllm-ascend 0.19.1rc1": "28fa1aa462c9076b"},
+    "vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer",
+    {"vllm-ascend 0.19.1rc1": "28fa1aa462c9076b"},
     native_fingerprints={
         # #9221: input_fits_in_drafter skips the drafter (zero drafts) once max_seq_len + k > max_model_len, so the
         # masks below are never reached with a request at the limit (the DP hang of vLLM #44185 is that gate's)
@@ -388,25 +368,15 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
         "vllm-ascend 0.24.0rc1": "80302239d1b129b7",
         "vllm-ascend 0.25.1rc1": "2a5eb9ff8ecc6e66",
     },
-    why="(vllm-ascend #9221 / #10147) For draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length "
-    "and sets it to 1 past max_model_len: on the device by the step's position (>= max_model_len), on the host by "
-    "the new length (>= max_model_len, also for _seq_lens_cpu). They disagree near the limit (device max_model_len "
-    "vs host 1, also for rows below the limit whose lengths count rejected drafts; then device 1 vs host 2, 3, ...): "
-    "Ascend attention reads the host lengths, other kernels the device ones, the MTP out-of-range errors #9221 fixed.",
-    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.18: the release's body runs with a stand-in attn_group "
-    "whose builder first sets the draft rows' lengths to the previous step's + 1, 1 where that exceeds "
-    "max_model_len, on the device and the host (seq_lens_cpu, _seq_lens_cpu): #10147's masks. No host wait.",
-    upstream=("vllm-ascend#10147", "vllm-ascend#9221", "vllm-ascend#10112", "vllm#44185"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there: #9221's drafter gate in 0.20.2rc1, #10147's masks from "
     "0.21.0rc1).",
-    roles=("worker",),
 )
 
 # The EAGLE draft graph's stale sample indices (vllm-ascend #9867 / #10080, in 0.21.0rc1): the fix of adapter
 # ascend-0.18. The fix landed in the proposer (_propose, dummy_run: the mla-draft-rope-rows group's targets); the
 # runner method wrapped here differs between 0.20.2rc1 and 0.21.0rc1 as well, and its fingerprints from 0.21.0rc1 on
 # name the releases that carry the fix.
-DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     {"vllm-ascend 0.19.1rc1": "5254cc2f522b75a5", "vllm-ascend 0.20.2rc1": "b8c35c76869b8e2c"},
     buffer="token_indices_to_sample",
     release_lines="AscendSpecDecodeBaseProposer._propose, 0.19.1rc1 eagle_proposer.py:810, 0.20.2rc1 "
@@ -421,7 +391,7 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
 )
 
 # The decode RoPE rows every draft position shares (MLA / SFA targets): the group of adapter ascend-0.18.
-MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
+MLA_DRAFT_ROPE_ROWS = mla_draft_rope_rows.patches(
     # 0.19.1rc1 defines the class in eagle_proposer; later releases re-export it there (as for
     # draft-seq-lens-max-model-len above)
     proposer="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..registry import BACKPORT, ONE_STREAM, RestsOn
-from .early_output import already_exact
+from .fixes.exact_counts_after_early_output import already_exact
 
 # What the zero-bubble patches of ascend-0.13 / ascend-0.18 rest on (their specs' rests_on).
 ZERO_BUBBLE_BACKPORT = RestsOn(
