@@ -1,6 +1,7 @@
 """Adapter ascend-0.13: vllm-ascend 0.13.0 + vLLM 0.13.0 -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-Declarations (the patch specs, each with its why / how / upstream / remove-when, and the guards) and this release's
+Declarations (the zero-bubble specs, :mod:`.zero_bubble_classic`'s plus this release's input-preparation specs; the
+fixes, each a factory of :mod:`.fixes` called with this release's fingerprints; the guards) and this release's
 quirks; the wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.18. The quirks
 (:class:`ZeroBubble013`): the monolithic ``_prepare_inputs`` also builds the attention metadata, so the correction
 runs inside it, at ``_init_model_kwargs``, where the input ids are also clamped to >= 0; the device counts are

@@ -1,8 +1,9 @@
 """Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-Declarations only: the patch specs (each with its why / how / upstream / remove-when) and the guards. The wrappers
-are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.13; this release's one quirk is where
-the correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
+Declarations: the zero-bubble specs (:mod:`.zero_bubble_classic`'s, shared with ascend-0.13, plus this release's
+input-preparation spec), the fixes (each a factory of :mod:`.fixes` called with this release's fingerprints) and the
+guards. The wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s; this release's one quirk is where the
+correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
 docs/releases/ascend-0.18.md: what is verified and how.
 """
 

@@ -12,6 +12,7 @@ imported, and the scheduler (EngineCore process) and the runner (worker processe
 executors) live in different processes, so a fix that needed both would never apply.
 
 Nothing heavy is imported at module level: torch only inside the functions a patched method calls. The modules
-import from ``zb_patch.registry`` only (never from ``zb_patch.versions`` or an adapter). The long form of every spec:
-the patch reference of docs/releases/ (generated from the specs).
+import from ``zb_patch.registry`` only (never from ``zb_patch.versions`` or an adapter). Reference, generated from the
+specs: docs/releases/<adapter>.md and docs/releases/shared-fixes.md (``zb-patch patches`` prints every field); the
+long forms the specs name: docs/e2e.md ("Release defects"), docs/graph-modes.md, docs/results.md (figures).
 """
