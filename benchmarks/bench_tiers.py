@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # zb_patch from this repository (the GPU host has it on no other path)
 from zb_patch import versions as V  # noqa: E402
-from zb_patch.versions.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID  # noqa: E402
+from zb_patch.versions.fixes.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID  # noqa: E402
 
 BENCH = os.path.join(HERE, "bench_engine_gpu.py")
 MODES = ("eager", "piecewise", "full_decode_only")

@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 
 from . import __version__
@@ -240,13 +241,75 @@ def supported_markdown(brief: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+SHARED_PAGE = "shared-fixes.md"  # beside docs/releases/<adapter>.md: the texts patches of several adapters share
+# the spec texts the patch reference shows; how and the rests-on evidence: zb-patch patches (the full specs)
+_TEXT_FIELDS = ("why", "upstream", "remove when")
+_OPENING, _MIN_OPENING = "why (opening)", 300
+
+
+def _text(p, field: str) -> str:
+    return {"why": p.why, "upstream": ", ".join(p.upstream), "remove when": p.remove_when}[field]
+
+
+def shared_name(patch_id: str) -> str:
+    """The name a patch has in every adapter: its id, less the adapter tag of a zero-bubble patch (``zb013-``)."""
+    return re.sub(r"^zb\d+-", "", patch_id)
+
+
+def shared_texts() -> dict[str, tuple[list[tuple[str, str]], dict[str, str]]]:
+    """shared name -> ((adapter, patch id) of each, {field: text}) for every patch of more than one adapter: the text
+    fields that are the same in all of them (written once, in docs/releases/shared-fixes.md)."""
+    from . import versions as V
+
+    by_name: dict[str, list] = {}
+    for a in V.adapters():
+        for p in a.patch_set.patches:
+            by_name.setdefault(shared_name(p.id), []).append((a.id, p))
+    shared = {}
+    for name, found in by_name.items():
+        texts = {f: {_text(p, f) for _, p in found} for f in _TEXT_FIELDS}
+        same = {f: next(iter(ts)) for f, ts in texts.items() if len(ts) == 1 and next(iter(ts))}
+        # whys that differ past a long common opening (the fix's own words, then the release's): the opening once
+        common = os.path.commonprefix(sorted(texts["why"]))
+        opening = common[: common.rfind(". ") + 1]
+        if "why" not in same and len(opening) >= _MIN_OPENING:
+            same[_OPENING] = opening
+        if len(found) > 1 and same:
+            shared[name] = ([(a, p.id) for a, p in found], same)
+    return shared
+
+
+def shared_patches_markdown() -> str:
+    """The block of docs/releases/shared-fixes.md: per patch of several adapters, the texts they share."""
+    out = ["<!-- generated: zb-patch patches --markdown --shared (edit the specs, not this block) -->", ""]
+    first: dict[tuple[str, str], str] = {}  # (field, text) -> the first name that has it: later ones refer to it
+    for name, (patches, same) in shared_texts().items():
+        where = ", ".join(f"[{a if pid == name else pid}]({a}.md#{pid})" for a, pid in patches)
+        out += [f"#### `{name}`", "", f"- **adapters** {where}"]
+        for field, text in same.items():
+            seen = first.setdefault((field, text), name)
+            out.append(f"- **{field}** {text if seen == name else f'as `{seen}`'}")
+        out.append("")
+    return "\n".join(out)
+
+
 def patches_markdown(adapter_id: str) -> str:
     """The patch / guard / advisory reference of one adapter, as docs/releases/<adapter>.md embeds it: generated
-    from the specs (the one place a patch's why / how / upstream / remove-when is written)."""
+    from the specs (the one place a patch's why / how / upstream / remove-when is written), without the how, the
+    rests-on evidence and what a guard is relied upon for (``zb-patch patches`` prints the full specs). Texts the
+    patch shares with the same patch of other adapters: docs/releases/shared-fixes.md (``--shared``)."""
     from . import versions as V
 
     a = V.by_id(adapter_id)
+    shared = shared_texts()
     out = [f"<!-- generated: zb-patch patches --markdown --adapter {a.id} (edit the specs, not this block) -->", ""]
+    # the remove-when most of the adapter's patches share is said once, above them
+    texts = [
+        p.remove_when for p in a.patch_set.patches if "remove when" not in shared.get(shared_name(p.id), ([], {}))[1]
+    ]
+    usual = max(texts, key=texts.count) if texts and texts.count(max(texts, key=texts.count)) > 1 else ""
+    if usual:
+        out += [f"Remove when (where a patch says nothing else): {usual}.", ""]
     first: dict[tuple[str, str], str] = {}  # (field, text) -> the first patch that has it: later ones refer to it
 
     def once(field: str, text: str, pid: str) -> str:
@@ -254,12 +317,16 @@ def patches_markdown(adapter_id: str) -> str:
         return text if seen == pid else f"as `{seen}`"
 
     for p in a.patch_set.patches:
+        same = shared.get(shared_name(p.id), ([], {}))[1]
+        for field, key in (("why", "why"), ("remove when", "remove")):
+            if field in same:
+                once(key, same[field], p.id)  # written on the shared page: a later patch with the text refers to it
         group = f" (group `{p.group}`)" if p.group and p.group != p.id else ""
         out.append(f"#### `{p.id}`{group}")
         out.append("")
-        out.append(f"- **target** `{p.target}`" + "".join(f", alias `{al}`" for al in p.aliases))
+        aliases = "".join(f", alias `{al}`" for al in p.aliases)
         opt = " **Opt-in** (`ZB_PATCH_ENABLE`)." if p.opt_in else ""
-        out.append(f"- **rests on** `{p.rests_on.kind}`: {once('rests', p.rests_on.evidence, p.id)}.{opt}")
+        out.append(f"- **target** `{p.target}`{aliases}; rests on `{p.rests_on.kind}`.{opt}")
         if p.requires:
             out.append("- **requires** " + ", ".join(f"`{r}`" for r in p.requires) + " (applied only with it)")
         if p.supersedes:
@@ -271,22 +338,29 @@ def patches_markdown(adapter_id: str) -> str:
             out.append(
                 "- **native in** " + ", ".join(f"`{fp}` ({label})" for label, fp in p.native_fingerprints.items())
             )
-        out.append(f"- **why** {once('why', p.why, p.id)}")
-        if p.how:
-            out.append(f"- **how** {once('how', p.how, p.id)}")
-        out.append(f"- **upstream** {', '.join(p.upstream)}")
-        out.append(f"- **remove when** {once('remove', p.remove_when, p.id)}")
+        if "why" not in same:
+            opening = same.get(_OPENING, "")
+            rest = once("why", p.why[len(opening) :].lstrip(), p.id)
+            out.append(f"- **why** {'... ' if opening else ''}{rest}")
+        if "upstream" not in same:
+            out.append(f"- **upstream** {', '.join(p.upstream)}")
+        if "remove when" not in same and p.remove_when != usual:
+            out.append(f"- **remove when** {once('remove', p.remove_when, p.id)}")
+        if same:
+            out.append(f"- **{', '.join(same)}**: [shared]({SHARED_PAGE}#{shared_name(p.id)})")
         out.append("")
     if a.patch_set.guards:
         out += [
             f"#### Guards ({len(a.patch_set.guards)}): verified by fingerprint, never replaced",
             "",
-            "| target | fingerprints | why relied upon |",
-            "|---|---|---|",
+            f"What each is relied upon for: `zb-patch patches --adapter {a.id}`.",
+            "",
+            "| target | fingerprints |",
+            "|---|---|",
         ]
         for g in a.patch_set.guards:
             fps = ", ".join(f"`{fp}` ({label})" for label, fp in g.fingerprints.items())
-            out.append(f"| `{g.target}` | {fps} | {g.why} |")
+            out.append(f"| `{g.target}` | {fps} |")
         out.append("")
     if a.commits:
         out += _commit_forms_markdown(a)
@@ -313,16 +387,10 @@ def _commit_forms_markdown(a) -> list[str]:
     for form in a.commits:
         applied, native_ids, refused = V.commit_patches(a, form)
         fps = form.fingerprints
-        pinned = V._pinned_vllm(form.release)
-        tag_of = {  # a replaced vLLM target's tag form: vLLM's own, under the release's vLLM pin
-            **{t: fp for t, labels in V._items(a.patch_set) if t in form.replaced for lb, fp in labels.items()
-               if lb.startswith("vllm ") and V.label_names(lb, pinned)},
-            **tag,
-        }
         ascend = [t for t in fps if t not in form.replaced]
         same = sum(1 for t in ascend if tag.get(t) == fps[t])
         replaced = "".join(
-            f" At import it replaces vLLM's `{t}` by `{f}` on every process (the fingerprint below is that function's)."
+            f" At import it replaces vLLM's `{t}` by `{f}` in every process."
             for t, f in form.replaced.items()
         )
         out += [
@@ -330,8 +398,8 @@ def _commit_forms_markdown(a) -> list[str]:
             f"a setuptools-scm build of it reports `{form.reports}`. {same} of {len(ascend)} vllm-ascend targets have "
             f"the tag's fingerprint; the items of the others are listed below.{replaced}",
             "",
-            "| item | target | tag | commit | decision | reason |",
-            "|---|---|---|---|---|---|",
+            "| item | target | decision | reason |",
+            "|---|---|---|---|",
         ]
         for item, target in V.item_ids(a):
             d = form.decisions.get(item)
@@ -339,12 +407,12 @@ def _commit_forms_markdown(a) -> list[str]:
                 continue
             out.append(
                 f"| `{item.split(':', 1)[0] if item.startswith('guard:') else item}` | `{target}` | "
-                f"`{tag_of.get(target)}` | `{fps.get(target)}` | {d.decision} | {d.reason} |"
+                f"{d.decision} | {d.reason} |"
             )
         out += [
             "",
-            f"Applied on the commit: {', '.join(applied) or 'none'}. Native there: {', '.join(native_ids) or 'none'}. "
-            f"Refused there (with their groups and the patches that require them): {', '.join(refused) or 'none'}.",
+            f"Native there: {', '.join(native_ids) or 'none'}. Refused there (with their groups and the patches that "
+            f"require them): {', '.join(refused) or 'none'}. The other {len(applied)} patches apply.",
             "",
             f"Tested in `tox -e {form.env}`: the commit built from its source, `ZB_PATCH=1 zb-patch doctor` and the "
             "tests tox.ini lists for that env."
@@ -375,6 +443,9 @@ def cmd_patches(args) -> int:
     from . import versions as V
 
     adapters = [V.by_id(args.adapter)] if args.adapter else list(V.adapters())
+    if args.markdown and args.shared:
+        sys.stdout.write(shared_patches_markdown())
+        return 0
     if args.markdown:
         sys.stdout.write("\n".join(patches_markdown(a.id) for a in adapters))
         return 0
@@ -659,6 +730,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--markdown",
         action="store_true",
         help="the reference block docs/releases/<adapter>.md embeds (generated from the specs)",
+    )
+    lp.add_argument(
+        "--shared",
+        action="store_true",
+        help=f"with --markdown: the block docs/releases/{SHARED_PAGE} embeds (texts patches of several adapters share)",
     )
     lp.set_defaults(func=cmd_patches)
 

@@ -41,3 +41,14 @@ def engine_zygote_for_the_session():
             engine_zygote.stop(proc)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def defect_models(tmp_path_factory):
+    """The tiny EAGLE and MTP checkpoints of the release-defect reproductions (tests/engine/test_defect_*.py)."""
+    from zb_patch.check.engine import model as tiny_model
+
+    root = str(tmp_path_factory.mktemp("defect-models"))
+    tiny_model.write_models(root)
+    tiny_model.write_mtp_model(root)
+    return root

@@ -1,4 +1,4 @@
-"""Test launcher of one engine configuration for tests/engine/test_release_defects.py: tests/engine/run_engine.py's
+"""Test launcher of one engine configuration for tests/engine/test_defect_*.py: tests/engine/run_engine.py's
 (NPU emulation, worker double, the product's engine child) plus recorders that watch the release's defects where
 they happen, installed once ``LLM(...)`` is built (zb-patch's patches are in place by then) and reported in the
 result's ``defects`` entry (live objects, filled while generating):

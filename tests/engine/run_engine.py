@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
         started["mla_op_calls"] = mla.CALLS
         started["dummy_batches"] = _count_dummy_batches()
         # host drains before graph replays that zb-patch's graph-replay fixes left out or replaced (a live Counter)
-        from zb_patch.versions import graph_replay
+        from zb_patch.versions.fixes import graph_replay
 
         graph_replay.DRAINS.clear()
         started["host_drains_left_out"] = graph_replay.DRAINS

@@ -50,8 +50,8 @@ class Expected:
     plants: dict[str, tuple[str, ...]]
     drafters: tuple[str, ...] = ("eagle", "mtp")  # the k sweep's
     # CI's k sweep (drafter -> ks; E2E_BIG=1 runs every drafter's whole sweep): MTP k = 2 on 0.13. 0.18's MTP drafter
-    # runs in CI in the draft-length reproduction (test_release_defects.py, MTP k = 3, tokens equal to sync's) and the
-    # MLA runs (DeepSeek MTP k = 3, the verdict's strict counts)
+    # runs in CI in the draft-length reproduction (test_defect_draft_seq_lens_max_model_len.py, MTP k = 3, tokens
+    # equal to sync's) and the MLA runs (DeepSeek MTP k = 3, the verdict's strict counts)
     ci_sweep: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # vLLM 0.13's sync scheduler keeps the drafts proposed after a partial prefill chunk (its update_draft_token_ids
     # has no is_prefill_chunk check, 0.18's has) and verifies them with the request's last prompt chunk; async
@@ -83,7 +83,7 @@ EXPECTED = {
                 "zb013-compile-kernels-at-start",
                 "exact-counts-after-early-output",
                 "exact-counts-report-accepted",
-                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                # fixes of the release's own defects (tests/engine/test_defect_*.py)
                 "stale-draft-placeholders",
                 "stale-draft-placeholders-rows",
                 "readded-request-drafts",
@@ -110,7 +110,7 @@ EXPECTED = {
                 "zb018-compile-kernels-at-start",
                 "exact-counts-after-early-output",
                 "exact-counts-report-accepted",
-                # fixes of the release's own defects (tests/engine/test_release_defects.py)
+                # fixes of the release's own defects (tests/engine/test_defect_*.py)
                 "stale-draft-placeholders",
                 "stale-draft-placeholders-rows",
                 "draft-seq-lens-max-model-len",
@@ -129,7 +129,7 @@ EXPECTED = {
     # in that kernel is zb-patch's to plant (the 0.18 plants wrap zb-patch's zero-bubble code, absent here)
     "0.23.0": Expected(
         adapter="ascend-0.19-0.25",
-        # + vLLM #37159's fix (tests/engine/test_release_defects.py) and the draft RoPE rows' (test_engine_mla.py)
+        # + vLLM #37159's fix (tests/engine/test_defect_*.py) and the draft RoPE rows' (test_engine_mla.py)
         patches=frozenset(
             {
                 "slot-mapping-kernel",
@@ -391,7 +391,7 @@ def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
 
 BIG = bool(os.environ.get("E2E_BIG"))
 # CI: EXPECT.ci_sweep (two cores; EAGLE's k = 2 is the workload above, its k = 4 the async+zb run of
-# test_release_defects.py's STALE workload, tokens equal to sync's); E2E_BIG=1: the whole sweep
+# test_defect_stale_draft_placeholders.py's STALE workload, tokens equal to sync's); E2E_BIG=1: the whole sweep
 SWEEP = {"eagle": (1, 3, 4), "mtp": (1, 2, 3, 4)} if BIG else dict(EXPECT.ci_sweep)
 K_SWEEP = {d: ks for d, ks in SWEEP.items() if d in EXPECT.drafters}
 NO_SWEEP = pytest.mark.skipif(not K_SWEEP, reason="CI's sweep is 0.13's MTP k = 2; E2E_BIG=1 runs the whole sweep")
@@ -457,7 +457,7 @@ def test_k_sweep_acceptance_is_partial_and_varies(k_sweep, drafter):
     """Over the sweep's sync runs: acceptance between 20 % and 80 %, different across requests, and, for k > 1,
     lower at the last draft position than at the first yet not zero (later drafts know the previous token's class
     less often). On 0.13 the MTP runs' later drafts are the model's through mtp-draft-lengths (in every run of the
-    sweep; without it they are never accepted: tests/engine/test_release_defects.py)."""
+    sweep; without it they are never accepted: tests/engine/test_defect_mtp_draft_slots_and_lengths.py)."""
     sweep = k_sweep(drafter)[2]
     drafted = sum(sum(runs["sync"]["drafted"].values()) for runs in sweep.values())
     accepted = sum(sum(runs["sync"]["accepted"].values()) for runs in sweep.values())

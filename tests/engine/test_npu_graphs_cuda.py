@@ -445,7 +445,7 @@ def test_with_the_full_ordering_on_the_device_a_busy_device_keeps_every_step_exa
     """full-replay-ordered-on-device on real streams: in place of each drain a boundary event on the replay's stream,
     and the update stream waits for it before the update. The host queues all three steps while the device is still
     busy (it never waits) and each step reads its own lists, every record seen."""
-    from zb_patch.versions import graph_replay
+    from zb_patch.versions.fixes import graph_replay
 
     ordering = graph_replay.FullOrdering
     ordering.reset()

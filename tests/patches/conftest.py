@@ -54,6 +54,30 @@ def tiny_eagle_config(cpu_worker):
     return _tiny_eagle_engine_config
 
 
+@pytest.fixture(scope="module")
+def eager_eagle_config(tiny_eagle_config, tmp_path_factory):
+    """One eager tiny-EAGLE configuration per test module."""
+    return tiny_eagle_config(tmp_path_factory.mktemp("tiny-models"), enforce_eager=True)
+
+
+@pytest.fixture
+def make_npu_runner(eager_eagle_config):
+    """``make(async_scheduling=True)``: a real ``NPUModelRunner`` of the release on CPU, over the module's eager tiny
+    EAGLE configuration (no weights)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    def make(async_scheduling=True):
+        # vLLM's CPU platform (see cpu_worker) turns async scheduling off; the runner reads the flag in its
+        # constructor, so it is set back here
+        eager_eagle_config.scheduler_config.async_scheduling = async_scheduling
+        with set_current_vllm_config(eager_eagle_config):
+            return NPUModelRunner(eager_eagle_config, torch.device("cpu"))
+
+    return make
+
+
 def _tiny_eagle_engine_config(root, **engine_args):
     """vLLM's engine configuration (``create_engine_config``, then vllm-ascend's ``init_ascend_config``) for a tiny
     Llama target with a one-layer EAGLE head, written as configs only under ``root`` (dummy weights): async

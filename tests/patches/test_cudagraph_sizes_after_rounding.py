@@ -15,7 +15,7 @@ if npu_standin.detect_family() != "0.18":
 
 import torch  # noqa: E402
 
-from zb_patch.versions import spec_fixes  # noqa: E402
+from zb_patch.versions.fixes import cudagraph_batch_sizes_after_rounding  # noqa: E402
 
 SIZES = [1, 2, 4, 8, 16]
 
@@ -82,7 +82,9 @@ def test_the_release_pads_past_the_dispatchers_table(vllm_config):
 def test_with_the_fix_the_lookup_follows_the_dispatcher(vllm_config):
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
-    fixed = spec_fixes.make_check_and_update_cudagraph_mode(NPUModelRunner._check_and_update_cudagraph_mode)
+    fixed = cudagraph_batch_sizes_after_rounding.make_check_and_update_cudagraph_mode(
+        NPUModelRunner._check_and_update_cudagraph_mode
+    )
     runner = _runner_after_graph_setup(vllm_config, fixed)
     assert runner.cudagraph_batch_sizes == [3, 6, 9]
     # up to the largest graph: padded to a captured size; past it: no padding (the dispatcher runs those eagerly)

@@ -8,7 +8,7 @@ handed at each step is compared with lengths computed here from the first step's
 #10147's rule: each step adds one, a length *greater than* ``max_model_len`` becomes 1 (a length equal to it is a full
 context, kept). The expected values are also written out for the boundary rows, so a ``>=`` in place of ``>`` (the
 release's host mask on 0.18.0) fails on either side. The engine-level effect (tokens, acceptance) is
-tests/engine/test_release_defects.py's.
+tests/engine/test_defect_draft_seq_lens_max_model_len.py's.
 """
 
 from __future__ import annotations

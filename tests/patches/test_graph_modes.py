@@ -44,7 +44,7 @@ import npu_graphs as G  # noqa: E402
 from zb_patch import registry as R  # noqa: E402
 from zb_patch.check.selftest.compat import EngineShape  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
-from zb_patch.versions import graph_replay  # noqa: E402
+from zb_patch.versions.fixes import graph_replay  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
 
@@ -143,7 +143,7 @@ def _step(vc, mode, metadata=None, *, drafter=False):
 
 def _host_drains(dev):
     """The host drains before replays: the release's, and those full-replay-ordered-on-device runs as released."""
-    return [d for d in dev.drains if ACL_GRAPH in d.site or "zb_patch/versions/graph_replay.py" in d.site]
+    return [d for d in dev.drains if ACL_GRAPH in d.site or "versions/fixes/graph_replay.py" in d.site]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ if npu_standin.detect_family() not in ("0.18", "0.23"):  # "0.23": the stand-in'
 
 import torch  # noqa: E402
 
-from zb_patch.versions import spec_fixes  # noqa: E402
+from zb_patch.versions.fixes import mla_draft_rope_rows  # noqa: E402
 
 K = 3
 
@@ -32,13 +32,13 @@ def rope(cpu_worker, monkeypatch):
     monkeypatch.setattr(rotary_embedding, "_sin_cache", torch.sin(positions * torch.linspace(0.01, 1, 64)))
     monkeypatch.setattr(rotary_embedding, "_cos_mla", torch.ones(16, 1, 1, 64))
     monkeypatch.setattr(rotary_embedding, "_sin_mla", torch.zeros(16, 1, 1, 64))
-    return rotary_embedding, spec_fixes.make_get_cos_and_sin_mla(rotary_embedding.get_cos_and_sin_mla)
+    return rotary_embedding, mla_draft_rope_rows.make_get_cos_and_sin_mla(rotary_embedding.get_cos_and_sin_mla)
 
 
 def _propose(build_positions):
     """A proposer call (the patch's ``make_drafting`` around a body that builds each position's rows in order)."""
     proposer = types.SimpleNamespace(num_speculative_tokens=K)
-    call = spec_fixes.make_drafting(lambda _proposer, body: body())
+    call = mla_draft_rope_rows.make_drafting(lambda _proposer, body: body())
     return proposer, lambda: call(proposer, build_positions)
 
 

@@ -3,7 +3,7 @@ and the calls 0.13.0's ``MtpProposer._propose`` makes: the first draft step's me
 (the release adds one to the host ``seq_lens`` and nothing else). The wrapped ``set_ascend_forward_context`` gives a
 later step one query token per request and the moved-on lengths; the first step, MLA metadata, the target's calls and
 FULL graph replays stay as released. The defect and the engine-level effect (acceptance per draft position, with and
-without the patch) are tests/engine/test_release_defects.py's."""
+without the patch) are tests/engine/test_defect_mtp_draft_slots_and_lengths.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if npu_standin.detect_family() != "0.13":
 
 import torch  # noqa: E402
 
-from zb_patch.versions import ascend_0_13  # noqa: E402
+from zb_patch.versions.fixes import mtp_draft_lengths  # noqa: E402
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def entered():
         )
         yield
 
-    return ascend_0_13.make_mtp_draft_forward_context(set_ascend_forward_context), seen
+    return mtp_draft_lengths.make_mtp_draft_forward_context(set_ascend_forward_context), seen
 
 
 def _dense(seq_lens: list[int], query_lens: list[int]):

@@ -3,15 +3,14 @@ the one its position has in its own request's blocks.
 
 0.13.0's ``MtpProposer._propose`` moves every draft token's slot on with ``slot_mapping += 1`` after the first draft
 step and masks rows past ``max_model_len`` with the padding slot; the patch's stand-in for the proposer's model
-(``ascend_0_13._SlotsFromBlockTable``) rewrites, before each later model call, the slots of the real attention metadata
-in vLLM's forward context from the positions the model is handed and the step's block table. Here the release's
-later steps are played as the release plays them (positions clamped at ``max_model_len``, slots ``+= 1`` and masked)
-around the stand-in, and the slots the model sees are compared with slots enumerated from each request's own block
-list (``[b * block_size + o for b in blocks for o in range(block_size)][position]``), not from the block table tensor
-or the patch's arithmetic. The requests' blocks are not consecutive ids, so a draft at a block's first position is
-where ``+= 1`` lands in another block. The engine-level checks (every later draft write on the real ``_propose``) are
-tests/engine/test_release_defects.py's.
-"""
+(``fixes.mtp_draft_slots._SlotsFromBlockTable``) rewrites, before each later model call, the slots of the real
+attention metadata in vLLM's forward context from the positions the model is handed and the step's block table. Here
+the release's later steps are played as the release plays them (positions clamped at ``max_model_len``, slots
+``+= 1`` and masked) around the stand-in, and the slots the model sees are compared with slots enumerated from each
+request's own block list (``[b * block_size + o for b in blocks for o in range(block_size)][position]``), not from
+the block table tensor or the patch's arithmetic. The requests' blocks are not consecutive ids, so a draft at a
+block's first position is where ``+= 1`` lands in another block. The engine-level checks (every later draft write on
+the real ``_propose``) are tests/engine/test_defect_mtp_draft_slots_and_lengths.py's."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ if npu_standin.detect_family() != "0.13":
 
 import torch  # noqa: E402
 
-from zb_patch.versions import ascend_0_13  # noqa: E402
+from zb_patch.versions.fixes import mtp_draft_slots  # noqa: E402
 
 BLOCK_SIZE, MAX_MODEL_LEN, K = 16, 64, 4
 PADDING_SLOT_ID = -1
@@ -94,7 +93,7 @@ def _draft_pass(model_for_the_pass) -> list[list[int]]:
 
 def _patched(model):
     block_table = torch.tensor(BLOCKS, dtype=torch.int32)
-    return ascend_0_13._SlotsFromBlockTable(model, block_table, len(FIRST), BLOCK_SIZE)
+    return mtp_draft_slots._SlotsFromBlockTable(model, block_table, len(FIRST), BLOCK_SIZE)
 
 
 def test_expected_slots_cross_blocks_and_the_limit():

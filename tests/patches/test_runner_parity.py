@@ -5,7 +5,7 @@ release's runner013.py / runner018.py).
 The release's real vLLM AsyncScheduler drives its real runner methods (the harness says exactly which are real and
 which are mirrored; on 0.13 the monolithic _prepare_inputs runs end to end, attention-metadata loop included)
 in their classic async form and then with zero-bubble (the adapter applied; both runs carry the adapter's fixes of
-the release's own defects, which tests/patches/test_release_defects.py reproduces), on the same seeded workload
+the release's own defects, which tests/patches/test_stale_draft_placeholders.py reproduces), on the same seeded workload
 (arrivals, chunked prefill, prefix-cache hits, preemption + resumption, stop tokens, max_model_len, aborts;
 acceptance none / all / partial per request and position). Asserted:
 

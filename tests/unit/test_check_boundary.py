@@ -111,7 +111,7 @@ def test_no_module_imports_a_name_back_up_from_a_package_above_it():
     """An adapter module takes the adapter types from versions.adapter and the source-tree fingerprints from
     versions.source, never from the table in versions/__init__ (which imports the adapters); the diagnostics take
     run_command from zb_patch.console, never from the CLI that imports them. Submodules are fine (``from . import
-    spec_fixes``); the package version (``zb_patch.__version__``) is the one name the package root exports. A
+    fixes``); the package version (``zb_patch.__version__``) is the one name the package root exports. A
     ``__main__`` (an entry point: it runs after its package and nothing imports it) may use its package's API."""
     up = {n: hits for n in MODULES if not n.endswith(".__main__") and (hits := _names_taken_from_ancestors(n))}
     allowed = {"zb_patch.__version__"}

@@ -1,4 +1,4 @@
-"""The graph-replay patches (zb_patch/versions/graph_replay.py) without torch: the stand-in ``torch`` of the two
+"""The graph-replay patches (zb_patch/versions/fixes/graph_replay.py) without torch: the stand-in ``torch`` of the two
 PIECEWISE patches (piecewise-drain-once-per-step: the first drain of a target forward runs, the rest and the drafter's
 do nothing; piecewise-replay-without-host-drain: none runs; every other name is the real module's), the wrapper
 leaving other wrappers and configurations to the release, and full-replay-ordered-on-device's bookkeeping
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from zb_patch import registry as R
-from zb_patch.versions import graph_replay as GR
+from zb_patch.versions.fixes import graph_replay as GR
 
 
 def _fake_torch(calls):

@@ -8,19 +8,41 @@ import re
 import pytest
 
 from zb_patch import versions as V
-from zb_patch.cli import patches_markdown
+from zb_patch.cli import SHARED_PAGE, patches_markdown, shared_patches_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK = re.compile(r"<!-- patches:begin -->\n(.*?)<!-- patches:end -->", re.S)
 
 
-@pytest.mark.parametrize("adapter_id", [a.id for a in V.adapters()])
-def test_patch_reference_is_generated(adapter_id):
-    path = os.path.join(ROOT, "docs", "releases", f"{adapter_id}.md")
+def _block(page: str) -> str:
+    path = os.path.join(ROOT, "docs", "releases", page)
     with open(path, encoding="utf-8") as fh:
         blocks = BLOCK.findall(fh.read())
     assert len(blocks) == 1, f"{path}: needs exactly one <!-- patches:begin --> ... <!-- patches:end --> block"
-    assert blocks[0] == patches_markdown(adapter_id), f"regenerate: zb-patch patches --markdown --adapter {adapter_id}"
+    return blocks[0]
+
+
+@pytest.mark.parametrize("adapter_id", [a.id for a in V.adapters()])
+def test_patch_reference_is_generated(adapter_id):
+    assert _block(f"{adapter_id}.md") == patches_markdown(adapter_id), (
+        f"regenerate: zb-patch patches --markdown --adapter {adapter_id}"
+    )
+
+
+def test_shared_patch_texts_are_generated():
+    assert _block(SHARED_PAGE) == shared_patches_markdown(), "regenerate: zb-patch patches --markdown --shared"
+
+
+def test_no_docs_page_is_too_long():
+    """Reference pages stay readable: none over 40,000 characters, all of docs/ under 200,000."""
+    sizes = {}
+    for d, _, files in os.walk(os.path.join(ROOT, "docs")):
+        for f in files:
+            if f.endswith(".md"):
+                with open(os.path.join(d, f), encoding="utf-8") as fh:
+                    sizes[os.path.relpath(os.path.join(d, f), ROOT)] = len(fh.read())
+    assert {p: n for p, n in sizes.items() if n > 40_000} == {}
+    assert sum(sizes.values()) < 200_000, sorted(sizes.items(), key=lambda kv: -kv[1])
 
 
 def _texts():

@@ -1,6 +1,7 @@
 """Adapter ascend-0.13: vllm-ascend 0.13.0 + vLLM 0.13.0 -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-Declarations (the patch specs, each with its why / how / upstream / remove-when, and the guards) and this release's
+Declarations (the zero-bubble specs, :mod:`.zero_bubble_classic`'s plus this release's input-preparation specs; the
+fixes, each a factory of :mod:`.fixes` called with this release's fingerprints; the guards) and this release's
 quirks; the wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.18. The quirks
 (:class:`ZeroBubble013`): the monolithic ``_prepare_inputs`` also builds the attention metadata, so the correction
 runs inside it, at ``_init_model_kwargs``, where the input ids are also clamped to >= 0; the device counts are
@@ -11,9 +12,19 @@ docs/releases/ascend-0.13.md: what is verified and how.
 
 from __future__ import annotations
 
-from ..registry import HOST, ONE_STREAM, Guard, Patch, PatchSet, RestsOn
-from . import early_output, graph_replay, npu_runner, spec_fixes
+from ..registry import Guard, Patch, PatchSet
+from . import npu_runner, zero_bubble_classic
 from .adapter import REFUSED_HERE, STILL_HOLDS, Adapter, Form, FormDecision
+from .fixes import (
+    draft_placeholders_after_metadata,
+    draft_sample_indices_past_batch,
+    exact_counts_after_early_output,
+    graph_replay,
+    mtp_draft_lengths,
+    mtp_draft_slots,
+    readded_request_drafts,
+    stale_draft_placeholders,
+)
 
 
 class ZeroBubble013(npu_runner.ZeroBubble):
@@ -47,7 +58,9 @@ class ZeroBubble013(npu_runner.ZeroBubble):
                 result = original(runner, *args, **kwargs)
             finally:
                 missed, st.in_prepare = st.in_prepare, False
-                spec_fixes.drop_ids_before_clamp(runner)  # consumed by the metadata, or never to be read
+                draft_placeholders_after_metadata.drop_ids_before_clamp(
+                    runner
+                )  # consumed by the metadata, or never to be read
             if missed and st.queue:  # unreachable while the guarded release calls the hook: never build on guesses
                 raise RuntimeError(
                     "zb-patch ascend-0.13: _prepare_inputs returned without calling "
@@ -74,114 +87,12 @@ class ZeroBubble013(npu_runner.ZeroBubble):
                 # embedding index (the release embeds multimodal / prompt-embeds inputs right after this call);
                 # the ids as they were are kept for the spec-decode metadata built after this call, so the
                 # rejection sampler sees a -1 draft as -1 (patch draft-placeholders-after-metadata)
-                spec_fixes.keep_ids_before_clamp(runner, total)
+                draft_placeholders_after_metadata.keep_ids_before_clamp(runner, total)
                 runner.input_ids.gpu[:total].clamp_(min=0)
                 self.correct(runner, st, query_start_loc[1 : n + 1] - query_start_loc[:n], total)
             return result
 
         return _init_model_kwargs
-
-
-class _SlotsFromBlockTable:
-    """Stands for ``MtpProposer.model`` during one ``_propose`` call (see MTP_DRAFT_SLOTS): before every model call
-    after the first (draft steps 1 .. k-1), rewrites the draft tokens' slots ``[:batch_size]`` of the forward
-    context's attention metadata from their positions and the block table, as the release's EAGLE proposer computes
-    them; slots the release set to the padding id (positions past max_model_len) stay so. Attribute reads go to the
-    model."""
-
-    def __init__(self, model, block_table, batch_size: int, block_size: int) -> None:
-        self.__dict__.update(_zb_model=model, _zb_table=block_table, _zb_rows=batch_size, _zb_block=block_size)
-        self.__dict__["_zb_calls"] = 0
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_zb_model"], name)
-
-    def __call__(self, *args, **kwargs):
-        self.__dict__["_zb_calls"] += 1
-        if self.__dict__["_zb_calls"] > 1:
-            self._zb_rewrite(kwargs["positions"] if "positions" in kwargs else args[1])
-        return self.__dict__["_zb_model"](*args, **kwargs)
-
-    def _zb_rewrite(self, positions) -> None:
-        import torch
-        from vllm.forward_context import get_forward_context
-
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, dict):
-            metadata = next(iter(metadata.values()))
-        slots = metadata.slot_mapping
-        n, block_size = self.__dict__["_zb_rows"], self.__dict__["_zb_block"]
-        pos = positions[:n].to(torch.int64)
-        block_ids = self.__dict__["_zb_table"][:n].gather(1, (pos // block_size).view(-1, 1)).view(-1)
-        computed = (block_ids.to(torch.int64) * block_size + pos % block_size).to(slots.dtype)
-        current = slots[:n]
-        current.copy_(torch.where(current < 0, current, computed))
-
-
-def make_mtp_propose(original):
-    """Wrap ``MtpProposer._propose``: for the duration of the call its ``model`` is a :class:`_SlotsFromBlockTable`
-    over the real one (restored after), when the release computes later draft steps' slots with ``+= 1`` (k >= 2, no
-    context parallelism, no shared-expert DP)."""
-    import functools
-    import inspect
-
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def _propose(drafter, *args, **kwargs):
-        if (
-            drafter.num_speculative_tokens < 2
-            or drafter.pcp_size * drafter.dcp_size > 1  # the release maps those slots from its own table
-            or getattr(drafter, "enable_shared_expert_dp", False)  # positions are padded and reduced
-            or "model" not in drafter.__dict__
-        ):
-            return original(drafter, *args, **kwargs)
-        bound = signature.bind(drafter, *args, **kwargs)
-        common = bound.arguments["common_attn_metadata"]
-        batch_size = bound.arguments["next_token_ids"].shape[0]
-        block_size = drafter.runner.input_batch.block_table.block_tables[0].block_size  # the table of the step-0 slots
-        model = drafter.__dict__["model"]
-        drafter.__dict__["model"] = _SlotsFromBlockTable(model, common.block_table_tensor, batch_size, block_size)
-        try:
-            return original(drafter, *args, **kwargs)
-        finally:
-            drafter.__dict__["model"] = model
-
-    return _propose
-
-
-def make_mtp_draft_forward_context(original):
-    """Wrap the ``set_ascend_forward_context`` bound in 0.13's ``mtp_proposer`` module (the context the proposer enters
-    before each draft model call): for a draft model's call outside a FULL graph, dense attention metadata whose
-    host ``seq_lens`` the release moved on past its lists gets lists that follow them (see MTP_DRAFT_LENGTHS)."""
-    import functools
-
-    @functools.wraps(original)
-    def set_ascend_forward_context(attn_metadata, *args, **kwargs):
-        mode = getattr(kwargs.get("aclgraph_runtime_mode"), "name", "")
-        if kwargs.get("is_draft_model") and isinstance(attn_metadata, dict) and mode != "FULL":
-            for metadata in {id(m): m for m in attn_metadata.values()}.values():
-                _follow_draft_seq_lens(metadata)
-        return original(attn_metadata, *args, **kwargs)
-
-    return set_ascend_forward_context
-
-
-def _follow_draft_seq_lens(metadata) -> None:
-    """Dense metadata (``attention_v1.AscendMetadata``: host ``seq_lens``, ``seq_lens_list``,
-    ``actual_seq_lengths_q``) whose ``seq_lens`` differ from ``seq_lens_list`` is a later draft step's (the first
-    step's are built equal; each later step adds one to ``seq_lens`` only): it gets one query token per request and
-    the moved-on ``seq_lens`` as its lengths. Called once per draft pass: no import, no device read."""
-    cls = type(metadata)
-    if (cls.__name__, cls.__module__) != ("AscendMetadata", "vllm_ascend.attention.attention_v1"):
-        return  # MLA metadata (the release updates its decode part), context-parallel metadata
-    seq_lens = metadata.seq_lens
-    if getattr(getattr(seq_lens, "device", None), "type", None) != "cpu":
-        return  # lengths on the device (cross-attention metadata): reading them would wait for it
-    lens = seq_lens.tolist()
-    if lens != metadata.seq_lens_list:
-        metadata.seq_lens_list = lens
-        metadata.actual_seq_lengths_q = list(range(1, len(lens) + 1))
 
 
 ZERO_BUBBLE = ZeroBubble013("0.13", other_runners="310P / torchair")
@@ -190,7 +101,6 @@ _REMOVE_WHEN = (
     "vllm-ascend 0.13.x is no longer served (upgrade path: vllm-ascend >= 0.19.1rc1 ships zero-bubble "
     "natively, #7640 / #8461); this adapter covers vllm-ascend 0.13.0 only, so the patch goes with it"
 )
-_UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 
 # Upstream functions the patches rely on without replacing them (a change in any of them could break an
 # assumption the wrappers make), with the fingerprints of the release sources they were read from
@@ -324,26 +234,6 @@ GUARDS = (
 
 _GROUP = "zero-bubble-0.13"
 
-UPDATE_STATES = Patch(
-    id="zb013-optimistic-update-states",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group=_GROUP,
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=ZERO_BUBBLE.make_update_states,
-    fingerprints={"vllm 0.13.0": "71f7c9676bb77930"},
-    why="vLLM 0.13's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step N's "
-    "accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the host "
-    "prepares every step.",
-    how="Wrapper. First waits on prepare_inputs_event (vLLM's synchronize_input_prep wait, which vllm-ascend 0.13 "
-    "never makes: the classic sync ordered the reused host buffers). Then, for the duration of the release's "
-    "call, _get_valid_sampled_token_count answers from the host with optimistic counts (prev_num_draft_len + 1 "
-    "at every previous row): the release keeps the scheduler's optimistic num_computed_tokens and appends one "
-    "output placeholder per draft. The rows it looks up are recorded as this step's corrections (request, "
-    "drafts, previous row). Falls through unchanged when zero-bubble is not active on the runner.",
-    upstream=_UPSTREAM,
-    remove_when=_REMOVE_WHEN,
-)
-
 PREPARE_INPUTS = Patch(
     id="zb013-prepare-inputs-window",
     rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
@@ -357,7 +247,7 @@ PREPARE_INPUTS = Patch(
     how="Wrapper. Opens the window in which the _init_model_kwargs hook corrects (once per call), runs the "
     "release's body unchanged, refuses to return metadata built from optimistic counts if the hook did not "
     "run (unreachable under the guarded release), then records prepare_inputs_event.",
-    upstream=_UPSTREAM,
+    upstream=zero_bubble_classic.UPSTREAM,
     remove_when=_REMOVE_WHEN,
 )
 
@@ -386,205 +276,49 @@ INIT_MODEL_KWARGS = Patch(
     "recorded before step N's drafter: vllm-ascend #10506's wait) and subtracts the rejected drafts from "
     "seq_lens.cpu and num_computed_tokens_cpu, so the metadata loop, its FULL-graph pad copy and the drafter's "
     "backup index read exact values.",
-    upstream=_UPSTREAM + ("vllm#38556",),
+    upstream=zero_bubble_classic.UPSTREAM + ("vllm#38556",),
     remove_when=_REMOVE_WHEN,
 )
 
-EXECUTE_MODEL = Patch(
-    id="zb013-deferred-correction",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group=_GROUP,
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=ZERO_BUBBLE.make_execute_model,
-    fingerprints={"vllm-ascend 0.13.0": "57d4b56dcef2d872"},
-    why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
-    "sample_tokens and the next step.",
-    how="Wrapper. After the release's execute_model returned (the forward is launched; also after its early "
-    "returns), subtract the rejected drafts from each corrected request's num_computed_tokens, with the counts "
-    "the host already waited for inside _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts "
-    "closure).",
-    upstream=("vllm#32951",),
+ZERO_BUBBLE_PATCHES = zero_bubble_classic.patches(
+    ZERO_BUBBLE,
+    fingerprints={
+        "_update_states": {"vllm 0.13.0": "71f7c9676bb77930"},
+        "execute_model": {"vllm-ascend 0.13.0": "57d4b56dcef2d872"},
+        "_copy_valid_sampled_token_count": {"vllm 0.13.0": "1defdf40921fa49a"},
+        "prepare_next_token_ids_padded": {"vllm-ascend 0.13.0": "b04a2a09323e2c31"},
+        "initialize_kv_cache": {"vllm-ascend 0.13.0": "293de2f60b4290d1"},
+    },
+    proposer="vllm_ascend.spec_decode.eagle_proposer:EagleProposer",
+    input_preparation=(PREPARE_INPUTS, INIT_MODEL_KWARGS),
     remove_when=_REMOVE_WHEN,
 )
-
-COPY_VALID_COUNT = Patch(
-    id="zb013-device-valid-count",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group=_GROUP,
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
-    fingerprints={"vllm 0.13.0": "1defdf40921fa49a"},
-    why="The device correction of the next step needs this step's valid sampled counts on the device; 0.13 only "
-    "copies them to the host.",
-    how="Wrapper. After the release's copy (side stream, event; the default stream is captured before the "
-    "side-stream context, so the copy waits for the sampler: vllm-ascend #9482's bug is absent), keep a "
-    "reference to the device count tensor (int64 from the Ascend proposer; the host buffer is int64 too: no "
-    "dtype cast). Consumed once by the next hook.",
-    upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
-    remove_when=_REMOVE_WHEN,
+EXACT_COUNTS = exact_counts_after_early_output.patches(
+    {"vllm-ascend 0.13.0": "207f651e97972538"}, {"vllm 0.13.0": "26d90667e22b8057"}
 )
 
-BACKUP_STAGING = Patch(
-    id="zb013-backup-token-staging",
-    rests_on=npu_runner.BACKUP_STAGING_ONE_STREAM,
-    group=_GROUP,
-    target="vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_next_token_ids_padded",
-    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
-    fingerprints={"vllm-ascend 0.13.0": "b04a2a09323e2c31"},
-    why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
-    "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
-    "the next step can rewrite the buffer while this step's copy is still queued.",
-    how="Wrapper (MtpProposer inherits the method). Alternate two backup buffers between calls; a buffer is "
-    "rewritten two steps later, after the _update_states wrapper waited on an input-preparation event recorded "
-    "behind its copy. The backup index itself is unchanged: it reads the metadata's seq_lens_cpu, which the "
-    "hook makes exact (vLLM #38098 cannot occur).",
-    upstream=("vllm#38098", "vllm#38556"),
-    remove_when=_REMOVE_WHEN,
-)
-
-COMPILE_KERNELS = Patch(
-    id="zb013-compile-kernels-at-start",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group=_GROUP,
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache",
-    make=ZERO_BUBBLE.make_initialize_kv_cache,
-    fingerprints={"vllm-ascend 0.13.0": "293de2f60b4290d1"},
-    why="Triton compiles zb-patch's token-count and slot-mapping kernels at their first launch, which is inside "
-    "the first corrected step of the first request: a stall of that request (triton-ascend compiles far slower "
-    "than Triton on CUDA), and again in every process whose Triton cache is empty (a fresh container).",
-    how="Wrapper. After the release's initialize_kv_cache (the block tables are final), decide zero-bubble's "
-    "activation on the runner and, when active, launch the device correction's kernels once on no request: the "
-    "same launchers, constants and argument types as a corrected step, so the first step finds them compiled. "
-    "The launches write only padding (seq_lens.gpu, slot_mapping.gpu), which every step rewrites first.",
-    upstream=("vllm#32951",),
-    remove_when=_REMOVE_WHEN,
-)
-
-EXACT_COUNTS = early_output.patches({"vllm-ascend 0.13.0": "207f651e97972538"}, {"vllm 0.13.0": "26d90667e22b8057"})
 # ----------------------------------------------------------------------------------------------------------------
 # Fixes of the release's own async + speculative-decoding defects (with or without zero-bubble): not in the
 # zero-bubble group, applied whenever their defect can bite, each with its own ZB_PATCH_DISABLE id.
 # ----------------------------------------------------------------------------------------------------------------
 
-STALE_DRAFT_PLACEHOLDERS = Patch(
-    id="stale-draft-placeholders",
-    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
-    make=spec_fixes.make_prepare_input_ids,
-    fingerprints={"vllm 0.13.0": "5932e601684fdc7a"},
-    why="(vLLM #37159; on vLLM 0.13 also #31944's preemption case) Async scheduling gives every scheduled decode "
-    "request `[-1] * k` draft placeholders, which _prepare_input_ids replaces on the device with the previous "
-    "step's drafts, but only for rows of the previous step's batch. A request that was not in that batch comes "
-    "back with drafts nothing replaces: one the scheduler skipped for a step (it keeps the placeholders), and on "
-    "vLLM 0.13 one that was preempted and resumed (_preempt_request keeps spec_token_ids until vLLM 0.14, #31944: "
-    "the stale placeholders are scheduled with the last chunk of the recomputed prompt). vLLM 0.13 does not even "
-    "write a re-added row's scheduled drafts into token_ids_cpu, so its draft input ids are whatever the row held "
-    "before: a token of another request or a `-1`, which crashes the embedding (classic async, EAGLE k = 3, 4 on "
-    "the big workload: docs/e2e.md). zero-bubble's clamp at 0 (zb013-corrections-before-metadata) only turns "
-    "them into junk token 0 drafts.",
-    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body (which sets _draft_token_ids to None on "
-    "vLLM 0.13): the drafts proposed in the previous step for each request that was sampled there and is not in "
-    "this step's batch are kept (a device clone of its row of _draft_token_ids). After the body: a row that has "
-    "scheduled drafts and was not in the previous batch gets its kept drafts written over its draft input ids "
-    "(device copy; the rejection sampler reads the drafts from the same input ids): the drafts it would have "
-    "been verified with without the skip or the preemption. No host wait. Applies with async scheduling + spec "
-    "decode whether or not zero-bubble is active; a runner that prepares input ids elsewhere (PCP) is not "
-    "covered.",
-    upstream=("vllm#37159", "vllm#31944", "vllm#36906", "vllm#43434"),
+STALE_DRAFT_PLACEHOLDERS, STALE_DRAFT_ROWS = stale_draft_placeholders.patches(
+    {"vllm 0.13.0": "5932e601684fdc7a"},
+    {"vllm 0.13.0": "cf5a63628bde6da9"},
+    release="On vLLM 0.13 also #31944's preemption case: _preempt_request keeps spec_token_ids until vLLM 0.14, so a "
+    "preempted and resumed request gets the stale placeholders with the last chunk of its recomputed prompt. vLLM 0.13 "
+    "does not even write a re-added row's scheduled drafts into token_ids_cpu, so its draft input ids are whatever "
+    "the row held before: a token of another request or a `-1`, which crashes the embedding (classic async, EAGLE "
+    "k = 3, 4 on the big workload: docs/e2e.md). zero-bubble's clamp at 0 (zb013-corrections-before-metadata) only "
+    "turns them into junk token 0 drafts.",
+    not_covered="a runner that prepares input ids elsewhere (PCP)",
+    also_upstream=("vllm#31944",),
     remove_when=_REMOVE_WHEN,
 )
-
-STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows({"vllm 0.13.0": "cf5a63628bde6da9"}, _REMOVE_WHEN)
-
-READDED_REQUEST_DRAFTS = Patch(
-    id="readded-request-drafts",
-    rests_on=RestsOn(
-        HOST,
-        "host writes to the persistent batch (token_ids_cpu, num_tokens, spec_token_ids) before the step's inputs are built from it; no device op",
-    ),
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
-    make=spec_fixes.make_may_reorder_batch,
-    fingerprints={"vllm 0.13.0": "5043e96df8f91dc5"},
-    why="(vLLM #31944, in vLLM 0.14.0) vLLM 0.13's scheduler keeps a preempted request's spec_token_ids, and any "
-    "request's over a step it was not scheduled in, and schedules them again with the request: a resumed request "
-    "gets them with the last chunk of its recomputed prompt. Its runner writes a request's scheduled drafts into "
-    "the persistent batch (token_ids_cpu, spec_token_ids, num_tokens) only for rows that stayed in the batch; a "
-    "row re-added for a skipped or preempted request keeps what its slot held before, so the model and the "
-    "rejection sampler get another request's tokens (or a -1) as its drafts. Synchronous scheduling verifies junk "
-    "there (no crash, lost acceptance); under async scheduling it is where stale-draft-placeholders writes the "
-    "request's real drafts. #31944 writes them (InputBatch.update_req_spec_token_ids on the re-added rows) and also "
-    "clears spec_token_ids at preemption in the scheduler; zb-patch patches worker processes only (the scheduler "
-    "runs in the EngineCore process), so the kept drafts are verified with the recomputed prompt, as vLLM 0.13's "
-    "sync scheduling meant to: they are the request's drafts for the position it resumes at.",
-    how="Wrapper (zb_patch.versions.spec_fixes). _update_states calls _may_reorder_batch right after re-adding the "
-    "requests that were not in the batch (guarded); first, each row whose spec_token_ids is empty while drafts are "
-    "scheduled for it (the re-added ones: the other path always fills the list) gets them written into "
-    "token_ids_cpu after its tokens, num_tokens and spec_token_ids, as vLLM 0.14's update_req_spec_token_ids does. "
-    "Host work only, no device op. Synchronous and async scheduling alike, zero-bubble active or not.",
-    upstream=("vllm#31944", "vllm#30916"),
-    remove_when=_REMOVE_WHEN,
-)
-
-MTP_DRAFT_SLOTS = Patch(
-    id="mtp-draft-slots",
-    rests_on=RestsOn(
-        ONE_STREAM,
-        "device ops on the draft tokens' slot tensor, queued on the drafter's stream before each draft model call that reads it (program order); no host wait",
-    ),
-    target="vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose",
-    make=make_mtp_propose,
-    fingerprints={"vllm-ascend 0.13.0": "97cc12b8c7e3a7b1"},
-    why="vllm-ascend 0.13's MtpProposer, k >= 2: after the first draft step it moves every draft token's KV slot on "
-    "with `slot_mapping += 1` (spec_decode/mtp_proposer.py:504). A draft position that starts a new block gets the "
-    "slot after the last one of its block: slot 0 of the next block *id*, which belongs to another request (its MTP "
-    "layer's KV there is overwritten), or, after the cache's last block, one past the cache (an out-of-range write; "
-    "the emulated op raises). In synchronous and async scheduling alike, with or without zb-patch. vllm-ascend "
-    "#7033 (0.16.0rc1) deleted MtpProposer (MTP runs on the EAGLE proposer, which maps slots through the block "
-    "table); never backported to 0.13.",
-    how="Wrapper. For the duration of the release's _propose its `model` attribute is a thin stand-in "
-    "(ascend_0_13._SlotsFromBlockTable; attribute reads go to the model): before each model call after the first, "
-    "it rewrites the draft tokens' slots in the forward context's attention metadata from their (clamped) "
-    "positions and the common metadata's block table, `block_table[row, pos // block_size] * block_size + pos % "
-    "block_size` with the block size of the table the first step's slots came from, as the release's EAGLE "
-    "proposer does; padding slots (positions past max_model_len) stay padding. The scheduler allocates the draft "
-    "positions' blocks ahead (lookahead tokens), so every row maps into its own blocks. Device ops only. Left to "
-    "the release: k = 1 (no later step), PCP / DCP > 1 (its own slot table), shared-expert DP (padded positions), "
-    "the torchair MTP proposer. Applies with or without async scheduling and zero-bubble.",
-    upstream=("vllm-ascend#7033",),
-    remove_when=_REMOVE_WHEN,
-)
-MTP_DRAFT_LENGTHS = Patch(
-    id="mtp-draft-lengths",
-    rests_on=RestsOn(
-        HOST,
-        "the attention metadata's host lists only (seq_lens_list, actual_seq_lengths_q), set before the draft model call that reads them",
-    ),
-    target="vllm_ascend.spec_decode.mtp_proposer:set_ascend_forward_context",
-    make=make_mtp_draft_forward_context,
-    fingerprints={"vllm-ascend 0.13.0": "46d81270954ae85b"},
-    why="vllm-ascend 0.13's MtpProposer, k >= 2, dense attention (attention_v1: a target without MLA, MiMo here): "
-    "after the first draft step it moves the host seq_lens on by one per step and sets query_start_loc to one token "
-    "per request, but updates seq_lens_list and actual_seq_lengths_q only in MLA metadata's decode part "
-    "(spec_decode/mtp_proposer.py:412, :495; the MLA part :470, :550). The dense backend hands FIA the top-level lists "
-    "(attention_v1.py _get_fia_params, forward_fused_infer_attention), so every later draft step attends with the "
-    "first step's lengths: its own newest KV entry is not seen, and the first step's cumulative query ends (k + 1 "
-    "tokens per decode request) assign the one-token rows to the wrong requests, so a later draft reads another "
-    "request's KV and depends on what else is in the batch. On the test model every draft after the first is "
-    "rejected (docs/e2e.md), and which ones are accepted by chance differs between sync and async "
-    "scheduling. With or without async scheduling and zero-bubble. vllm-ascend #7033 (0.16.0rc1) deleted "
-    "MtpProposer; never backported to 0.13.",
-    how="Wrapper of the set_ascend_forward_context binding in vllm_ascend.spec_decode.mtp_proposer (the proposer enters "
-    "it before each draft model call). For a draft model's call outside a FULL graph, each attention_v1.AscendMetadata "
-    "whose host seq_lens differ from its seq_lens_list (the first step's are built equal; a later step is the only "
-    "one that moves seq_lens alone) gets seq_lens_list = seq_lens and actual_seq_lengths_q = 1 .. batch size, what "
-    "the release gives its MLA decode metadata at the same step. Host lists only, no device op or wait. Left as "
-    "released: MLA metadata, FULL graph replays of the draft model (not shown with the change), context parallelism "
-    "(other metadata classes).",
-    upstream=("vllm-ascend#7033",),
-    remove_when=_REMOVE_WHEN,
-)
-DRAFT_PLACEHOLDERS_AFTER_METADATA = spec_fixes.draft_placeholders_after_metadata(
+READDED_REQUEST_DRAFTS = readded_request_drafts.patch({"vllm 0.13.0": "5043e96df8f91dc5"}, remove_when=_REMOVE_WHEN)
+MTP_DRAFT_SLOTS = mtp_draft_slots.patch({"vllm-ascend 0.13.0": "97cc12b8c7e3a7b1"}, remove_when=_REMOVE_WHEN)
+MTP_DRAFT_LENGTHS = mtp_draft_lengths.patch({"vllm-ascend 0.13.0": "46d81270954ae85b"}, remove_when=_REMOVE_WHEN)
+DRAFT_PLACEHOLDERS_AFTER_METADATA = draft_placeholders_after_metadata.patch(
     {"vllm-ascend 0.13.0": "c8889f0865f578a3"},
     release_lines="RecomputeScheduler.add_request, core/recompute_scheduler.py:110; the drafts gathered in "
     "_calc_spec_decode_metadata, model_runner_v1.py:1301, after _init_model_kwargs (:776)",
@@ -592,7 +326,7 @@ DRAFT_PLACEHOLDERS_AFTER_METADATA = spec_fixes.draft_placeholders_after_metadata
     not_covered=" Not covered: a multimodal / prompt-embeds model without zero-bubble, which the release embeds "
     "inside _prepare_inputs before the metadata (model_runner_v1.py:779-830).",
 )
-DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     {"vllm-ascend 0.13.0": "08a0f995a61d0d7d"},
     buffer="last_token_indices",
     release_lines="EagleProposer._propose, eagle_proposer.py:535-537; read by _run_merged_draft, :607",
@@ -619,13 +353,7 @@ FULL_ORDERED_ON_DEVICE = tuple(
 )
 
 PATCHES: tuple = (
-    UPDATE_STATES,
-    PREPARE_INPUTS,
-    INIT_MODEL_KWARGS,
-    EXECUTE_MODEL,
-    COPY_VALID_COUNT,
-    BACKUP_STAGING,
-    COMPILE_KERNELS,
+    *ZERO_BUBBLE_PATCHES,
     *EXACT_COUNTS,
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,
@@ -705,44 +433,39 @@ COMMITS = (
             ),
             f"guard:{_RUNNER}.__init__": FormDecision(
                 STILL_HOLDS,
-                "positions / seq_lens / query_start_loc are the same CpuGpuBuffers; added: the "
-                f"{_DSV4} state (swa / state block-table buffers, swa_metadata_builder)",
+                f"the same positions / seq_lens / query_start_loc buffers; adds the {_DSV4} state",
             ),
             "guard:vllm_ascend.spec_decode.eagle_proposer:EagleProposer.prepare_inputs_padded": FormDecision(
                 STILL_HOLDS,
-                "still derives the draft metadata from the common metadata (seq_lens_cpu as before); passes "
-                "positions_cpu and the DeepSeek-V4 state / swa fields on as well",
+                "draft metadata still from the common metadata (seq_lens_cpu); passes the DeepSeek-V4 fields on",
             ),
             "guard:vllm_ascend.spec_decode.eagle_proposer:EagleProposer._propose": FormDecision(
                 STILL_HOLDS,
-                "reads the same seq_lens_cpu and positions; only the update_cos_sin call after the first build is gone",
+                "the same seq_lens_cpu and positions; one update_cos_sin call fewer",
             ),
             "guard:vllm_ascend.spec_decode.mtp_proposer:MtpProposer._propose": FormDecision(
                 STILL_HOLDS,
-                f"without {_DSV4} the draft loop is as at the tag (later steps move the host seq_lens on without the "
-                "dense lists, which mtp-draft-lengths follows); added: the DeepSeek-V4 branches and "
-                "is_draft_model=True to the DP metadata sync",
+                f"without {_DSV4} the draft loop is the tag's; adds DeepSeek-V4 branches and is_draft_model=True to "
+                "the DP metadata sync",
             ),
             "guard:vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded": FormDecision(
-                STILL_HOLDS, "keeps seq_lens_cpu; passes positions_cpu and the DeepSeek-V4 state / swa fields on"
+                STILL_HOLDS, "keeps seq_lens_cpu; passes the DeepSeek-V4 fields on"
             ),
             "guard:vllm_ascend.worker.block_table:BlockTable.__init__": FormDecision(
                 REFUSED_HERE,
-                "a KV-cache group with compress_ratio divides max_num_blocks_per_req and max_num_batched_tokens by it "
-                f"({_DSV4}); only the zero-bubble-0.13 group's device slot mapping relies on them, refused here",
+                f"a compress_ratio group divides its block and token limits ({_DSV4}); only the zero-bubble-0.13 "
+                "group relies on them",
             ),
             "guard:vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": FormDecision(
                 REFUSED_HERE,
-                f"maps each KV-cache group from its own compressed positions and request indices when given ({_DSV4}); "
-                "zero-bubble's device slot mapping maps every group from the uncompressed positions: only the "
-                "zero-bubble-0.13 group relies on it, refused here",
+                f"maps a group from its compressed positions when given ({_DSV4}); zero-bubble's device slot mapping "
+                "uses the uncompressed ones: only the zero-bubble-0.13 group relies on it",
             ),
             "zb013-prepare-inputs-window": FormDecision(
                 REFUSED_HERE,
-                f"adds {_DSV4}'s compressed slot mapping (get_compressed_pos_and_indices) and the sliding-window slot "
-                "mapping and block tables, computed on the host from the optimistic positions, which the device "
-                "correction does not rewrite; the wrapper has no per-model switch, so the zero-bubble-0.13 group is "
-                "refused on this commit",
+                f"adds {_DSV4}'s compressed and sliding-window slot mappings, computed on the host from the "
+                "optimistic positions, which the device correction does not rewrite; no per-model switch, so the "
+                "zero-bubble-0.13 group is refused on this commit",
             ),
             "zb013-deferred-correction": FormDecision(
                 STILL_HOLDS, "only passes input_ids to set_ascend_forward_context" + _LEFT_WITH_GROUP
@@ -754,14 +477,12 @@ COMMITS = (
             ),
             "mtp-draft-slots": FormDecision(
                 REFUSED_HERE,
-                f"adds {_DSV4} branches (swa_metadata_builder, DSA decode metadata, swa_slot_mapping moved on with "
-                "+= 1 beside slot_mapping); the wrapper rewrites slot_mapping alone from the first table's block size "
-                "and has no per-model switch",
+                f"adds {_DSV4} branches (swa_slot_mapping moved on beside slot_mapping); the wrapper rewrites "
+                "slot_mapping alone and has no per-model switch",
             ),
             "mtp-draft-lengths": FormDecision(
                 STILL_HOLDS,
-                "set_ascend_forward_context (re-exported from ascend_forward_context) gains an input_ids keyword "
-                "stored on the forward context; the wrapper passes every argument through and reads only "
+                "gains an input_ids keyword; the wrapper passes every argument through and reads only "
                 "is_draft_model / aclgraph_runtime_mode",
             ),
         },

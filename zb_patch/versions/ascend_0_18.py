@@ -1,16 +1,27 @@
 """Adapter ascend-0.18: vllm-ascend 0.18.0 + vLLM 0.18.x -> zero-bubble async scheduling + EAGLE/MTP spec decode.
 
-Declarations only: the patch specs (each with its why / how / upstream / remove-when) and the guards. The wrappers
-are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s, shared with ascend-0.13; this release's one quirk is where
-the correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
+Declarations: the zero-bubble specs (:mod:`.zero_bubble_classic`'s, shared with ascend-0.13, plus this release's
+input-preparation spec), the fixes (each a factory of :mod:`.fixes` called with this release's fingerprints) and the
+guards. The wrappers are :class:`zb_patch.versions.npu_runner.ZeroBubble`'s; this release's one quirk is where the
+correction runs: after its split ``_prepare_inputs`` (the attention metadata is built afterwards).
 docs/releases/ascend-0.18.md: what is verified and how.
 """
 
 from __future__ import annotations
 
-from ..registry import HOST, Guard, Patch, PatchSet, RestsOn
-from . import early_output, graph_replay, npu_runner, spec_fixes
+from ..registry import Guard, Patch, PatchSet
+from . import npu_runner, zero_bubble_classic
 from .adapter import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision
+from .fixes import (
+    cudagraph_batch_sizes_after_rounding,
+    draft_placeholders_after_metadata,
+    draft_sample_indices_past_batch,
+    draft_seq_lens_max_model_len,
+    exact_counts_after_early_output,
+    graph_replay,
+    mla_draft_rope_rows,
+    stale_draft_placeholders,
+)
 
 
 class ZeroBubble018(npu_runner.ZeroBubble):
@@ -33,7 +44,6 @@ _REMOVE_WHEN = (
     "vllm-ascend >= 0.19.1rc1 ships zero-bubble natively (#7640 / #8461) and is served by adapter "
     "ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it"
 )
-_UPSTREAM = ("vllm#32951", "vllm-ascend#7640", "vllm-ascend#8461", "vllm-ascend#10506")
 
 # Upstream functions the patches rely on without replacing them (a change in any of them could break an
 # assumption the wrappers make), with the fingerprints of the release sources they were read from
@@ -178,25 +188,6 @@ GUARDS = (
     ),
 )
 
-UPDATE_STATES = Patch(
-    id="zb018-optimistic-update-states",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group="zero-bubble-0.18",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-    make=ZERO_BUBBLE.make_update_states,
-    fingerprints={"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
-    why="vLLM 0.18's _update_states calls _get_valid_sampled_token_count() in its middle: the host blocks on step "
-    "N's accepted-draft counts (event.synchronize) before it can prepare step N+1, so the NPU idles while the "
-    "host prepares every step.",
-    how="Wrapper. For the duration of the release's call, _get_valid_sampled_token_count answers from the host "
-    "with optimistic counts (drafts + 1 at every previous row): the release keeps the scheduler's optimistic "
-    "num_computed_tokens and appends one output placeholder per draft, as vLLM 0.19 does. The rows it looks "
-    "up are recorded as this step's corrections (request, drafts, previous row). Falls through unchanged "
-    "when zero-bubble is not active on the runner.",
-    upstream=_UPSTREAM,
-    remove_when=_REMOVE_WHEN,
-)
-
 PREPARE_INPUTS = Patch(
     id="zb018-device-corrected-inputs",
     rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
@@ -214,80 +205,24 @@ PREPARE_INPUTS = Patch(
     "for everything queued) and subtracts the rejected drafts from seq_lens.cpu and num_computed_tokens_cpu, "
     "so Ascend attention, max_seq_len, cascade prefix lengths and the proposer's backup index read exact "
     "CPU values.",
-    upstream=_UPSTREAM + ("vllm#38556",),
+    upstream=zero_bubble_classic.UPSTREAM + ("vllm#38556",),
     remove_when=_REMOVE_WHEN,
 )
 
-EXECUTE_MODEL = Patch(
-    id="zb018-deferred-correction",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group="zero-bubble-0.18",
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-    make=ZERO_BUBBLE.make_execute_model,
-    fingerprints={"vllm-ascend 0.18.0": "9eca449f8a01d727"},
-    why="req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
-    "sample_tokens and the next step.",
-    how="Wrapper. After the release's execute_model returned (the forward is launched), subtract the rejected "
-    "drafts from each corrected request's num_computed_tokens, with the counts the host already waited for "
-    "in _prepare_inputs (vLLM 0.19's deferred correct_spec_decode_token_counts closure).",
-    upstream=("vllm#32951",),
+ZERO_BUBBLE_PATCHES = zero_bubble_classic.patches(
+    ZERO_BUBBLE,
+    fingerprints={
+        "_update_states": {"vllm 0.18.0, 0.18.1": "6f40a2feaa48b4bd"},
+        "execute_model": {"vllm-ascend 0.18.0": "9eca449f8a01d727"},
+        "_copy_valid_sampled_token_count": {"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
+        "prepare_next_token_ids_padded": {"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
+        "initialize_kv_cache": {"vllm-ascend 0.18.0": "f334fd402b19077e"},
+    },
+    proposer="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer",
+    input_preparation=(PREPARE_INPUTS,),
     remove_when=_REMOVE_WHEN,
 )
-
-COPY_VALID_COUNT = Patch(
-    id="zb018-device-valid-count",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group="zero-bubble-0.18",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_valid_sampled_token_count",
-    make=ZERO_BUBBLE.make_copy_valid_sampled_token_count,
-    fingerprints={"vllm 0.18.0, 0.18.1": "b4e8438fae13f315"},
-    why="The device correction of the next step needs this step's valid sampled counts on the device; 0.18 only "
-    "copies them to the host.",
-    how="Wrapper. After the release's copy (side stream, event), keep a reference to the device count tensor "
-    "(int64 on Ascend; the host buffer stays int64 too, so the D2H copy has no dtype cast). Consumed once by "
-    "the next _prepare_inputs.",
-    upstream=("vllm#32951", "vllm-ascend#8766", "vllm-ascend#10205"),
-    remove_when=_REMOVE_WHEN,
-)
-
-BACKUP_STAGING = Patch(
-    id="zb018-backup-token-staging",
-    rests_on=npu_runner.BACKUP_STAGING_ONE_STREAM,
-    group="zero-bubble-0.18",
-    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
-    make=ZERO_BUBBLE.make_prepare_next_token_ids_padded,
-    fingerprints={"vllm-ascend 0.18.0": "b04a2a09323e2c31"},
-    why="The drafter's backup tokens are written to a reused pinned buffer and copied to the device "
-    "non-blocking. The classic path waited every step on an event recorded after that copy; without that wait "
-    "the next step can rewrite the buffer while this step's copy is still queued (found by zb-patch's "
-    "engine-loop harness; docs/selftest.md).",
-    how="Wrapper. Alternate two backup buffers between calls; a buffer is rewritten two steps later, after "
-    "synchronize_input_prep has waited on an event recorded behind its copy. The backup index itself is "
-    "unchanged: it reads the proposer metadata's seq_lens_cpu, which the _prepare_inputs patch makes exact "
-    "(vLLM #38098 cannot occur).",
-    upstream=("vllm#38098", "vllm#38556"),
-    remove_when=_REMOVE_WHEN,
-)
-
-COMPILE_KERNELS = Patch(
-    id="zb018-compile-kernels-at-start",
-    rests_on=npu_runner.ZERO_BUBBLE_BACKPORT,
-    group="zero-bubble-0.18",
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.initialize_kv_cache",
-    make=ZERO_BUBBLE.make_initialize_kv_cache,
-    fingerprints={"vllm-ascend 0.18.0": "f334fd402b19077e"},
-    why="Triton compiles zb-patch's token-count and slot-mapping kernels at their first launch, which is inside "
-    "the first corrected step of the first request: a stall of that request (triton-ascend compiles far slower "
-    "than Triton on CUDA), and again in every process whose Triton cache is empty (a fresh container).",
-    how="Wrapper. After the release's initialize_kv_cache (the block tables are final), decide zero-bubble's "
-    "activation on the runner and, when active, launch the device correction's kernels once on no request: the "
-    "same launchers, constants and argument types as a corrected step, so the first step finds them compiled. "
-    "The launches write only padding (seq_lens.gpu, slot_mapping.gpu), which every step rewrites first.",
-    upstream=("vllm#32951",),
-    remove_when=_REMOVE_WHEN,
-)
-
-EXACT_COUNTS = early_output.patches(
+EXACT_COUNTS = exact_counts_after_early_output.patches(
     {"vllm-ascend 0.18.0": "441bd2275373ce7d"}, {"vllm 0.18.0, 0.18.1": "20784bf355208845"}
 )
 
@@ -296,67 +231,23 @@ EXACT_COUNTS = early_output.patches(
 # zero-bubble group, applied whenever async scheduling + spec decode is on, each with its own ZB_PATCH_DISABLE id.
 # ----------------------------------------------------------------------------------------------------------------
 
-STALE_DRAFT_PLACEHOLDERS = Patch(
-    id="stale-draft-placeholders",
-    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
-    make=spec_fixes.make_prepare_input_ids,
-    fingerprints={"vllm 0.18.0, 0.18.1": "9485308c065f0754"},
-    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
-    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
-    "step's batch. A request that skipped a step comes back with the same placeholders "
-    "(AsyncScheduler._update_after_schedule set them, the scheduler keeps them while the request is not scheduled, "
-    "InputBatch.update_req_spec_token_ids writes them into token_ids_cpu) and the `-1` reaches the model: "
-    "IndexError in the embedding on CPU, an out-of-bounds gather on a device. Seen with vLLM 0.18's max_model_len "
-    "clamp, which leaves a request at the limit 0 tokens for a step (its count is optimistic), at k >= 2, in "
-    "classic async and with zero-bubble alike (docs/e2e.md). Every upstream fix proposed (#37629, #40768, "
-    "#43434, #46899) was closed unmerged.",
-    how="Wrapper (zb_patch.versions.spec_fixes). Before the release's body: the drafts proposed in the previous "
-    "step for each request that was sampled there and is not in this step's batch are kept (a device clone of its "
-    "row of _draft_token_ids). After the body: a row that has scheduled drafts and was not in the previous batch "
-    "gets its kept drafts written over its draft input ids (device copy; the rejection sampler reads the drafts "
-    "from the same input ids). Those are the drafts the request would have been verified with without the skip, "
-    "the ones synchronous scheduling verifies: tokens and acceptance are sync's, not only crash-free. No host "
-    "wait. Applies with async scheduling + spec decode whether or not zero-bubble is active (its preconditions do "
-    "not matter here); a runner whose class overrides _prepare_input_ids (310P) or that prepares input ids "
-    "elsewhere (PCP) is not covered.",
-    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
+STALE_DRAFT_PLACEHOLDERS, STALE_DRAFT_ROWS = stale_draft_placeholders.patches(
+    {"vllm 0.18.0, 0.18.1": "9485308c065f0754"},
+    {"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"},
+    release="Seen with vLLM 0.18's max_model_len clamp, which leaves a request at the limit 0 tokens for a step (its "
+    "count is optimistic), at k >= 2, in classic async and with zero-bubble alike (docs/e2e.md): IndexError in the "
+    "embedding on CPU, an out-of-bounds gather on a device.",
+    not_covered="a runner whose class overrides _prepare_input_ids (310P) or that prepares input ids elsewhere (PCP)",
+    also_upstream=("vllm#44734",),
     remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0: gpu_model_runner `if prev_index < 0: "
     "continue`, no clearing of a skipped request's placeholders); this adapter covers vLLM 0.18.x only",
 )
-
-STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
-    {"vllm 0.18.0, 0.18.1": "2fb92a95cc838fa7"}, STALE_DRAFT_PLACEHOLDERS.remove_when
-)
-
-DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
-    id="draft-seq-lens-max-model-len",
-    rests_on=spec_fixes.DRAFT_LENGTHS_ONE_STREAM,
-    target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
-    make=spec_fixes.make_attn_update_stack_num_spec_norm,
-    fingerprints={"vllm-ascend 0.18.0": "066043ae9710cf9f"},
-    why="(vllm-ascend #9221 / #9235 'MTP tokens out-of-range', fixed on releases/v0.18.0 by #10112, unreleased) For "
-    "draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length and sets it to 1 for requests past "
-    "max_model_len: on the device by the step's position (>= max_model_len), on the host by the new length "
-    "(>= max_model_len). They disagree: a length reaching max_model_len gets it on the device and 1 on the host, also "
-    "for a row whose position is still below the limit (the lengths count the step's rejected drafts), so its draft "
-    "attends to one KV entry; a row masked once gets 1 on the device and 2, 3, ... on the host next. Ascend "
-    "attention reads the host lengths (FIA actual_seq_lengths_kv), other kernels the device ones: the out-of-range "
-    "errors #9221 fixed near max_model_len with MTP. #9235's input_fits_in_drafter (skip the drafter) was reverted "
-    "on the branch by #10112 because it diverged across DP ranks and hung MoE models (vLLM #44185).",
-    how="Wrapper (zb_patch.versions.spec_fixes). The release's body runs with a stand-in for its attn_group whose "
-    "metadata builder, before build_for_drafting, rewrites the draft rows' lengths of the step's common metadata to "
-    "the previous step's + 1, set to 1 where that exceeds max_model_len, on the device (seq_lens) and the host "
-    "(seq_lens_cpu): #10112's masks. The previous lengths are the metadata the step was derived from, which the "
-    "release clones before adding. Device ops on the device tensor, host ops on the host one: no wait. EAGLE and MTP, "
-    "with or without async scheduling and zero-bubble. Tokens do not change (drafts are verified); drafts do: the "
-    "draft rows' lengths count the step's rejected drafts, so the host mask also hit rows whose position is below "
-    "the limit, and their draft attended to one KV entry (docs/e2e.md: one more draft accepted with the fix).",
-    upstream=("vllm-ascend#10112", "vllm-ascend#9221", "vllm-ascend#9235", "vllm-ascend#10147", "vllm#44185"),
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = draft_seq_lens_max_model_len.patch(
+    "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer",
+    {"vllm-ascend 0.18.0": "066043ae9710cf9f"},
     remove_when=_REMOVE_WHEN,
 )
-MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
+MLA_DRAFT_ROPE_ROWS = mla_draft_rope_rows.patches(
     proposer="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer",
     rope_rows={"vllm-ascend 0.18.0": "d2a862ac42765291"},
     propose={"vllm-ascend 0.18.0": "d468b07a805b3f0d"},
@@ -365,40 +256,17 @@ MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
     "spec_decode/llm_base_proposer.py builds every position first, mla_v1.py still returns views of _cos_mla); this "
     "adapter covers vllm-ascend 0.18.x only, so the patch goes with it",
 )
-CUDAGRAPH_SIZES_AFTER_ROUNDING = Patch(
-    id="cudagraph-batch-sizes-after-rounding",
-    rests_on=RestsOn(
-        HOST,
-        "a host list (cudagraph_batch_sizes) recomputed at start-up from the configuration the dispatcher was initialised from",
-    ),
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._check_and_update_cudagraph_mode",
-    make=spec_fixes.make_check_and_update_cudagraph_mode,
-    fingerprints={"vllm-ascend 0.18.0": "5b1da76d6d0eed17"},
-    why="(vllm-ascend #6860, in 0.19.1rc1) NPUModelRunner.__init__ sets cudagraph_batch_sizes from the configured "
-    "capture sizes; _check_and_update_cudagraph_mode then lets vLLM round them up to multiples of 1 + k for FULL "
-    "decode graphs with speculative decoding (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode: [1, 2, 4, 8, "
-    "16] -> [3, 6, 9] at k = 2) and builds the dispatcher's padding table from the rounded list, but the runner's "
-    "list is never refreshed. The EAGLE proposer pads `num_tokens <= cudagraph_batch_sizes[-1]` through that table "
-    "(eagle_proposer.py:533-534): a draft batch of 10-16 tokens indexes past it, IndexError (sync) or a device-side "
-    "assert (async), whenever the largest capture size is not a multiple of 1 + k (EAGLE k = 2 with the default "
-    "sizes; MTP under async scheduling runs its drafter without graphs and is not affected).",
-    how="Wrapper (zb_patch.versions.spec_fixes). After the release's body, cudagraph_batch_sizes is recomputed by "
-    "the constructor's own rule (sorted capture sizes unless the mode is NONE) from the configuration the "
-    "dispatcher was just initialised from, so the drafter's lookup stays within the table and sizes past the largest "
-    "graph run without padding, as the dispatcher itself decides for them. cudagraph_batch_sizes has no other reader "
-    "in vLLM 0.18 or vllm-ascend 0.18.0. Any graph mode, with or without speculative decoding (unchanged where nothing was adjusted). "
-    "#6860 instead replaced the lookup with the dispatcher's dispatch (with its merged MTP graph).",
-    upstream=("vllm-ascend#6860",),
-    remove_when=_REMOVE_WHEN,
+CUDAGRAPH_SIZES_AFTER_ROUNDING = cudagraph_batch_sizes_after_rounding.patch(
+    {"vllm-ascend 0.18.0": "5b1da76d6d0eed17"}, remove_when=_REMOVE_WHEN
 )
-DRAFT_PLACEHOLDERS_AFTER_METADATA = spec_fixes.draft_placeholders_after_metadata(
+DRAFT_PLACEHOLDERS_AFTER_METADATA = draft_placeholders_after_metadata.patch(
     {"vllm-ascend 0.18.0": "c8889f0865f578a3"},
     release_lines="RecomputeScheduler.add_request, core/recompute_scheduler.py:152; the drafts gathered in "
     "_calc_spec_decode_metadata, model_runner_v1.py:944, the ids embedded in vLLM's _preprocess after "
     "_prepare_inputs (model_runner_v1.py:1294)",
     remove_when=_REMOVE_WHEN,
 )
-DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     {"vllm-ascend 0.18.0": "08404fc38be7261e"},
     buffer="token_indices_to_sample",
     release_lines="SpecDecodeBaseProposer._propose, eagle_proposer.py:701-702; read by _run_merged_draft, :809",
@@ -420,12 +288,7 @@ FULL_ORDERED_ON_DEVICE = graph_replay.full_replay_ordered_on_device(
 )
 
 PATCHES: tuple = (
-    UPDATE_STATES,
-    PREPARE_INPUTS,
-    EXECUTE_MODEL,
-    COPY_VALID_COUNT,
-    BACKUP_STAGING,
-    COMPILE_KERNELS,
+    *ZERO_BUBBLE_PATCHES,
     *EXACT_COUNTS,
     STALE_DRAFT_PLACEHOLDERS,
     STALE_DRAFT_ROWS,

@@ -15,11 +15,18 @@ docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --a
 
 from __future__ import annotations
 
-import functools
-
-from ..registry import BACKPORT, UPSTREAM, Advisory, Guard, Patch, PatchSet, RestsOn
-from . import spec_fixes
+from ..registry import BACKPORT, Advisory, Guard, Patch, PatchSet, RestsOn
 from .adapter import Adapter
+from .fixes import (
+    draft_sample_indices_past_batch,
+    draft_seq_lens_max_model_len,
+    mla_draft_rope_rows,
+    seq_lens_cpu_prepare_inputs_padded,
+    seq_lens_cpu_unpadded,
+    stale_draft_placeholders,
+    valid_count_copy_order,
+    valid_count_int64,
+)
 
 
 def _make_compute_slot_mapping(original):
@@ -101,83 +108,15 @@ SLOT_MAPPING_KERNEL = Patch(
 # docs/releases/ascend-0.19-0.25-fingerprints.json and docs/releases/ascend-0.19-0.25-fixes.json.
 # ----------------------------------------------------------------------------------------------------
 
-
-def _make_copy_valid_sampled_token_count(original):
-    """Wrap ``NPUModelRunner._copy_valid_sampled_token_count``: order the copy stream after the default stream
-    *before* the release's method runs.
-
-    The release calls ``copy_stream.wait_stream(torch.npu.current_stream())`` inside ``with
-    torch.npu.stream(copy_stream)``, where the current stream is the copy stream itself, so that wait orders
-    nothing. Making the copy stream wait on the caller's (default) stream first gives the D2H copy the
-    dependency #9456 restores: every kernel queued so far (rejection sampler, prepare_next_token_ids_padded)
-    finishes before the counts are read. The release's own body then runs unchanged.
-    """
-    import torch
-
-    @functools.wraps(original)
-    def _copy_valid_sampled_token_count(self, next_token_ids, valid_sampled_tokens_count):
-        if self.valid_sampled_token_count_event is not None:
-            self.valid_sampled_token_count_copy_stream.wait_stream(torch.npu.current_stream())
-        return original(self, next_token_ids, valid_sampled_tokens_count)
-
-    return _copy_valid_sampled_token_count
-
-
-VALID_COUNT_COPY_ORDER = Patch(
-    id="valid-count-copy-order",
-    rests_on=RestsOn(
-        UPSTREAM,
-        "vllm-ascend #9456 (native from 0.20.2rc1, run on NPUs there): the copy stream waits on the default stream before the valid-count copy",
-    ),
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._copy_valid_sampled_token_count",
-    make=_make_copy_valid_sampled_token_count,
-    fingerprints={"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
+VALID_COUNT_COPY_ORDER = valid_count_copy_order.patch(
+    {"vllm-ascend 0.19.1rc1": "da51ae5effc04135"},
     native_fingerprints={
         "vllm-ascend 0.20.2rc1, 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1": "a84e0bc102b7bda1",
     },
-    why="(pitfall P2) The release enters `with torch.npu.stream(copy_stream):` and only then calls "
-    "`copy_stream.wait_stream(torch.npu.current_stream())`; inside the context the current stream IS the copy "
-    "stream, so it waits on itself and the D2H copy of the valid-token counts can run before the "
-    "sampler/drafter kernels that produce them finish: dirty counts, then num_accepted / num_computed_tokens "
-    "overflow and a crash (vllm-ascend issue #9482).",
-    how="Wrap the method: before the release's body, make the copy stream wait on the caller's (default) stream, "
-    "the dependency #9456 restores by capturing the default stream outside the side-stream context. The "
-    "release's own copy, event and stash of the device count run unchanged.",
-    upstream=("vllm-ascend#9456", "vllm-ascend#9482", "vllm-ascend#8766"),
-    remove_when="vllm-ascend >= 0.20.2rc1 (native there: the installed method has the fixed fingerprint).",
-    roles=("worker",),
 )
 
-
-def _make_runner_init_int64_valid_count(original):
-    """Wrap ``NPUModelRunner.__init__``: after the release's own constructor, re-create the pinned CPU valid-count
-    buffer as int64, exactly as #10205 does (same condition, shape, device and pinning)."""
-    import torch
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        # vllm-ascend #10205: reinit valid_sampled_token_count_cpu with torch.int64 dtype
-        if self.use_async_scheduling and self.num_spec_tokens:
-            self.valid_sampled_token_count_cpu = torch.empty(
-                self.max_num_reqs,
-                dtype=torch.int64,
-                device="cpu",
-                pin_memory=self.pin_memory,
-            )
-
-    return __init__
-
-
-VALID_COUNT_INT64 = Patch(
-    id="valid-count-int64",
-    rests_on=RestsOn(
-        UPSTREAM,
-        "vllm-ascend #10205 (native from 0.21.0rc1, run on NPUs there): the valid-count buffers are int64, as the Ascend proposer writes them",
-    ),
-    target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.__init__",
-    make=_make_runner_init_int64_valid_count,
-    fingerprints={
+VALID_COUNT_INT64 = valid_count_int64.patch(
+    {
         "vllm-ascend 0.19.1rc1": "9abd41d70e108d7a",
         "vllm-ascend 0.20.2rc1": "5b5331dc8055da86",
     },
@@ -187,113 +126,20 @@ VALID_COUNT_INT64 = Patch(
         "vllm-ascend 0.24.0rc1": "881b4462eaba6fd7",
         "vllm-ascend 0.25.1rc1": "2097e2dc7a4a8a12",
     },
-    why="(pitfall P1) vLLM's GPUModelRunner.__init__ allocates valid_sampled_token_count_cpu as int32, but Ascend's "
-    "prepare_next_token_ids_padded returns valid_mask.sum(dim=1), an int64 device tensor. The "
-    "`copy_(counts, non_blocking=True)` then converts dtypes, which torch_npu turns into a blocking copy: a "
-    "hidden host sync every step under async scheduling + spec decode (0.20.2rc1 worked around part of it by "
-    "moving the copy after the drafter, #9656).",
-    how="Wrap NPUModelRunner.__init__ (the target that tells the releases apart: _copy_valid_sampled_token_count is "
-    "identical in 0.20.2rc1, which lacks the fix, and 0.21.0rc1+, which has it): after the original, when "
-    "async scheduling and spec decode are on, re-create the buffer as int64 with the same size and pinning, "
-    "as #10205 does. #9656's later copy placement in 0.20.2rc1 stays (harmless with a same-dtype copy).",
-    upstream=("vllm-ascend#10205", "vllm-ascend#9656"),
-    remove_when="vllm-ascend >= 0.21.0rc1 (native there: the installed __init__ has a post-#10205 fingerprint).",
-    roles=("worker",),
 )
 
-
-# Per-request fields of AscendCommonAttentionMetadata that 0.19.1rc1's unpadded() drops and #8749 carries through
-# (sliced to the real requests), and batch-level fields it carries as they are.
-_UNPADDED_PER_REQUEST = (
-    "_seq_lens_cpu",
-    "_num_computed_tokens_cpu",
-    "dcp_local_seq_lens",
-    "dcp_local_seq_lens_cpu",
-    "is_prefilling",
-    "encoder_seq_lens",
-    "encoder_seq_lens_cpu",
-)
-_UNPADDED_AS_IS = ("logits_indices_padded", "num_logits_indices")
-
-
-def _make_unpadded(original):
-    """Wrap ``AscendCommonAttentionMetadata.unpadded``: the release builds the sub-batch view; the wrapper adds the
-    fields it drops (the private CPU mirrors above all), sliced to ``num_actual_reqs``, via dataclasses.replace.
-    Fields the installed class does not have are skipped."""
-    import dataclasses
-
-    @functools.wraps(original)
-    def unpadded(self, num_actual_tokens, num_actual_reqs):
-        view = original(self, num_actual_tokens, num_actual_reqs)
-        names = {f.name for f in dataclasses.fields(view) if f.init}
-        carried = {}
-        for name in _UNPADDED_PER_REQUEST:
-            if name in names:
-                value = getattr(self, name)
-                carried[name] = value[:num_actual_reqs] if value is not None else None
-        for name in _UNPADDED_AS_IS:
-            if name in names:
-                carried[name] = getattr(self, name)
-        return dataclasses.replace(view, **carried) if carried else view
-
-    return unpadded
-
-
-SEQ_LENS_CPU_UNPADDED = Patch(
-    id="seq-lens-cpu-unpadded",
-    rests_on=RestsOn(
-        UPSTREAM,
-        "vllm-ascend #8749 (native from 0.20.2rc1, run on NPUs there): the sub-batch view keeps the host fields it dropped; host metadata only",
-    ),
-    target="vllm_ascend.attention.utils:AscendCommonAttentionMetadata.unpadded",
-    make=_make_unpadded,
-    fingerprints={"vllm-ascend 0.19.1rc1": "34cfdda571b64daa"},
+SEQ_LENS_CPU_UNPADDED = seq_lens_cpu_unpadded.patch(
+    {"vllm-ascend 0.19.1rc1": "34cfdda571b64daa"},
     native_fingerprints={
         "vllm-ascend 0.20.2rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1": "d556ed4650dd6861",
         "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "e2c1f3dd724c203a",
         "vllm-ascend 0.24.0rc1": "91403d073829939f",
         "vllm-ascend 0.25.1rc1": "4ab92289b12e5508",
     },
-    why="(pitfall P5b) In async + spec mode the runner passes seq_lens_cpu=None and only _seq_lens_cpu (the "
-    "optimistic CPU mirror, #7640). unpadded(), which the runner calls whenever the target batch was padded, "
-    "drops _seq_lens_cpu / _num_computed_tokens_cpu (and the DCP, encoder, is_prefilling and fast-prefill "
-    "fields), so the drafter's metadata has no CPU mirror and the attention builders fall back to "
-    "seq_lens.to('cpu'): a hidden device->host sync in the drafter every step.",
-    how="Wrap the method: after the release builds the sub-batch view, carry the fields it drops into it "
-    "(dataclasses.replace), per-request ones sliced to num_actual_reqs, as #8749 (931604054f) does.",
-    upstream=("vllm-ascend#8749", "vllm-ascend#7640"),
-    remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
-    roles=("worker",),
 )
 
-
-def _make_prepare_inputs_padded(original):
-    """Wrap ``AscendSpecDecodeBaseProposer.prepare_inputs_padded``: the metadata it builds gets the two private CPU
-    mirrors #8749 passes to its constructor (set on the freshly built object, nothing else changes)."""
-
-    @functools.wraps(original)
-    def prepare_inputs_padded(self, common_attn_metadata, *args, **kwargs):
-        out = original(self, common_attn_metadata, *args, **kwargs)
-        spec_common_attn_metadata = out[0]
-        # vllm-ascend #8749: pass both CPU mirrors through unchanged (seq_lens are not changed here)
-        spec_common_attn_metadata._seq_lens_cpu = common_attn_metadata._seq_lens_cpu
-        spec_common_attn_metadata._num_computed_tokens_cpu = common_attn_metadata._num_computed_tokens_cpu
-        return out
-
-    return prepare_inputs_padded
-
-
-SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
-    id="seq-lens-cpu-prepare-inputs-padded",
-    rests_on=RestsOn(
-        UPSTREAM,
-        "vllm-ascend #8749 (native from 0.20.2rc1, run on NPUs there): the drafter's padded inputs keep the host seq_lens; host metadata only",
-    ),
-    # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
-    # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
-    target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.prepare_inputs_padded",
-    make=_make_prepare_inputs_padded,
-    fingerprints={"vllm-ascend 0.19.1rc1": "bec28bfc8a735b99"},
+SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = seq_lens_cpu_prepare_inputs_padded.patch(
+    {"vllm-ascend 0.19.1rc1": "bec28bfc8a735b99"},
     native_fingerprints={
         "vllm-ascend 0.20.2rc1": "9970ba8894628732",
         "vllm-ascend 0.21.0rc1 (wheels and sdist), 0.22.1rc1": "3761c8b3feebc565",
@@ -301,28 +147,13 @@ SEQ_LENS_CPU_PREPARE_INPUTS_PADDED = Patch(
         "vllm-ascend 0.24.0rc1": "c582f802c7d1b50b",
         "vllm-ascend 0.25.1rc1": "7648b9f1ff7c06ea",
     },
-    why="(pitfall P5b) The drafter's metadata built by prepare_inputs_padded (the async padded-drafter path) keeps "
-    "seq_lens_cpu (None in async mode) but drops _seq_lens_cpu / _num_computed_tokens_cpu, so the drafter's "
-    "attention builders take the seq_lens.to('cpu') fallback: a device->host sync every step.",
-    how="Wrap the method: set _seq_lens_cpu and _num_computed_tokens_cpu of the metadata it returns from its input, "
-    "which is what #8749 passes to the constructor. The method's own work (Triton/torch index math) is "
-    "untouched.",
-    upstream=("vllm-ascend#8749",),
-    remove_when="vllm-ascend >= 0.20.2rc1 (native there).",
-    roles=("worker",),
 )
 
-# vLLM #37159 (no vLLM release fixes it): the same two wrappers as adapters ascend-0.13 / ascend-0.18
-# (zb_patch.versions.spec_fixes). vLLM-side targets: one fingerprint per form, read from the sdist of every vLLM release
-# from 0.19.0 to 0.25.1; each label also names the vllm-ascend releases that run on those vLLMs (the supported table
-# counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
-STALE_DRAFT_PLACEHOLDERS = Patch(
-    id="stale-draft-placeholders",
-    rests_on=spec_fixes.STALE_DRAFTS_ONE_STREAM,
-    group="stale-draft-placeholders",
-    target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_input_ids",
-    make=spec_fixes.make_prepare_input_ids,
-    fingerprints={
+# vLLM #37159 (no vLLM release fixes it). vLLM-side targets: one fingerprint per form, read from the sdist of every vLLM
+# release from 0.19.0 to 0.25.1; each label also names the vllm-ascend releases that run on those vLLMs (the supported
+# table counts a vLLM-side patch by them). The va019 / va023 / va025 contract tests recompute the installed one.
+STALE_DRAFT_PLACEHOLDERS, STALE_DRAFT_ROWS = stale_draft_placeholders.patches(
+    {
         "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2, 0.21.0 (vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1)": (
             "c8cdcefe001f6eb2"
         ),
@@ -331,52 +162,33 @@ STALE_DRAFT_PLACEHOLDERS = Patch(
         # the previous proposal's width is prev_num_spec_tokens (= _draft_token_ids.shape[1])
         "vllm 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.24.0rc1, 0.25.1rc1)": "887b8f1b462d5be5",
     },
-    why="(vLLM #37159) Async scheduling gives every scheduled decode request `[-1] * k` draft placeholders, which "
-    "_prepare_input_ids replaces on the device with the previous step's drafts, but only for rows of the previous "
-    "step's batch (`if prev_index < 0: continue`). A request that skipped a step (the scheduler keeps its "
-    "placeholders; vLLM's max_model_len clamp on the optimistic count leaves a request at the limit 0 tokens for a "
-    "step) comes back with them, InputBatch.update_req_spec_token_ids writes them into token_ids_cpu and the `-1` "
-    "reaches the model. vLLM 0.19.0-0.24.0 (vllm-ascend 0.19.1rc1-0.24.0rc1, whose NPUModelRunner has a _preprocess "
-    "of its own) guard nothing: the `-1` is an out-of-range index of the target's embedding, a crash wherever the "
-    "embedding does not mask it (vllm-ascend's VocabParallelEmbedding masks out-of-range ids only with the "
-    "vocabulary split, TP > 1). vLLM 0.25.0 / 0.25.1 "
-    "(vllm-ascend 0.25.1rc1, whose NPUModelRunner inherits vLLM's _preprocess) clamp it to token 0 before the "
-    "embedding (vllm#47029, GPUModelRunner._preprocess) and reject a negative draft (vllm#46533, "
-    "vllm/v1/sample/rejection_sampler.py; vllm-ascend's AscendRejectionSampler rejects it too): no crash, wasted "
-    "verification, one token instead of up to k + 1 for that step. The releases' own zero-bubble path is vLLM's "
-    "here. Every upstream fix proposed (#37629, #40768, #43434, #46899) was closed unmerged.",
-    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.13 / 0.18: before the release's body the drafts of "
-    "each request that was sampled in the last proposing step and left the batch since are kept (device clone of "
-    "its row of _draft_token_ids, row width _draft_token_ids.shape[1]); after the body a row back with scheduled "
-    "drafts that was not in the previous batch gets them written over its draft input ids (device copy; the "
-    "rejection sampler reads the same ids). Tokens and acceptance are those of the request's own drafts; no host "
-    "wait. Applies with async scheduling + spec decode; a runner whose class overrides _prepare_input_ids (310P) is "
-    "not covered.",
-    upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434"),
-    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0); the adapter range ends at vllm-ascend "
-    "0.26.0rc1, whose native verdict reports it as an advisory",
-)
-
-STALE_DRAFT_ROWS = spec_fixes.stale_draft_rows(
     {
         "vllm 0.19.0, 0.19.1 (vllm-ascend 0.19.1rc1)": "9425e7ced1a19cb5",
         "vllm 0.20.0, 0.20.1, 0.20.2 (vllm-ascend 0.20.2rc1)": "7052f42ae2f49b7b",
         "vllm 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.21.0rc1, 0.22.1rc1, 0.23.0rc1, "
         "0.23.0, 0.23.0.post1, 0.24.0rc1, 0.25.1rc1)": "4ad52348e5126401",
     },
-    STALE_DRAFT_PLACEHOLDERS.remove_when,
+    release="vLLM 0.19.0-0.24.0 (vllm-ascend 0.19.1rc1-0.24.0rc1, whose NPUModelRunner has a _preprocess of its own) "
+    "guard nothing: the `-1` is an out-of-range index of the target's embedding, a crash wherever the embedding "
+    "does not mask it (vllm-ascend's VocabParallelEmbedding masks out-of-range ids only with the vocabulary "
+    "split, TP > 1). vLLM 0.25.0 / 0.25.1 (vllm-ascend 0.25.1rc1, whose NPUModelRunner inherits vLLM's "
+    "_preprocess) clamp it to token 0 before the embedding (vllm#47029, GPUModelRunner._preprocess) and reject a "
+    "negative draft (vllm#46533, vllm/v1/sample/rejection_sampler.py; vllm-ascend's AscendRejectionSampler "
+    "rejects it too): no crash, wasted verification, one token instead of up to k + 1 for that step. The "
+    "releases' own zero-bubble path is vLLM's here.",
+    not_covered="a runner whose class overrides _prepare_input_ids (310P)",
+    also_upstream=("vllm#44734",),
+    remove_when="a vLLM release fixes #37159 (none does as of vLLM 0.33.0); the adapter range ends at vllm-ascend "
+    "0.26.0rc1, whose native verdict reports it as an advisory",
     forms="The forms differ in unrelated per-request state only (block-table row clearing, logprob and "
     "thinking-budget bookkeeping).",
 )
 
-DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
-    id="draft-seq-lens-max-model-len",
-    rests_on=spec_fixes.DRAFT_LENGTHS_ONE_STREAM,
+DRAFT_LENGTHS_AT_MAX_MODEL_LEN = draft_seq_lens_max_model_len.patch(
     # 0.19.1rc1 defines the class in eagle_proposer; from 0.20.2rc1 on eagle_proposer re-exports it from
     # llm_base_proposer, and the target resolves to (and fingerprints) that definition.
-    target="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer.attn_update_stack_num_spec_norm",
-    make=spec_fixes.make_attn_update_stack_num_spec_norm,
-    fingerprints={"vllm-ascend 0.19.1rc1": "28fa1aa462c9076b"},
+    "vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer",
+    {"vllm-ascend 0.19.1rc1": "28fa1aa462c9076b"},
     native_fingerprints={
         # #9221: input_fits_in_drafter skips the drafter (zero drafts) once max_seq_len + k > max_model_len, so the
         # masks below are never reached with a request at the limit (the DP hang of vLLM #44185 is that gate's)
@@ -388,25 +200,15 @@ DRAFT_LENGTHS_AT_MAX_MODEL_LEN = Patch(
         "vllm-ascend 0.24.0rc1": "80302239d1b129b7",
         "vllm-ascend 0.25.1rc1": "2a5eb9ff8ecc6e66",
     },
-    why="(vllm-ascend #9221 / #10147) For draft steps 1 .. k-1 the proposer adds 1 to each draft row's sequence length "
-    "and sets it to 1 past max_model_len: on the device by the step's position (>= max_model_len), on the host by "
-    "the new length (>= max_model_len, also for _seq_lens_cpu). They disagree near the limit (device max_model_len "
-    "vs host 1, also for rows below the limit whose lengths count rejected drafts; then device 1 vs host 2, 3, ...): "
-    "Ascend attention reads the host lengths, other kernels the device ones, the MTP out-of-range errors #9221 fixed.",
-    how="Wrapper (zb_patch.versions.spec_fixes), as on ascend-0.18: the release's body runs with a stand-in attn_group "
-    "whose builder first sets the draft rows' lengths to the previous step's + 1, 1 where that exceeds "
-    "max_model_len, on the device and the host (seq_lens_cpu, _seq_lens_cpu): #10147's masks. No host wait.",
-    upstream=("vllm-ascend#10147", "vllm-ascend#9221", "vllm-ascend#10112", "vllm#44185"),
     remove_when="vllm-ascend >= 0.20.2rc1 (native there: #9221's drafter gate in 0.20.2rc1, #10147's masks from "
     "0.21.0rc1).",
-    roles=("worker",),
 )
 
 # The EAGLE draft graph's stale sample indices (vllm-ascend #9867 / #10080, in 0.21.0rc1): the fix of adapter
 # ascend-0.18. The fix landed in the proposer (_propose, dummy_run: the mla-draft-rope-rows group's targets); the
 # runner method wrapped here differs between 0.20.2rc1 and 0.21.0rc1 as well, and its fingerprints from 0.21.0rc1 on
 # name the releases that carry the fix.
-DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
+DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     {"vllm-ascend 0.19.1rc1": "5254cc2f522b75a5", "vllm-ascend 0.20.2rc1": "b8c35c76869b8e2c"},
     buffer="token_indices_to_sample",
     release_lines="AscendSpecDecodeBaseProposer._propose, 0.19.1rc1 eagle_proposer.py:810, 0.20.2rc1 "
@@ -421,7 +223,7 @@ DRAFT_SAMPLE_INDICES = spec_fixes.draft_sample_indices(
 )
 
 # The decode RoPE rows every draft position shares (MLA / SFA targets): the group of adapter ascend-0.18.
-MLA_DRAFT_ROPE_ROWS = spec_fixes.mla_draft_rope_rows(
+MLA_DRAFT_ROPE_ROWS = mla_draft_rope_rows.patches(
     # 0.19.1rc1 defines the class in eagle_proposer; later releases re-export it there (as for
     # draft-seq-lens-max-model-len above)
     proposer="vllm_ascend.spec_decode.eagle_proposer:AscendSpecDecodeBaseProposer",

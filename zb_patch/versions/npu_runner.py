@@ -19,8 +19,8 @@ Once, at ``initialize_kv_cache``: the kernels of step 2 are launched on no reque
 engine starts (:meth:`ZeroBubble.compile_kernels`).
 
 A release module subclasses :class:`ZeroBubble` for what differs (the ``_prepare_inputs`` hook of step 2,
-``count_base``, ``waits_for_input_prep``, extra activation checks) and its patch specs point at the factories of
-one instance; each spec holds its patch's why / how / upstream / remove-when.
+``count_base``, ``waits_for_input_prep``, extra activation checks); the specs of the wrappers both releases share
+are :func:`zb_patch.versions.zero_bubble_classic.patches`'s, each with its why / how / upstream / remove-when.
 
 This module is imported when an adapter is selected, so numpy, torch and zb-patch's kernels are imported inside the
 functions that use them: only once a patch is applied. On the per-step path nothing copies device->host or calls
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..registry import BACKPORT, ONE_STREAM, RestsOn
-from .early_output import already_exact
+from .fixes.exact_counts_after_early_output import already_exact
 
 # What the zero-bubble patches of ascend-0.13 / ascend-0.18 rest on (their specs' rests_on).
 ZERO_BUBBLE_BACKPORT = RestsOn(

@@ -230,8 +230,8 @@ def count_graph_work() -> Callable[[], dict]:
 
     * ``graph_replays`` ``{mode: n}``: the release's replay calls (``entry.aclgraph.replay()`` in
       ``ACLGraphWrapper.__call__``), by the calling wrapper's runtime mode (``PIECEWISE`` / ``FULL``);
-    * ``host_drains``: a copy of ``zb_patch.versions.graph_replay.DRAINS`` (cleared here): the drains before replays
-      as zb-patch's graph patches decided (``once``, ``skipped``, ``replaced``, ``kept``);
+    * ``host_drains``: a copy of ``zb_patch.versions.fixes.graph_replay.DRAINS`` (cleared here): the drains before
+      replays as zb-patch's graph patches decided (``once``, ``skipped``, ``replaced``, ``kept``);
     * ``task_group_updates`` ``{entry point: n}``: calls of the release's update entry points
       (:data:`TASK_GROUP_UPDATES`) through every ``vllm_ascend`` module that binds them (the runner, the proposers),
       whatever zb-patch put there;
@@ -241,7 +241,7 @@ def count_graph_work() -> Callable[[], dict]:
     names, each binding of an update entry point): a counter and a call, no host wait or device read. The defining
     module's own names are left alone (zb-patch reads its marker there; the releases call the entry points through
     their bindings). Nothing is counted where vllm-ascend's ``acl_graph`` module was not imported (no ACL graphs)."""
-    from zb_patch.versions import graph_replay
+    from zb_patch.versions.fixes import graph_replay
 
     replays: collections.Counter = collections.Counter()
     updates: collections.Counter = collections.Counter()

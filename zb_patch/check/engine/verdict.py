@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from zb_patch.versions.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID, ONCE_PER_STEP_ID
+from zb_patch.versions.fixes.graph_replay import FULL_ORDERING_ID, NO_DRAIN_ID, ONCE_PER_STEP_ID
 
 from .workload import Workload, divergences
 

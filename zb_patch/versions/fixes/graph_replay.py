@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import MARK_ID, NPU_CONTRACT, UPSTREAM, Patch, RestsOn
+from ...registry import MARK_ID, NPU_CONTRACT, UPSTREAM, Patch, RestsOn
 
 PIECEWISE, FULL = "PIECEWISE", "FULL"
 
@@ -247,7 +247,7 @@ _PIECEWISE_WHY = (
     "device dozens of times per step (about 250 us each on the 0.13 line, #5761; #8877, #8854)."
 )
 _PIECEWISE_HOW = (
-    "Wrapper (zb_patch.versions.graph_replay), only for a PIECEWISE wrapper under async scheduling with speculative "
+    "Wrapper (zb_patch.versions.fixes.graph_replay), only for a PIECEWISE wrapper under async scheduling with speculative "
     "decoding while the forward context's runtime mode is PIECEWISE: the release's __call__ runs with its module's "
     "`torch` rebound to a stand-in whose drains are counted and run or skipped as below; the name is restored after "
     "the call. Capture, replay and dispatch are the release's; FULL replays too, unless full-replay-ordered-on-device "
@@ -342,12 +342,10 @@ def full_replay_ordered_on_device(
         ),
         why="Before every FULL replay (the target's, and the MTP drafter's) ACLGraphWrapper.__call__ drains the device "
         "from the host (vllm-ascend #4233, #6432; through 0.30.0rc2): in FULL_DECODE_ONLY, the graph mode of the MTP "
-        "tutorials, zero-bubble's overlap ends at every step. What it protects: each attention layer's FIA call is "
-        "captured in a task group whose parameters an update re-issues on an update stream after the replay is "
-        "queued; unordered, the update for replay N+1 can run before replay N reached the group (wrong lengths) and "
-        "its external-event record can be consumed by replay N's reset (#4233's hang). Both reproduce on the release's "
-        "code without the drain (tests/patches/test_graph_modes.py, tests/engine/test_npu_graphs_cuda.py).",
-        how="Wrappers (zb_patch.versions.graph_replay.FullOrdering), under async scheduling with speculative decoding. "
+        "tutorials, zero-bubble's overlap ends at every step. The drain orders each replay before the next replay's "
+        "task-group updates: without it, stale attention parameters and #4233's hang, both reproduced on the "
+        "release's code (docs/graph-modes.md).",
+        how="Wrappers (zb_patch.versions.fixes.graph_replay.FullOrdering), under async scheduling with speculative decoding. "
         "Where the release drains before a FULL replay, the PIECEWISE patch's wrapper of ACLGraphWrapper.__call__ "
         "records an event on the replay's stream instead (the boundary: complete once everything queued before the "
         "replay has run); this entry point makes its update stream wait for the latest boundary before the release's "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..registry import HOST, Patch, RestsOn
+from ...registry import HOST, Patch, RestsOn
 
 _HOST_ONLY = RestsOn(
     HOST,
