@@ -390,8 +390,7 @@ def _commit_forms_markdown(a) -> list[str]:
         ascend = [t for t in fps if t not in form.replaced]
         same = sum(1 for t in ascend if tag.get(t) == fps[t])
         replaced = "".join(
-            f" At import it replaces vLLM's `{t}` by `{f}` in every process."
-            for t, f in form.replaced.items()
+            f" At import it replaces vLLM's `{t}` by `{f}` in every process." for t, f in form.replaced.items()
         )
         out += [
             f"`{form.ref}`: head of `{form.branch}` of {form.date}, {form.past_tag} commits past `v{form.release}`; "

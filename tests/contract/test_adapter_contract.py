@@ -15,13 +15,12 @@ import types
 import pytest
 
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+import installed_release  # noqa: E402  (tests/support)
 from npu_standin.ascend_imports import import_worker_modules  # noqa: E402
 from zb_patch import registry as R  # noqa: E402
 from zb_patch import versions as V  # noqa: E402
 from zb_patch.detect import detect  # noqa: E402
 from zb_patch.registry import Patch, PatchSet  # noqa: E402
-
-import installed_release  # noqa: E402  (tests/support)
 
 # vllm-ascend family installed in this env -> the adapter that must be selected (None = refused)
 EXPECTED = {"0.11": None, "0.13": "ascend-0.13", "0.18": "ascend-0.18", "0.23": "ascend-0.19-0.25"}

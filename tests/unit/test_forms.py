@@ -113,21 +113,23 @@ def test_018_head_carries_the_draft_lengths_fix():
 
 @pytest.mark.parametrize("adapter", [a for a in V.adapters() if a.commits], ids=lambda a: a.id)
 def test_commit_forms_are_complete(adapter):
-    """Every vllm-ascend target has the commit's fingerprint; an item gets a decision exactly when its target differs
-    from the tag's; an accepted decision is merged under the commit's label, a refused one nowhere."""
+    """Every vllm-ascend target, and every vLLM target the commit replaces, has the commit's fingerprint; an item gets
+    a decision exactly when its target differs from the tag's (a replaced vLLM target always does); an accepted
+    decision is merged under the commit's label, a refused one nowhere."""
     tag = adapter.form_fingerprints(adapter.forms[0])
     for form in adapter.commits:
         assert form.is_commit and form.release in adapter.releases and form.branch and form.past_tag > 0
         targets = {t for _, t in V.item_ids(adapter) if t.startswith("vllm_ascend.")}
-        assert set(form.fingerprints) == targets == set(tag)
-        changed = {t for t in targets if form.fingerprints[t] != tag[t]}
+        assert all(t.startswith("vllm.") and f.startswith("vllm_ascend.") for t, f in form.replaced.items())
+        assert set(form.fingerprints) == targets | set(form.replaced) and targets == set(tag)
+        changed = {t for t in targets if form.fingerprints[t] != tag[t]} | set(form.replaced)
         expected = {item for item, t in V.item_ids(adapter) if t in changed}
         assert set(form.decisions) == expected
         for decision in form.decisions.values():
             assert decision.decision in (V.STILL_HOLDS, V.NATIVE_HERE, V.REFUSED_HERE) and decision.reason
         for item, target in V.item_ids(adapter):
             d = form.decisions.get(item)
-            if d is None or not target.startswith("vllm_ascend."):
+            if d is None:
                 continue
             fp = form.fingerprints[target]
             if item.startswith("guard:"):
