@@ -30,6 +30,8 @@ APPLIED_ON = {
 }
 ADVISORY_ON = {
     "dcp-cp-builder-seq-lens-cpu": {"0.19.1rc1"},
+    # #10307 (the forward's ids sanitised after the spec-decode metadata) is in 0.21.0rc1 and later
+    "pd-decode-placeholders-in-forward": {"0.19.1rc1", "0.20.2rc1"},
     # #13865 is on the releases/v0.23.0 branch only: 0.24.0rc1 / 0.25.1rc1 (cut from main) lack it again
     "stale-accepted-counts": {
         "0.19.1rc1",

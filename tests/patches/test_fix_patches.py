@@ -35,6 +35,7 @@ def test_verdicts_per_release(patch_set):
     assert verdicts["slot-mapping-kernel"] == R.APPLIED
     for pid, releases in APPLIED_ON.items():
         assert verdicts[pid] == (R.APPLIED if RELEASE in releases else R.NATIVE), (pid, RELEASE)
+    assert {i.id for i in report.items if i.kind == "advisory"} == set(ADVISORY_ON)
     for aid, releases in ADVISORY_ON.items():
         assert verdicts[aid] == (R.ADVISORY if RELEASE in releases else R.OK), (aid, RELEASE)
     patch_set.unpatch()

@@ -282,6 +282,18 @@ ADVISORIES = (
         upstream=("vllm-ascend#8749",),
     ),
     Advisory(
+        id="pd-decode-placeholders-in-forward",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
+        affected={"vllm-ascend 0.19.1rc1": "68a42c0f1d53526a", "vllm-ascend 0.20.2rc1": "2e3aa11fa8da32ee"},
+        message="PD disaggregation with MTP on the decode node (the recompute scheduler): each new request's first "
+        "step schedules [-1] * k draft placeholders (core/recompute_scheduler.py), and this runner passes them to "
+        "the model's forward as input ids: an out-of-range embedding index, the NPU's GatherV2 fault at TP = 1 "
+        "(vllm-ascend #10305). zb-patch does not carry the fix (#10307 sanitises the forward's ids after the "
+        "spec-decode metadata; in 0.21.0rc1 and later): upgrade to vllm-ascend >= 0.21.0rc1. Other deployments "
+        "are not affected.",
+        upstream=("vllm-ascend#10307", "vllm-ascend#10305"),
+    ),
+    Advisory(
         id="stale-accepted-counts",
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs",
         affected={
