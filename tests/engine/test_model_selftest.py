@@ -3,11 +3,11 @@ Llama-style target saved by transformers with random weights and a word-level to
 directory), through the tests' launcher (NPU emulation, worker double) on the vllm-ascend 0.18 platform.
 
 One run of the operator's command (module fixture) with engine arguments after ``--`` (parsed by vLLM's own parser)
-and text prompts from a file: the tiny-model strict check, async+fixes twice (the noise floor), async+zb; PASS, exact
-floor, zero-bubble active, figures and the report files. The planted cases reuse its runs and its strict check's
-report, one engine process each, judged by the same verdict: the second async+fixes run with planted nondeterminism
-(floor not exact: judged by the floor), and async+zb with a planted zero-bubble mistake (FAIL naming the first
-diverging request and position).
+and text prompts from a file: the tiny-model strict check (E2E_BIG=1), async+fixes twice (the noise floor),
+async+zb; PASS, exact floor, zero-bubble active, figures and the report files. The planted cases reuse its runs (and
+its strict check's report), one engine process each, judged by the same verdict: the second async+fixes run with
+planted nondeterminism (floor not exact: judged by the floor), and async+zb with a planted zero-bubble mistake (FAIL
+naming the first diverging request and position).
 """
 
 from __future__ import annotations
@@ -70,15 +70,24 @@ PLANTED = {
 }
 
 
+# the tiny-model strict check is the engine self-test tests/engine/test_engine.py runs in this env; the operator's
+# command runs it first only under E2E_BIG=1 (CI time), else leaves it out with the developers' flag, and the verdict
+# then reads PASS-WITHOUT-STRICT-CHECK
+STRICT = bool(os.environ.get("E2E_BIG"))
+PASS = "PASS" if STRICT else "PASS-WITHOUT-STRICT-CHECK"
+NOT_RUN = {"verdict": "NOT-RUN", "reason": "--skip-tiny-check"}
+
+
 @pytest.fixture(scope="module")
 def selftest(operator):
-    """The operator's command with the tiny-model strict check, --json: (exit status, the report from stdout, the
-    planted runs by tag). The planted runs take the command's prompts (load_prompts of the same file) and run while
-    the command runs: after its strict check it runs one engine process at a time, and CI machines have two cores."""
+    """The operator's command (with the tiny-model strict check under E2E_BIG=1), --json: (exit status, the report
+    from stdout, the planted runs by tag). The planted runs take the command's prompts (load_prompts of the same file)
+    and run while the command runs: after its strict check it runs one engine process at a time, and CI machines have
+    two cores."""
     target, spec, prompts, report_dir = operator
     cmd = [sys.executable, "-m", "zb_patch.cli", "selftest", "--engine", "--json", "--jobs", "2", "--model", target]
     cmd += ["--speculative-config", spec, "--prompts", prompts, "--max-tokens", str(MAX_TOKENS)]
-    cmd += ["--report", report_dir, "--", *ENGINE_ARGS]
+    cmd += ["--report", report_dir] + ([] if STRICT else ["--skip-tiny-check"]) + ["--", *ENGINE_ARGS]
     planted_dir = os.path.join(os.path.dirname(report_dir), "planted")
     os.makedirs(planted_dir)
     prompts_file = os.path.join(planted_dir, "prompts.json")
@@ -114,9 +123,19 @@ def _results(report_dir: str) -> dict[str, dict]:
 
 def test_model_selftest_passes_with_an_exact_floor(selftest, operator):
     rc, report, _ = selftest
-    assert (report["verdict"], rc) == ("PASS", 0), report["failures"]
-    assert report["tiny"] == {"verdict": "PASS", "failures": [], "drafter": "eagle", "graph_mode": "eager", "k": [K]}
-    assert not report["notes"]
+    assert (report["verdict"], rc) == (PASS, 0), report["failures"]
+    if STRICT:
+        assert report["tiny"] == {
+            "verdict": "PASS",
+            "failures": [],
+            "drafter": "eagle",
+            "graph_mode": "eager",
+            "k": [K],
+        }
+        assert not report["notes"]
+    else:
+        assert report["tiny"] == NOT_RUN
+        assert report["notes"][0].startswith("tiny-model strict check: not run (--skip-tiny-check)")
     assert report["floor"]["exact"] and report["pairs"]["async+zb"]["exact"]
     assert report["floor"]["identical_schedule_steps"] > 0
     assert list(report["runs"]) == ["async+fixes", "async+fixes-2", "async+zb"]
@@ -130,8 +149,11 @@ def test_model_selftest_passes_with_an_exact_floor(selftest, operator):
     assert os.path.exists(os.path.join(report_dir, "report.json"))
     with open(os.path.join(report_dir, "report.md")) as f:
         text = f.read()
-    assert text.rstrip().endswith("Verdict: PASS")
-    assert "- tiny-model strict check: PASS (drafter eagle, k [2], graph mode eager)" in text
+    assert text.rstrip().endswith(f"Verdict: {PASS}")
+    if STRICT:
+        assert "- tiny-model strict check: PASS (drafter eagle, k [2], graph mode eager)" in text
+    else:
+        assert "- tiny-model strict check: NOT RUN (--skip-tiny-check)" in text
 
 
 def test_text_prompts_went_through_the_checkpoints_tokenizer(selftest, operator):
@@ -139,9 +161,11 @@ def test_text_prompts_went_through_the_checkpoints_tokenizer(selftest, operator)
     assert runs["async+zb"]["prompt_tokens"] == {"0": 8, "1": 20, "2": 40, "3": 3}  # one token per word (+ no bos)
 
 
-def _tiny(selftest) -> dict:
-    """The strict check's report as the verdict takes it (the fixture's: one strict check for the module)."""
-    return selftest[1]["tiny"]
+def _tiny(selftest) -> dict | None:
+    """The strict check's report as the verdict takes it (the fixture's: one strict check for the module; None: not
+    run)."""
+    tiny = selftest[1]["tiny"]
+    return None if tiny["verdict"] == "NOT-RUN" else tiny
 
 
 def test_planted_nondeterminism_makes_the_floor_inexact_and_judges_by_it(selftest, operator):
@@ -156,7 +180,7 @@ def test_planted_nondeterminism_makes_the_floor_inexact_and_judges_by_it(selftes
     print("\n" + "\n".join([*out["failures"], *out["notes"], out["verdict"]]))
     assert not out["floor"]["exact"] and out["floor"]["diverged"], out["floor"]
     _assert_divergence(runs["async+fixes"], run.result, out["floor"]["diverged"])
-    assert out["verdict"] == "PASS", out["failures"]
+    assert out["verdict"] == PASS, out["failures"]
     first = model_verdict.first_diverging(out["floor"]["diverged"])
     assert [n for n in out["notes"] if n.startswith("noise floor not exact: ") and f"(first at {first})" in n]
 

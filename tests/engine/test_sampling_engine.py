@@ -30,6 +30,9 @@ from zb_patch.check.engine.workload import Workload, divergences, summarize, tab
 RELEASE = version("vllm-ascend")
 if RELEASE not in ("0.13.0", "0.18.0"):
     pytest.skip(f"sampling runs cover vllm-ascend 0.13.0 / 0.18.0; this env has {RELEASE}", allow_module_level=True)
+if RELEASE == "0.13.0" and not os.environ.get("E2E_BIG"):
+    # CI time: CI samples on 0.18.0 (penalties included); runner parity samples on both (tests/patches)
+    pytest.skip("E2E_BIG=1: the sampling engine runs on vllm-ascend 0.13.0", allow_module_level=True)
 ZERO_BUBBLE = {"0.13.0": "zb013-optimistic-update-states", "0.18.0": "zb018-optimistic-update-states"}[RELEASE]
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "run_sampling_engine.py")

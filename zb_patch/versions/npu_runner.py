@@ -54,6 +54,21 @@ BACKUP_STAGING_ONE_STREAM = RestsOn(
 SUPPORTED_METHODS = ("eagle", "eagle3", "mtp")
 
 
+_ZERO_BUBBLE: Any = None
+
+
+def _zero_bubble() -> Any:
+    """``zb_patch.zero_bubble`` (numpy, torch, the kernels), imported on first use: the adapters import this module on
+    the activation path, where torch is not imported yet; kept, because a ``from .. import`` in a per-step hook costs
+    more than the hook's own host arithmetic."""
+    global _ZERO_BUBBLE
+    if _ZERO_BUBBLE is None:
+        from .. import zero_bubble
+
+        _ZERO_BUBBLE = zero_bubble
+    return _ZERO_BUBBLE
+
+
 @dataclass
 class Buffers:
     """Device buffers and pinned staging buffers of one runner (allocated once, at activation)."""
@@ -300,8 +315,7 @@ class ZeroBubble:
             batch = runner.input_batch
             prev_sampled = batch.prev_sampled_token_ids
             b = st.buffers
-            from .. import zero_bubble
-
+            zero_bubble = _zero_bubble()
             if prev_sampled is None or runner.valid_sampled_token_count_event is None:
                 st.num_prev = 0
                 zero_bubble.optimistic_advance((), (), b.prev_drafts.np)  # no drafts to carry: the buffer is cleared
@@ -320,12 +334,15 @@ class ZeroBubble:
                 result = original(runner, scheduler_output)
             finally:
                 runner.__dict__.pop("_get_valid_sampled_token_count", None)
+            rows, num_drafts = [], []
             for row in counts.read:
                 drafts = values[row] - 1
                 if drafts > 0 and row in row_req and row not in exact:
                     st.queue.append((row_req[row], drafts, row))
+                    rows.append(row)
+                    num_drafts.append(drafts)
             # prev_num_draft_tokens: cleared, then step N's drafts at step N's rows of the queued requests
-            zero_bubble.optimistic_advance([q[2] for q in st.queue], [q[1] for q in st.queue], b.prev_drafts.np)
+            zero_bubble.optimistic_advance(rows, num_drafts, b.prev_drafts.np)
             return result
 
         return _update_states
@@ -343,8 +360,7 @@ class ZeroBubble:
         and step N's device valid counts (no wait, except the fallback below)."""
         import numpy as np
 
-        from .. import zero_bubble
-
+        zero_bubble = _zero_bubble()
         b = st.buffers
         batch = runner.input_batch
         n = batch.num_reqs
@@ -429,8 +445,7 @@ class ZeroBubble:
             return
         import numpy as np
 
-        from .. import zero_bubble
-
+        zero_bubble = _zero_bubble()
         if st.valid_host is None:
             st.valid_host = runner._get_valid_sampled_token_count()
             st.host_waits += 1
@@ -454,8 +469,7 @@ class ZeroBubble:
             valid = runner._get_valid_sampled_token_count()
             st.host_waits += 1
         if valid:
-            from .. import zero_bubble
-
+            zero_bubble = _zero_bubble()
             rejected = zero_bubble.rejected_tokens
             requests = runner.requests
             for req_id, drafts, row in st.queue:
