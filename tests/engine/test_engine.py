@@ -120,6 +120,7 @@ EXPECTED = {
                 "cudagraph-batch-sizes-after-rounding",
                 "draft-sample-indices-past-batch",
                 "draft-placeholders-after-metadata",
+                "async-penalty-output-tokens",
                 "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),

@@ -31,6 +31,7 @@ FAMILY = "0.18"
 
 class Driver(H.Driver):
     inputs_queued = ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", "_prepare_inputs")
+    release_sample = True
 
     def __init__(self, runner: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(runner, *args, **kwargs)

@@ -430,11 +430,39 @@ class StepState:
 
 
 class PendingOutput:
-    def __init__(self, output: Any) -> None:
+    """The step's output as the engine core receives it. Like vLLM's ``AsyncGPUModelRunnerOutput``, it carries the
+    host copy of the sampled ids (``sampled_token_ids_cpu``) and the copy's event (``async_copy_ready_event``)."""
+
+    def __init__(self, output: Any, sampled_token_ids_cpu: Any = None, async_copy_ready_event: Any = None) -> None:
         self.output = output
+        self.sampled_token_ids_cpu = sampled_token_ids_cpu
+        self.async_copy_ready_event = async_copy_ready_event
 
     def get_output(self) -> Any:
         return self.output
+
+
+class CopyEvent:
+    """The event of a device-to-host copy (the sampled ids' ``async_copy_ready_event``, the runner's
+    ``draft_token_ids_event``): each host wait on it is counted in ``driver.copy_waits[(name, phase)]``."""
+
+    def __init__(self, driver: Driver, name: str, event: Any = None) -> None:
+        self.driver, self.name, self.event = driver, name, event
+
+    def record(self, stream: Any = None) -> None:
+        if self.event is not None:
+            self.event.record() if stream is None else self.event.record(stream)
+
+    def synchronize(self) -> None:
+        self.driver.copy_waits[(self.name, self.driver.phase)] += 1
+        if self.event is not None:
+            self.event.synchronize()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
 
 
 UNFILLED = "unfilled-draft"  # stands for a draft input id the release cannot fill (Driver.draft_ids_unfilled)
@@ -450,10 +478,16 @@ class Driver:
     inputs_queued: tuple[str, str, str]
 
     unfilled_drafts = 0  # draft input ids the release cannot fill (not compared; see runner013.Driver)
+    # the release's own ``_sample`` is called (its sampler answering with the fake model's result) and its draft
+    # copy made (``_copy_draft_token_ids_to_cpu``), as its ``sample_tokens`` does; what the sampler is handed is
+    # recorded in ``sampler_inputs`` (runner018)
+    release_sample = False
     applied: set = frozenset()  # ids of the adapter's patches applied in this run (run_mode sets it)
     negative_input_ids = 0  # token ids < 0 handed to the model (a -1 would index the embedding out of range)
 
-    def __init__(self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None) -> None:
+    def __init__(
+        self, runner: Any, shape: EngineShape, *, seed: int, execute_patch: Any = None, sample_patch: Any = None
+    ) -> None:
         self.runner, self.shape, self.k = runner, shape, shape.num_spec_tokens
         self.pattern = fakemodel.AcceptancePattern(seed, self.k)
         self.kv = np.zeros(shape.num_blocks * shape.block_size, dtype=np.int64)
@@ -473,6 +507,10 @@ class Driver:
         self.mla_records: dict[int, dict[str, Any]] = {}
         self.input_prep_waits = 0
         self.input_prep_records = 0
+        # per step, with output ids in the sampling metadata (penalties, bad words): per request, the output ids and
+        # the draft ids the release's _sample handed its sampler
+        self.sampler_inputs: dict[int, dict[str, tuple[list, list]]] = {}
+        self.copy_waits: dict[tuple[str, str], int] = defaultdict(int)
         self.state: StepState | None = None
         # scheduler / batch edge cases the run went through (EDGE_CASES; the same in both modes)
         self.edges: dict[str, int] = defaultdict(int)
@@ -487,9 +525,17 @@ class Driver:
         runner.valid_sampled_token_count_event = LazyCountEvent(runner.valid_sampled_token_count_cpu, self)
         if getattr(runner, "prepare_inputs_event", None) is not None:
             runner.prepare_inputs_event = InputPrepEvent(runner.prepare_inputs_event, self)
+        if self.release_sample and getattr(runner, "draft_token_ids_event", None) is not None:
+            runner.draft_token_ids_event = CopyEvent(self, "draft_ids", runner.draft_token_ids_event)
         body = self.execute_model_body
-        # the adapter's execute_model patch wraps this mirror of the release's body, through its own factory
+        # the adapter's execute_model / sample_tokens patches wrap these mirrors of the release's bodies, through
+        # their own factories
         self._execute = execute_patch.make(body) if execute_patch is not None else body
+
+        def sample_body(runner: Any, so: Any) -> PendingOutput | None:
+            return self.sample_tokens_body(so)
+
+        self._sample_tokens = sample_patch.make(sample_body) if sample_patch is not None else sample_body
 
     # -- wait accounting ---------------------------------------------------------------------------
     def count_wait(self, blocking: bool) -> None:
@@ -622,9 +668,35 @@ class Driver:
 
     # -- sample_tokens -----------------------------------------------------------------------------
     def sample_tokens(self, so: Any) -> PendingOutput | None:
-        """The release's ``sample_tokens``, padded EAGLE / MTP path: bookkeeping, then
-        ``propose_draft_token_ids`` (``prepare_next_token_ids_padded``, ``_copy_valid_sampled_token_count``, the
-        drafter)."""
+        self.phase = "sample"
+        return self._sample_tokens(self.runner, so)
+
+    def release_sampler(self, runner: Any, spec_meta: Any, sampler_output: Any) -> None:
+        """The release's ``_sample`` with its sampler and rejection sampler answering ``sampler_output`` (the fake
+        model's); records the output ids and draft ids the sampler is handed, where the batch needs output ids."""
+        step = self.step
+
+        def sampler(*args: Any, **kwargs: Any) -> Any:
+            md = kwargs["sampling_metadata"] if "sampling_metadata" in kwargs else args[3]
+            if md.output_token_ids:
+                spec = md.spec_token_ids or []
+                self.sampler_inputs[step] = {
+                    rid: (list(md.output_token_ids[r]), list(spec[r]) if r < len(spec) else [])
+                    for r, rid in enumerate(runner.input_batch.req_ids)
+                }
+            return sampler_output
+
+        saved = runner.sampler, runner.rejection_sampler
+        runner.sampler = runner.rejection_sampler = sampler
+        try:
+            runner._sample(None, spec_meta)
+        finally:
+            runner.sampler, runner.rejection_sampler = saved
+
+    def sample_tokens_body(self, so: Any) -> PendingOutput | None:
+        """The release's ``sample_tokens``, padded EAGLE / MTP path: ``_sample`` (:meth:`release_sampler`, where
+        :attr:`release_sample`), bookkeeping, then ``propose_draft_token_ids`` (``prepare_next_token_ids_padded``,
+        ``_copy_valid_sampled_token_count``, the drafter) and the drafts' host copy."""
         import torch
         from vllm.v1.outputs import SamplerOutput
 
@@ -641,6 +713,8 @@ class Driver:
         sampler_output = SamplerOutput(
             sampled_token_ids=torch.tensor(sampled, dtype=torch.int32), logprobs_tensors=None
         )
+        if self.release_sample:
+            self.release_sampler(runner, st.spec_meta, sampler_output)
         hidden_t = torch.zeros((st.total, 1))
         (_, _, _, req_ids_copy, req_id_to_index_copy, invalid) = runner._bookkeeping_sync(
             st.so, sampler_output, None, hidden_t, st.total, st.spec_meta
@@ -662,6 +736,8 @@ class Driver:
             self.pattern,
         )
         runner._draft_token_ids = torch.tensor(drafts[:, : self.k], dtype=torch.int64)
+        if self.release_sample:
+            runner._copy_draft_token_ids_to_cpu(st.so)
         invalid_set = set(int(i) for i in invalid)
         out_tokens = []
         recs = {}
@@ -678,7 +754,11 @@ class Driver:
             )
         self.records[self.step] = recs
         self.phase = "other"
-        return PendingOutput(compat.model_runner_output(req_ids_copy, req_id_to_index_copy, out_tokens))
+        return PendingOutput(
+            compat.model_runner_output(req_ids_copy, req_id_to_index_copy, out_tokens),
+            sampler_output.sampled_token_ids.clone(),
+            CopyEvent(self, "sampled_ids"),
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -888,6 +968,8 @@ class RunResult:
     finish: dict
     records: dict
     zb: dict
+    sampler_inputs: dict = field(default_factory=dict)  # Driver.sampler_inputs
+    copy_waits: dict = field(default_factory=dict)  # Driver.copy_waits
     runner: Any = None
 
     def summary(self) -> dict:
@@ -947,26 +1029,23 @@ def run_mode(
     mla = vc.model_config.use_mla
     rope = mla_harness.mla_session(vc) if mla else contextlib.nullcontext()
     with phase_spy(release.Driver, driver_ref), rope:
-        execute_patch = None
+        execute_patch = sample_patch = None
         applied: set[str] = set()
         if patched:
             report = adapter.patch_set.apply(disabled=disabled)
             if report.verdict != R.APPLIED:
                 raise RuntimeError(f"adapter did not apply: {report.reason}")
             applied = set(report.by_verdict(R.APPLIED))
-            execute_patch = next(
-                (
-                    p
-                    for p in adapter.patch_set.patches
-                    if p.target.endswith("NPUModelRunner.execute_model") and p.id in applied
-                ),
-                None,
+            live = [p for p in adapter.patch_set.patches if p.id in applied]
+            execute_patch, sample_patch = (
+                next((p for p in live if p.target.endswith(f"NPUModelRunner.{m}")), None)
+                for m in ("execute_model", "sample_tokens")
             )
         try:
             runner = make_runner(vc, kvc, reorder=reorder)
             if runner_hook is not None:
                 runner_hook(runner)
-            driver = release.Driver(runner, shape, seed=seed, execute_patch=execute_patch)
+            driver = release.Driver(runner, shape, seed=seed, execute_patch=execute_patch, sample_patch=sample_patch)
             driver.applied = applied
             driver_ref.append(driver)
             run = Run(make_scheduler(vc, kvc, shape), driver, shape)
@@ -1025,6 +1104,8 @@ def run_mode(
         finish=run.finish,
         records=driver.records,
         zb=zb,
+        sampler_inputs=driver.sampler_inputs,
+        copy_waits=dict(driver.copy_waits),
         runner=runner,
     )
 

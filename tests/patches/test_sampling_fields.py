@@ -2,11 +2,13 @@
 harness, tests/parity/runner_harness.py), vllm-ascend 0.13 / 0.18: every request carries non-greedy sampling
 parameters (temperature, top-p / top-k, a per-request seed, ``min_tokens``; on 0.18 also repetition / presence /
 frequency penalties, which vLLM 0.13 refuses under async scheduling + spec decode), and at every step, when the
-sampler would run (``sample_tokens``, after ``execute_model`` returned), the fields sampling reads are recorded per
-request: the runner's ``output_token_ids`` (what penalties, bad words and the min-tokens processor read: the same
-list objects as ``input_batch.req_output_token_ids``), its ``-1`` placeholders, and the input batch's sampling
-state (temperature, top-p / top-k, generator seed, penalties, the batch's ``sampling_metadata.output_token_ids``).
-Classic async with the adapter's fixes and zero-bubble must hand the sampler the same values, step by step.
+sampler would run (entering ``sample_tokens``, after ``execute_model`` returned; the sampler's own view, after
+``async-penalty-output-tokens``: tests/patches/test_async_penalty_output_tokens.py), the fields sampling reads are
+recorded per request: the runner's ``output_token_ids`` (what penalties, bad words and the min-tokens processor
+read: the same list objects as ``input_batch.req_output_token_ids``), its ``-1`` placeholders, and the input
+batch's sampling state (temperature, top-p / top-k, generator seed, penalties, the batch's
+``sampling_metadata.output_token_ids``). Classic async with the adapter's fixes and zero-bubble must hand the sampler
+the same values, step by step.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def test_zero_bubble_hands_the_sampler_what_classic_async_does(H, release, sess,
     with capsys.disabled():
         print(
             f"\n{release.ADAPTER.id} k={K}: {len(ref)} sampling steps, {random_rows} random-sampled rows, "
-            f"{classic.preemptions} preemptions; the sampler reads {real} real output ids and {placeholders} -1 "
+            f"{classic.preemptions} preemptions; entering sample_tokens: {real} real output ids and {placeholders} -1 "
             f"placeholders (classic async); zero-bubble's output ids longer in {longer} rows; {len(diffs)} steps differ"
         )
     assert random_rows > 0 and len(ref) > 50 and longer > 0

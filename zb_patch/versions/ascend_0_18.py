@@ -13,6 +13,7 @@ from ..registry import Guard, Patch, PatchSet
 from . import npu_runner, zero_bubble_classic
 from .adapter import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 from .fixes import (
+    async_penalty_output_tokens,
     cudagraph_batch_sizes_after_rounding,
     draft_placeholders_after_metadata,
     draft_sample_indices_past_batch,
@@ -134,8 +135,37 @@ GUARDS = (
     Guard(
         "vllm_ascend.worker.model_runner_v1:NPUModelRunner._sample",
         {"vllm-ascend 0.18.0": "294343dec903a9ab"},
-        "never calls InputBatch.update_async_output_token_ids: the optimistic -1 placeholder tail of "
-        "output_token_ids is not read by logits processors (vLLM 0.18's version would leave it behind)",
+        "changes no output_token_ids length (async-penalty-output-tokens writes the sampled ids over placeholders in "
+        "place before it): zero-bubble's optimistic -1 tail stays a tail, trimmed by the next _update_states",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_input_batch:InputBatch.set_async_sampled_token_ids",
+        {"vllm 0.18.0": "a06128197f7ba1de"},
+        "keeps the async output's host copy of the sampled ids and its event only when the batch needs output ids "
+        "(async-penalty-output-tokens)",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_input_batch:InputBatch.update_async_output_token_ids",
+        {"vllm 0.18.0": "8806d04d65401d50"},
+        "writes the previous step's sampled ids over a row's first placeholders in place, no more than it holds, "
+        "after one wait on the copy's event (async-penalty-output-tokens)",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_input_batch:InputBatch.update_async_spec_token_ids",
+        {"vllm 0.18.0": "2292d5f0553c2eaa"},
+        "writes the previous step's drafts, cut to the scheduled count, over a row's draft ids (async-penalty-output-"
+        "tokens)",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._copy_draft_token_ids_to_cpu",
+        {"vllm 0.18.0": "efddb04e205029e9"},
+        "under async scheduling copies the drafts to the host (and sets _draft_token_req_ids) only when the batch "
+        "needs output ids or structured output (async-penalty-output-tokens)",
+    ),
+    Guard(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_draft_token_ids_cpu",
+        {"vllm 0.18.0": "3ae4f9787625e1de"},
+        "one wait on draft_token_ids_event, then the host copy of the drafts (async-penalty-output-tokens)",
     ),
     Guard(
         "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.prepare_inputs_padded",
@@ -272,6 +302,12 @@ DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     release_lines="SpecDecodeBaseProposer._propose, eagle_proposer.py:701-702; read by _run_merged_draft, :809",
     remove_when=_REMOVE_WHEN,
 )
+PENALTY_OUTPUT_TOKENS = async_penalty_output_tokens.patch(
+    {"vllm-ascend 0.18.0": "f1284b38c8dc9ad2"},
+    release_lines="sample_tokens / _sample (model_runner_v1.py:1602-1631) lack vLLM's repair "
+    "(gpu_model_runner.py:3095, :3104-3106, :4097), also on the v0.18.0 branch head",
+    remove_when=_REMOVE_WHEN,
+)
 _ACL_GRAPH_CALL = {"vllm-ascend 0.18.0": "81c9fadfb87529dd"}
 PIECEWISE_ONCE_PER_STEP = graph_replay.piecewise_drain_once_per_step(_ACL_GRAPH_CALL)
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain(_ACL_GRAPH_CALL)  # opt-in
@@ -297,6 +333,7 @@ PATCHES: tuple = (
     CUDAGRAPH_SIZES_AFTER_ROUNDING,
     DRAFT_SAMPLE_INDICES,
     DRAFT_PLACEHOLDERS_AFTER_METADATA,
+    PENALTY_OUTPUT_TOKENS,
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     FULL_ORDERED_ON_DEVICE,

@@ -1,0 +1,182 @@
+"""``async-penalty-output-tokens`` (ascend-0.18; vllm-ascend #7769, fixed by #7789 in 0.19.1rc1) on the release's real
+vLLM ``AsyncScheduler`` + vllm-ascend ``NPUModelRunner`` (the runner-parity harness, tests/parity/runner_harness.py),
+EAGLE k = 3, every request with repetition / presence / frequency penalties. The harness calls the release's own
+``_sample`` (its sampler answering with the fake model's tokens) and makes its drafts' host copy, as the release's
+``sample_tokens`` does; at every step the output ids and draft ids the sampler is handed are compared with what the
+synchronous path hands it: every token the request has generated so far (the harness's sampler produced them at the
+earlier steps) and the drafts its previous step proposed.
+
+Without the fix (``ZB_PATCH_DISABLE=async-penalty-output-tokens``) the penalties read `-1` placeholders in classic
+async and with zero-bubble alike; with it they read the synchronous path's ids, zero-bubble with the previous step's
+rejected drafts as a trailing ``-1`` tail (which the penalties count as no token). Its host waits come after the
+step's inputs are queued, in the sampling phase only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+if npu_standin.detect_family() != "0.18":
+    pytest.skip("async-penalty-output-tokens is ascend-0.18's", allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
+
+from zb_patch.versions.fixes import async_penalty_output_tokens as fix  # noqa: E402
+
+K, SEED, ITERATIONS, BLOCKS = 3, 7, 160, 24
+
+
+def _make_request(req_id, prompt, *, max_tokens, stop_token_ids, arrival_time, block_size):
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        repetition_penalty=1.2,
+        presence_penalty=0.3,
+        frequency_penalty=0.2,
+        ignore_eos=True,
+        stop_token_ids=list(stop_token_ids),
+    )
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=arrival_time,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
+
+
+def _run(H, release, sess, monkeypatch, *, disabled):
+    """One run; returns it and the drafts each step proposed, per request."""
+    from zb_patch.check.selftest import compat
+    from zb_patch.check.selftest.compat import EngineShape
+    from zb_patch.check.selftest.workload import make_workload
+
+    monkeypatch.setattr(compat, "make_request", _make_request)
+    drafts: dict[int, dict[str, list[int]]] = {}
+    sample_tokens = release.Driver.sample_tokens
+
+    def sample(driver, so):
+        st, step = driver.state, driver.step
+        out = sample_tokens(driver, so)
+        if st is not None:
+            proposed = driver.runner._draft_token_ids.tolist()
+            drafts[step] = {rid: proposed[r] for r, rid in enumerate(st.req_ids)}
+        return out
+
+    monkeypatch.setattr(release.Driver, "sample_tokens", sample)
+    shape = EngineShape(num_spec_tokens=K, num_blocks=BLOCKS)
+    specs = make_workload(SEED, shape, ITERATIONS)
+    with H.reference_kernels():
+        res = H.run_mode(sess, shape, specs, ITERATIONS, release=release, seed=SEED, patched=True, disabled=disabled)
+    monkeypatch.undo()
+    return res, drafts
+
+
+def _against_sync(res, drafts) -> dict:
+    """Per (step, request) the sampler was handed output ids for: its output ids against the tokens the request has
+    generated before that step (what the synchronous path hands the sampler), and its draft ids against the drafts
+    its previous step proposed (where it was sampled there)."""
+    generated: dict[str, list[int]] = {}
+    c = dict(rows=0, real=0, placeholders=0, output_differs=0, tail=0, inner_placeholders=0, drafts=0)
+    c.update(draft_ids=0, draft_placeholders=0, drafts_differ=0, tail_not_rejected=0)
+    examples = []
+    for step in sorted(res.records):
+        handed = res.sampler_inputs.get(step, {})
+        for rid, (out, spec) in handed.items():
+            want = generated.get(rid, [])
+            real = [t for t in out if t != -1]
+            c["rows"] += 1
+            c["real"] += len(real)
+            c["placeholders"] += len(out) - len(real)
+            if real != want:
+                c["output_differs"] += 1
+                if len(examples) < 4:
+                    examples.append((step, rid, out[-8:], want[-8:]))
+            tail = len(out) - len(real)
+            if out[len(real) :] != [-1] * tail:
+                c["inner_placeholders"] += 1  # a -1 before a real id: not a tail
+            c["tail"] += tail
+            prev = res.records.get(step - 1, {}).get(rid)
+            # zero-bubble's optimistic placeholders: one per draft its previous step rejected
+            c["tail_not_rejected"] += tail != (prev.drafted - prev.accepted if prev is not None and prev.sampled else 0)
+            if spec and prev is not None and prev.sampled:
+                c["drafts"] += 1
+                c["draft_ids"] += len(spec)
+                c["draft_placeholders"] += spec.count(-1)
+                c["drafts_differ"] += spec != drafts[step - 1][rid][: len(spec)]
+        for rid, rec in res.records[step].items():
+            generated.setdefault(rid, []).extend(rec.sampled)
+    c["examples"] = examples
+    return c
+
+
+@pytest.fixture(scope="module")
+def runs(H, release, sess):
+    """classic async + the fixes, zero-bubble + the fixes: each without and with this fix."""
+    zb_first = H.zero_bubble_and_fix_ids(release.ADAPTER)[0][:1]
+    mp = pytest.MonkeyPatch()
+    out = {}
+    for name, disabled in (
+        ("classic, no fix", (*zb_first, fix.ID)),
+        ("classic", zb_first),
+        ("zero-bubble, no fix", (fix.ID,)),
+        ("zero-bubble", ()),
+    ):
+        res, drafts = _run(H, release, sess, mp, disabled=disabled)
+        out[name] = (res, _against_sync(res, drafts))
+    mp.undo()
+    for name, (res, c) in out.items():
+        print(
+            f"\n{name}: {res.steps} steps, {c['rows']} sampled rows with penalties; output ids real {c['real']}, "
+            f"-1 {c['placeholders']}, rows differing from sync {c['output_differs']}; draft rows {c['drafts']}, "
+            f"-1 drafts {c['draft_placeholders']}, differing {c['drafts_differ']}; copy waits {res.copy_waits}; "
+            f"{res.preemptions} preemptions"
+        )
+    return out
+
+
+def test_without_the_fix_penalties_read_placeholders(runs):
+    """The reproduction: ZB_PATCH_DISABLE=async-penalty-output-tokens, classic async and zero-bubble alike: the
+    sampler's output ids are placeholders where the synchronous path has the generated ids, and its draft ids are
+    the scheduler's -1s."""
+    for name in ("classic, no fix", "zero-bubble, no fix"):
+        res, c = runs[name]
+        assert bool(res.zb.get("active")) == name.startswith("zero-bubble"), name
+        assert c["rows"] > 200 and c["drafts"] > 100, (name, c)
+        assert c["output_differs"] > c["rows"] // 2, (name, c)
+        assert c["placeholders"] > 5 * c["real"], (name, c)
+        assert c["draft_placeholders"] == c["draft_ids"] >= K * c["drafts"] // 2, (name, c)
+        assert not res.copy_waits, (name, res.copy_waits)
+
+
+def test_the_fix_hands_the_sampler_the_synchronous_ids(runs):
+    """With the fix the sampler is handed, at every step and for every request, the ids the synchronous path hands
+    it: the generated ids (zero-bubble: then the previous step's rejected drafts as -1s) and the previous step's
+    drafts. The host waits are on the copies of the previous step, in the sampling phase (after this step's inputs
+    are queued); zero-bubble still waits for nothing before input preparation."""
+    for name in ("classic", "zero-bubble"):
+        res, c = runs[name]
+        assert bool(res.zb.get("active")) == (name == "zero-bubble"), name
+        assert c["rows"] > 200 and c["drafts"] > 100, (name, c)
+        assert c["output_differs"] == 0, (name, c["examples"])
+        assert c["inner_placeholders"] == 0 and c["drafts_differ"] == 0, (name, c)
+        assert set(res.copy_waits) <= {("sampled_ids", "sample"), ("draft_ids", "sample")}, res.copy_waits
+        assert res.copy_waits.get(("sampled_ids", "sample"), 0) > 100, res.copy_waits
+        assert res.edges.get("resumed_after_preemption", 0) > 0, res.edges
+    assert runs["classic"][1]["tail"] == 0
+    zb, zb_counts = runs["zero-bubble"]
+    assert zb_counts["tail"] > 0 and zb_counts["tail_not_rejected"] == 0, zb_counts
+    assert zb.min_before_prep_per_spec_step == 0 == zb.max_before_prep_per_step
+    # the same tokens, steps and schedules with and without the fix (the fake sampler ignores penalties)
+    for name in ("classic", "zero-bubble"):
+        assert runs[name][0].streams == runs[f"{name}, no fix"][0].streams
