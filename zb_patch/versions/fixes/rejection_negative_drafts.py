@@ -18,20 +18,21 @@ def make_rejection_sample(original: Callable) -> Callable:
     """Wrap vllm-ascend's ``rejection_sample`` (the function vLLM's ``RejectionSampler.forward`` calls, bound into
     ``vllm.v1.sample.rejection_sampler`` by vllm-ascend's ``patch_rejection_sampler``).
 
-    A batch of greedy requests only goes to the release unchanged: its greedy kernels only compare a draft with the
+    A batch of only greedy requests goes to the release unchanged: its greedy kernels only compare a draft with the
     target's argmax, which a ``-1`` never equals. Otherwise, per request, the first negative draft at position ``p``
     is, as in #10043: rejected, the token at ``p`` a sample of the target distribution there (nothing left out), no
     token after it and no bonus token. Device ops only, no host wait:
 
-    1. the drafts handed to the release are clamped to >= 0 (its kernels read ``target_probs`` / ``draft_probs`` and
-       write the recovered-token scratch at ``row * vocab + draft``: ``-1`` is the previous row's last entry, or before
-       the buffer for the first row);
+    1. the drafts handed to the release are clamped to >= 0 (its kernels read ``target_probs`` / ``draft_probs`` at
+       ``row * vocab + draft``, and its recovered-token kernel zeroes and restores that entry: for ``-1`` the previous
+       row's last entry, or before the buffer for the first row);
     2. for the placeholders of non-greedy requests, ``target_probs[:, 0]`` (the column of the clamped draft) is set to
        0 while the release runs and restored after: the acceptance test ``target / draft >= uniform`` fails there
-       (and, in block verify, ``pi`` is 0 from ``p`` on), so the release rejects at ``p`` as #10043's kernels do;
+       (but for a uniform draw of exactly 0; in block verify ``pi`` is 0 from ``p`` on), so the release rejects at
+       ``p`` as #10043's kernels do;
     3. the release's recovered token at ``p`` leaves token 0 out (the n-gram / MTP path zeroes the draft's column), so
        where ``p`` was reached it is replaced by a sample of the target distribution at ``p`` drawn before step 2
-       (exponential race, ``argmax(p / q)``, as the release samples; from the default generator, also for a seeded
+       (exponential race, ``argmax(probs / q)``, as the release samples; from the default generator, also for a seeded
        request); with ``draft_probs`` the release's recovered token does not depend on the draft and is kept;
     4. every token after ``p`` is set to the placeholder (greedy rows too: the clamped draft may have matched).
     """
