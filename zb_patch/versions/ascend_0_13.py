@@ -329,7 +329,7 @@ DRAFT_PLACEHOLDERS_AFTER_METADATA = draft_placeholders_after_metadata.patch(
 )
 REJECTION_NEGATIVE_DRAFTS = rejection_negative_drafts.patch(
     {"vllm-ascend 0.13.0": "88ae46cb6ebe543c"},
-    release_lines="reject_sample.py:178-188, :274-282, :422-434; rejection_sampler.py:515, :761",
+    release_lines="reject_sample.py:178-188, :274-282, :422-434; rejection_sampler.py:515",
     remove_when=_REMOVE_WHEN,
 )
 DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(

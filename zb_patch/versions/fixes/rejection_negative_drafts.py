@@ -134,8 +134,8 @@ def patch(fingerprints: Mapping[str, str], *, release_lines: str, remove_when: s
         aliases=("vllm.v1.sample.rejection_sampler:rejection_sample",),
         make=make_rejection_sample,
         fingerprints=fingerprints,
-        why="(vllm-ascend #10045) Unless the batch is all greedy, a `-1` draft (PD decode + MTP) is read as a "
-        "token index: `row * vocab - 1` in the Triton kernels, `target_probs[t, -1]` (accepted) in the torch path. "
+        why="(vllm-ascend #10045) Unless the batch is all greedy, a `-1` draft (PD decode + MTP) is read as an "
+        "index: `row * vocab - 1` in Triton kernels, `target_probs[t, -1]` (accepted) in the torch path. "
         f"Here: {release_lines}.",
         how="Wrapper (zb_patch.versions.fixes.rejection_negative_drafts) of rejection_sample and its binding in "
         "vllm.v1.sample.rejection_sampler. A batch of greedy requests only: unchanged. Otherwise the release is "
