@@ -91,6 +91,7 @@ EXPECTED = {
                 "mtp-draft-lengths",
                 "draft-sample-indices-past-batch",
                 "draft-placeholders-after-metadata",
+                "rejection-negative-drafts",
                 "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),

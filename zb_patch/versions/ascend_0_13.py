@@ -23,6 +23,7 @@ from .fixes import (
     mtp_draft_lengths,
     mtp_draft_slots,
     readded_request_drafts,
+    rejection_negative_drafts,
     stale_draft_placeholders,
 )
 
@@ -326,6 +327,11 @@ DRAFT_PLACEHOLDERS_AFTER_METADATA = draft_placeholders_after_metadata.patch(
     not_covered=" Not covered: a multimodal / prompt-embeds model without zero-bubble, which the release embeds "
     "inside _prepare_inputs before the metadata (model_runner_v1.py:779-830).",
 )
+REJECTION_NEGATIVE_DRAFTS = rejection_negative_drafts.patch(
+    {"vllm-ascend 0.13.0": "88ae46cb6ebe543c"},
+    release_lines="reject_sample.py:178-188, :274-282, :422-434; rejection_sampler.py:515",
+    remove_when=_REMOVE_WHEN,
+)
 DRAFT_SAMPLE_INDICES = draft_sample_indices_past_batch.patch(
     {"vllm-ascend 0.13.0": "08a0f995a61d0d7d"},
     buffer="last_token_indices",
@@ -362,6 +368,7 @@ PATCHES: tuple = (
     MTP_DRAFT_LENGTHS,
     DRAFT_SAMPLE_INDICES,
     DRAFT_PLACEHOLDERS_AFTER_METADATA,
+    REJECTION_NEGATIVE_DRAFTS,
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     *FULL_ORDERED_ON_DEVICE,
@@ -417,6 +424,7 @@ COMMITS = (
             "vllm_ascend.compilation.acl_graph:update_attn_dcp_pcp_params": "4015cc2d6c33f949",
             "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params": "66535df4507a2c1d",
             _UPDATE_STATES: "f73d43f8bb2ace70",
+            "vllm_ascend.sample.rejection_sampler:rejection_sample": "88ae46cb6ebe543c",
         },
         replaced={_UPDATE_STATES: "vllm_ascend.patch.worker.patch_model_runner:_update_states"},
         decisions={

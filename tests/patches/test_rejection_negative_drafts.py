@@ -1,0 +1,237 @@
+"""A ``-1`` draft placeholder in vllm-ascend 0.13's random-sampling rejection path (vllm-ascend #10045, fixed by #10043
+from 0.21.0rc1), patch ``rejection-negative-drafts``, on the release's real code: the release's
+``AsyncRecomputeScheduler`` on a kv-consumer (a PD decode node) schedules a new request at temperature 1 with
+``[-1] * k`` drafts, the release's ``NPUModelRunner`` prepares the step (``draft-placeholders-after-metadata`` and
+``readded-request-drafts`` hand the sampler the ``-1``), and ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the
+binding vLLM's ``RejectionSampler.forward`` calls: vllm-ascend's function) samples it with the runner's own sampling
+metadata, on the release's torch path (its Triton kernels need an NPU's vector-core count; they read and write
+``target_probs`` at ``row * vocab + draft`` alike, out of the row for a ``-1``).
+
+The target distribution puts all its mass on the last vocabulary token. Without the fix the torch path reads
+``target_probs[t, -1]`` (that token's probability, 1) for each ``-1``, accepts both and appends the bonus token: the
+request's first decode step emits the bonus token alone. With the fix the first ``-1`` is rejected and its token is
+sampled from the target distribution (the last token), as #10043 does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import types
+
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+FAMILY = npu_standin.detect_family()
+if FAMILY != "0.13":
+    pytest.skip(f"a fix of vllm-ascend 0.13; this env has {FAMILY}", allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parity"))
+
+FIX = "rejection-negative-drafts"
+K, VOCAB, BONUS = 2, 16, 5
+LAST = VOCAB - 1
+P = -1  # vLLM's PLACEHOLDER_TOKEN_ID
+
+
+@contextlib.contextmanager
+def _release_torch_path():
+    """The release's torch path on CPU: HAS_TRITON off (as tests/patches/test_draft_placeholders_after_metadata.py),
+    host tensors unpinned (the random path asks for pinned ones, which a CPU-only torch cannot make; pinning changes
+    no value)."""
+    import functools
+
+    import torch
+    from vllm_ascend.sample import rejection_sampler
+
+    def unpinned(make):
+        @functools.wraps(make)
+        def call(*args, **kwargs):
+            kwargs.pop("pin_memory", None)
+            return make(*args, **kwargs)
+
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rejection_sampler, "HAS_TRITON", False)
+        for name in ("tensor", "arange", "full", "ones"):
+            mp.setattr(torch, name, unpinned(getattr(torch, name)))
+        yield
+
+
+def _applied(release, disabled):
+    from zb_patch import registry as R
+
+    report = release.ADAPTER.patch_set.apply(disabled=disabled)
+    assert report.verdict == R.APPLIED, report.reason
+    return {p: v for v in (R.APPLIED, R.DISABLED) for p in report.by_verdict(v)}
+
+
+def _zero_bubble(H, release):
+    return H.zero_bubble_and_fix_ids(release.ADAPTER)[0][:1]  # one id disables its group
+
+
+def _pd_first_step_sampled(H, release, sess, disabled):
+    """The first step of a temperature-1 request on a PD decode node, prepared by the release's runner and sampled by
+    the release's rejection sampler, patched with ``disabled`` left out. Returns (drafts handed to the sampler, the
+    sampler's output row, patch verdicts)."""
+    import copy
+
+    import torch
+    import vllm.v1.sample.rejection_sampler as vllm_rejection
+    from test_pd_decode_first_step import CONNECTOR, _connector_class
+    from vllm import SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm_ascend.core.recompute_scheduler import AsyncRecomputeScheduler
+
+    from zb_patch.check.selftest import compat
+    from zb_patch.check.selftest.compat import EngineShape
+
+    shape = EngineShape(num_spec_tokens=K)
+    vc = H.build_config(sess, shape)
+    kvc = H.kv_cache_config(vc, shape)
+    if CONNECTOR not in KVConnectorFactory._registry:
+        import test_pd_decode_first_step
+
+        test_pd_decode_first_step.NoHitConsumer = _connector_class()
+        KVConnectorFactory.register_connector(CONNECTOR, "test_pd_decode_first_step", "NoHitConsumer")
+    decode_vc = copy.copy(vc)
+    decode_vc.kv_transfer_config = KVTransferConfig(kv_connector=CONNECTOR, kv_role="kv_consumer")
+    scheduler = AsyncRecomputeScheduler(
+        vllm_config=decode_vc,
+        kv_cache_config=kvc,
+        structured_output_manager=StructuredOutputManager(decode_vc),
+        block_size=shape.block_size,
+        log_stats=False,
+    )
+    request = compat.make_request(
+        "pd-0", list(range(40, 61)), max_tokens=8, stop_token_ids=[], arrival_time=0.0, block_size=shape.block_size
+    )
+    request.sampling_params = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    scheduler.add_request(request)
+    so = scheduler.schedule()
+    assert list(so.scheduled_spec_decode_tokens["pd-0"]) == [P] * K
+    verdicts = _applied(release, disabled)
+    try:
+        runner = H.make_runner(vc, kvc)
+        inputs = release.Driver(runner, shape, seed=0).prepare_step(runner, so)
+        meta, sampling = inputs.spec_meta, runner.input_batch.sampling_metadata
+        assert not sampling.all_greedy
+        target_probs = torch.zeros(len(meta.draft_token_ids), VOCAB)
+        target_probs[:, LAST] = 1.0  # the target puts all its mass on the last token
+        with _release_torch_path():
+            out = vllm_rejection.rejection_sample(
+                meta.draft_token_ids.contiguous(),
+                meta.num_draft_tokens,
+                meta.max_spec_len,
+                meta.cu_num_draft_tokens,
+                None,
+                target_probs,
+                torch.tensor([[BONUS]], dtype=torch.int32),
+                sampling,
+            )
+    finally:
+        release.ADAPTER.patch_set.unpatch()
+    return [int(x) for x in meta.draft_token_ids], [int(x) for x in out[0]], verdicts
+
+
+def test_pd_decode_first_step_without_the_fix_accepts_the_placeholders(H, release, sess):
+    """ZB_PATCH_DISABLE=rejection-negative-drafts (zero-bubble off too): the sampler is handed the -1 drafts, reads the
+    last token's probability for each, accepts both and appends the bonus token."""
+    drafts, row, verdicts = _pd_first_step_sampled(H, release, sess, (*_zero_bubble(H, release), FIX))
+    assert verdicts.get(FIX) == "disabled" and verdicts.get("draft-placeholders-after-metadata") == "applied"
+    assert drafts == [P] * K
+    assert row == [P, P, BONUS]  # "accepted" placeholders, then the bonus token: the step emits BONUS alone
+
+
+def test_pd_decode_first_step_with_the_fix_rejects_the_placeholder(H, release, sess):
+    """ZB_PATCH=1 (zero-bubble off): the first -1 is rejected and its token sampled from the target (the last token);
+    nothing after it, no bonus token."""
+    drafts, row, verdicts = _pd_first_step_sampled(H, release, sess, _zero_bubble(H, release))
+    assert verdicts.get(FIX) == "applied", verdicts
+    assert drafts == [P] * K
+    assert row == [LAST, P, P]
+
+
+def _seed_past_the_first_draft(k):
+    """A seed whose request generator draws uniforms ``u`` with ``u[0] > 0.5 >= u[0] * u[1]``: the row below then
+    rejects its first draft (target probability 0.5) and, in block verify, would count a placeholder at position 1
+    as legal (cumulative ``pi`` 0.5) if the clamped draft kept its target probability (1 on token 0 there)."""
+    import torch
+
+    for seed in range(1000):
+        u = torch.empty(k, dtype=torch.float64).uniform_(generator=torch.Generator().manual_seed(seed))
+        if u[0] > 0.5 >= u[0] * u[1]:
+            return seed
+    raise AssertionError("no seed")
+
+
+def _mixed_batch(k):
+    """Six requests, k drafts each: (drafts, target distribution per draft as {token: probability}, temperature,
+    the row #10043 samples)."""
+    d = list(range(3, 3 + k))
+    one = [{LAST: 1.0}] * (k - 1)
+    return [
+        (d, [{t: 1.0} for t in d], 1.0, [*d, BONUS]),  # random, real drafts the target agrees with: all + bonus
+        ([3] + [P] * (k - 1), [{3: 1.0}, *one], 1.0, [3, LAST] + [P] * (k - 1)),  # random, placeholder at 1
+        ([P] * k, [{0: 1.0}] * k, 0.0, [0] + [P] * k),  # greedy, placeholders, target argmax 0
+        ([P] * k, [{2: 1.0}] * k, 1.0, [2] + [P] * k),  # random, placeholders, no mass on the last token
+        # random, seeded (_seed_past_the_first_draft): the first draft rejected, its recovered token 9
+        ([3] + [P] * (k - 1), [{3: 0.5, 9: 0.5}] + [{0: 1.0}] * (k - 1), 1.0, [9] + [P] * k),
+        # random, placeholders, the target on token 0 (the clamped draft, which the release's recovered token leaves
+        # out: it would be 7)
+        ([P] * k, [{0: 1.0, 7: 1e-30}] * k, 1.0, [0] + [P] * k),
+    ]
+
+
+@pytest.mark.parametrize("k", [2, 3], ids=["k2-sequential", "k3-block-verify"])
+@pytest.mark.parametrize("fixed", [False, True], ids=["disabled", "fixed"])
+def test_mixed_batch(H, release, cpu_worker, k, fixed):
+    """The release's two random kernels (torch path: sequential below k = 3, block verify from 3), a batch of random
+    and greedy requests with and without placeholders. With the fix every row is #10043's and ``target_probs`` is
+    handed back unchanged; without it the random row whose target favours the last token accepts its ``-1`` (and,
+    in block verify, every draft after it) and gets the bonus token."""
+    import torch
+    import vllm.v1.sample.rejection_sampler as vllm_rejection
+
+    rows = _mixed_batch(k)
+    drafts = torch.tensor([t for r in rows for t in r[0]], dtype=torch.int32)
+    target = torch.zeros(len(drafts), VOCAB)
+    for i, dist in enumerate(dist for r in rows for dist in r[1]):
+        for token, prob in dist.items():
+            target[i, token] = prob
+    handed = target.clone()
+    sampling = types.SimpleNamespace(
+        all_greedy=False,
+        all_random=False,
+        temperature=torch.tensor([r[2] for r in rows]),
+        generators={4: torch.Generator().manual_seed(_seed_past_the_first_draft(k))},
+    )
+    disabled = _zero_bubble(H, release) + (() if fixed else (FIX,))
+    verdicts = _applied(release, disabled)
+    try:
+        with _release_torch_path():
+            out = vllm_rejection.rejection_sample(
+                drafts,
+                [k] * len(rows),
+                k,
+                torch.tensor([k * (i + 1) for i in range(len(rows))], dtype=torch.int32),
+                None,
+                target,
+                torch.full((len(rows), 1), BONUS, dtype=torch.int32),
+                sampling,
+            )
+    finally:
+        release.ADAPTER.patch_set.unpatch()
+    got = out.tolist()
+    assert verdicts.get(FIX) == ("applied" if fixed else "disabled")
+    if fixed:
+        assert got == [r[3] for r in rows]
+        assert torch.equal(target, handed)
+    else:
+        assert [got[i] for i in (0, 3, 4, 5)] == [rows[i][3] for i in (0, 3, 4, 5)]
+        assert got[2] == [0] + [P] * k  # greedy: a -1 never equals the argmax
+        assert got[1] == [3] + [P] * (k - 1) + [BONUS]  # the -1 drafts "accepted", then the bonus token
