@@ -122,3 +122,13 @@ def _tiny_eagle_engine_config(root, **engine_args):
     vc = EngineArgs(**args).create_engine_config()
     init_ascend_config(vc)
     return vc
+
+
+@pytest.fixture
+def later_patch_set(cpu_worker):
+    """Adapter ascend-0.19-0.25's patch set (tests/patches/later_fixes.py), unpatched after the test."""
+    from zb_patch.versions import ascend_0_19_0_25 as A
+
+    ps = A.ADAPTER.patch_set
+    yield ps
+    ps.unpatch()

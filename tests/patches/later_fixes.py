@@ -1,12 +1,21 @@
 """Where each fix of adapter ascend-0.19-0.25 applies (the installed code lacks it) and where it is native, by release
-(docs/releases/ascend-0.19-0.25.md section 2, from the code of each release): what the tests of its fixes read. A test
-module imports this after it has skipped envs outside the adapter (npu_standin family "0.23")."""
+(docs/releases/ascend-0.19-0.25.md section 2, from the code of each release): what the tests of its fixes read.
+Importing it skips the importing test module outside the adapter's envs (npu_standin family "0.23")."""
 
 from __future__ import annotations
 
 import importlib.metadata
 
-from zb_patch.versions import ascend_0_19_0_25 as A
+import pytest
+
+npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
+if npu_standin.detect_family() != "0.23":
+    pytest.skip(
+        f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has {npu_standin.detect_family()}",
+        allow_module_level=True,
+    )
+
+from zb_patch.versions import ascend_0_19_0_25 as A  # noqa: E402
 
 RELEASE = importlib.metadata.version("vllm-ascend")
 

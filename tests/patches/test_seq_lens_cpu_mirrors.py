@@ -8,28 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
+import torch
+from later_fixes import applies
 
-npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
-if npu_standin.detect_family() != "0.23":
-    pytest.skip(
-        f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has {npu_standin.detect_family()}",
-        allow_module_level=True,
-    )
-
-import torch  # noqa: E402
-from later_fixes import applies  # noqa: E402
-
-from zb_patch import registry as R  # noqa: E402
-from zb_patch.detect import detect  # noqa: E402
-from zb_patch.versions import ascend_0_19_0_25 as A  # noqa: E402
-
-
-@pytest.fixture
-def patch_set(cpu_worker):
-    ps = A.ADAPTER.patch_set
-    yield ps
-    ps.unpatch()
+from zb_patch import registry as R
+from zb_patch.detect import detect
+from zb_patch.versions import ascend_0_19_0_25 as A
 
 
 def _padded_metadata():
@@ -81,10 +65,10 @@ CARRIED_BY_8749 = {
 }
 
 
-def test_unpadded_keeps_the_cpu_mirrors(patch_set):
+def test_unpadded_keeps_the_cpu_mirrors(later_patch_set):
     release_unpadded = R.resolve(A.SEQ_LENS_CPU_UNPADDED.target).original
     before = release_unpadded(_padded_metadata(), 9, 3)
-    assert patch_set.apply(detect()).verdict == R.APPLIED
+    assert later_patch_set.apply(detect()).verdict == R.APPLIED
     after = _padded_metadata().unpadded(9, 3)
     assert after.num_reqs == 3 and after.num_actual_tokens == 9 and after.seq_lens_cpu is None
     assert after._seq_lens_cpu.tolist() == [10, 20, 30]
@@ -99,10 +83,10 @@ def test_unpadded_keeps_the_cpu_mirrors(patch_set):
                 assert _same(getattr(after, f.name), getattr(before, f.name)), f.name
 
 
-def test_prepare_inputs_padded_keeps_the_cpu_mirrors(patch_set, make_npu_runner, monkeypatch):
+def test_prepare_inputs_padded_keeps_the_cpu_mirrors(later_patch_set, make_npu_runner, monkeypatch):
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-    assert patch_set.apply(detect()).verdict == R.APPLIED
+    assert later_patch_set.apply(detect()).verdict == R.APPLIED
     runner = make_npu_runner()
     drafter = runner.drafter
     target_cls = R.resolve(A.SEQ_LENS_CPU_PREPARE_INPUTS_PADDED.target).owner

@@ -12,28 +12,12 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import torch
+from later_fixes import RELEASE, applies
+from torch.overrides import TorchFunctionMode
 
-npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
-if npu_standin.detect_family() != "0.23":
-    pytest.skip(
-        f"adapter ascend-0.19-0.25 covers vllm-ascend 0.19.1rc1-0.25.1rc1; this env has {npu_standin.detect_family()}",
-        allow_module_level=True,
-    )
-
-import torch  # noqa: E402
-from later_fixes import RELEASE, applies  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
-
-from zb_patch import registry as R  # noqa: E402
-from zb_patch.detect import detect  # noqa: E402
-from zb_patch.versions import ascend_0_19_0_25 as A  # noqa: E402
-
-
-@pytest.fixture
-def patch_set(cpu_worker):
-    ps = A.ADAPTER.patch_set
-    yield ps
-    ps.unpatch()
+from zb_patch import registry as R
+from zb_patch.detect import detect
 
 
 class _Log:
@@ -138,8 +122,8 @@ def _assert_fixed_order(calls):
     assert ("event.record", "copy") in calls[at + 1 :], calls
 
 
-def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_set, make_npu_runner, stream_log):
-    assert patch_set.apply(detect()).verdict == R.APPLIED
+def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(later_patch_set, make_npu_runner, stream_log):
+    assert later_patch_set.apply(detect()).verdict == R.APPLIED
     runner = make_npu_runner()
     assert runner.use_async_scheduling and runner.num_spec_tokens == 2
     assert runner.valid_sampled_token_count_cpu.dtype == torch.int64
@@ -151,7 +135,7 @@ def test_valid_count_copy_waits_for_the_default_stream_and_does_not_cast(patch_s
     not (applies("valid-count-copy-order") and applies("valid-count-int64")),
     reason=f"vllm-ascend {RELEASE} already carries #9456 and #10205",
 )
-def test_release_without_the_patches_has_both_bugs(patch_set, make_npu_runner, stream_log):
+def test_release_without_the_patches_has_both_bugs(later_patch_set, make_npu_runner, stream_log):
     """What the two patches change on this release: unpatched, the copy stream waits on itself (#9456) and the
     copy casts int64 -> int32 (#10205: a blocking copy on NPU)."""
     runner = make_npu_runner()
@@ -163,9 +147,9 @@ def test_release_without_the_patches_has_both_bugs(patch_set, make_npu_runner, s
     ]
 
 
-def test_int64_buffer_only_with_async_spec_decode(patch_set, make_npu_runner):
+def test_int64_buffer_only_with_async_spec_decode(later_patch_set, make_npu_runner):
     """#10205's condition: without async scheduling vLLM allocates no CPU valid-count buffer, nor does the patch."""
-    patch_set.apply(detect())
+    later_patch_set.apply(detect())
     runner = make_npu_runner(async_scheduling=False)
     assert not runner.use_async_scheduling
     assert runner.valid_sampled_token_count_cpu is None
