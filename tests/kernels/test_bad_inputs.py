@@ -547,6 +547,44 @@ COUNT_CASES = [
         launcher_run(call=lambda p, a: _step(a, valid_sampled_token_count=p.t([2, 3, 1], F32))),
         "valid_sampled_token_count",
     ),
+    # one per term of the launcher's per-step fast check: a bad value must fail it and reach the full check
+    *(
+        Case("token_counts_launcher(...)()", what, launcher_run(call=call), name)
+        for what, call, name in (
+            ("num_reqs 4.0 (a float)", lambda p, a: _step(a, num_reqs=4.0), "num_reqs"),
+            ("num_tokens 7.0 (a float)", lambda p, a: _step(a, num_tokens=7.0), "num_tokens"),
+            ("num_positions 9.0 (a float)", lambda p, a: _step(a, num_positions=9.0), "num_positions"),
+            ("num_positions 6 < num_tokens 7", lambda p, a: _step(a, num_positions=6), "num_positions"),
+            ("num_positions 17 > 16 (positions)", lambda p, a: _step(a, num_positions=17), "num_positions"),
+            ("num_prev_reqs -1", lambda p, a: _step(a, num_prev_reqs=-1), "num_prev_reqs"),
+            ("num_prev_reqs 3.0 (a float)", lambda p, a: _step(a, num_prev_reqs=3.0), "num_prev_reqs"),
+            (
+                "cpu_num_computed_tokens 2-D",
+                lambda p, a: _step(a, cpu_num_computed_tokens=p.t([50, 60, 70, 80], I32).reshape(2, 2)),
+                "cpu_num_computed_tokens",
+            ),
+            (
+                "cpu_num_computed_tokens 3 rows for 4 requests",
+                lambda p, a: _step(a, cpu_num_computed_tokens=p.t([50, 60, 70], I32)),
+                "cpu_num_computed_tokens",
+            ),
+            (
+                "cpu_num_computed_tokens float32",
+                lambda p, a: _step(a, cpu_num_computed_tokens=p.t([50, 60, 70, 80], F32)),
+                "cpu_num_computed_tokens",
+            ),
+            (
+                "valid_sampled_token_count 2-D",
+                lambda p, a: _step(a, valid_sampled_token_count=p.t([2, 3, 1, 1]).reshape(2, 2)),
+                "valid_sampled_token_count",
+            ),
+            (
+                "valid_sampled_token_count = base[::2]",
+                lambda p, a: _step(a, valid_sampled_token_count=_strided(p, [2, 3, 1])),
+                "valid_sampled_token_count",
+            ),
+        )
+    ),
     # --- valid edge cases: identical results
     Case("update_token_counts", "the batch as it is", counts_run(), None, COUNTS_OK),
     Case("token_counts_launcher(...)()", "the batch twice (bound buffers)", launcher_run(), None, None),

@@ -562,3 +562,21 @@ def test_deferred_correction_waits_only_when_input_preparation_did_not():
         assert [runner.requests[r].num_computed_tokens for r in "abc"] == [48, 59, 70]
         assert (len(reads), st.host_waits) == ((0, 5) if waited else (1, 6))
         assert st.queue == [] and st.valid_host is None
+
+
+def test_runner_report_reads_the_state_a_wrapper_left_on_the_runner():
+    """The engine child's per-runner figures (selftest's host waits, corrected steps) come from runner_report."""
+    from types import SimpleNamespace
+
+    from zb_patch.versions.npu_runner import State, runner_report
+
+    state = State(active=False, reason="no spec decode", steps=7, corrected_steps=5, host_waits=2, fallback_uploads=1)
+    assert runner_report(SimpleNamespace(model=object(), _zb=state)) == {
+        "active": False,
+        "reason": "no spec decode",
+        "steps": 7,
+        "corrected_steps": 5,
+        "host_waits": 2,
+        "fallback_uploads": 1,
+    }
+    assert runner_report(SimpleNamespace(model=object())) is None
