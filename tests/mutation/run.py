@@ -1,6 +1,6 @@
 """Mutation testing of zb-patch's per-step path and fixes with mutmut (docs/mutation.md).
 
-Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``mutation-va013`` / ``mutation-va023``;
+Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``mutation-va013`` / ``mutation-va019``;
 ``mutation`` runs the CI sample). mutmut keeps its state in ``mutants/`` under the directory it runs in, so each env
 works in its own copy of the tree, ``.mutation/<env>/`` (git-ignored): ``zb_patch/``, ``tests/`` and a
 ``pyproject.toml`` holding the repository's ``[tool.mutmut]`` (what is mutated, what is left alone, the killers) and
@@ -159,6 +159,9 @@ def _leave_declarations_alone(work: Path) -> None:
                 _rewrite(path, lines)
 
 
+REWRITTEN_DECORATOR = re.compile(r"(\w+) = functools\.wraps\(original\)\(\1\)$")
+
+
 def _undecorate_wraps(work: Path) -> None:
     """mutmut leaves decorated functions alone, and every fix's wrapper is a closure decorated with
     ``@functools.wraps(original)``. In the work copy of ``versions/fixes/`` the decorator becomes a call right after
@@ -180,7 +183,8 @@ def _undecorate_wraps(work: Path) -> None:
             if len(node.decorator_list) != 1 or dec.lineno != dec.end_lineno:
                 raise SystemExit(f"{path}:{node.lineno}: only a lone one-line functools.wraps decorator is rewritten")
             indent = lines[node.lineno - 1][: node.col_offset]
-            lines.insert(node.end_lineno, f"{indent}{node.name} = {ast.unparse(dec)}({node.name})\n")
+            call = f"{node.name} = {ast.unparse(dec)}({node.name})"
+            lines.insert(node.end_lineno, f"{indent}{call}  # pragma: no mutate\n")  # a decorator is not mutated either
             del lines[dec.lineno - 1]
         _rewrite(path, lines)
 
@@ -477,9 +481,13 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"left out: {len(stale)} mutants that the work copy of {envs[0]} no longer has (rerun those envs)")
         result = {n: s for n, s in result.items() if n in keys}
-    declared = [n for n in result if any(fnmatch.fnmatchcase(keys[n].where, d) for d in DECLARATIONS)]
-    if declared:  # mutated by a run from before the function was listed
-        print(f"left out: {len(declared)} mutants of DECLARATIONS")
+    declared = [  # mutated by a run from before the function was listed or the line marked
+        n
+        for n in result
+        if any(fnmatch.fnmatchcase(keys[n].where, d) for d in DECLARATIONS) or REWRITTEN_DECORATOR.match(keys[n].was)
+    ]
+    if declared:
+        print(f"left out: {len(declared)} mutants of DECLARATIONS and of rewritten decorators")
         result = {n: s for n, s in result.items() if n not in declared}
     classes, problems = classify(result, keys)
     counts = Counter(classes.values())
