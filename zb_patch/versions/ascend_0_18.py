@@ -310,9 +310,7 @@ PENALTY_OUTPUT_TOKENS = async_penalty_output_tokens.patch(
     remove_when=_REMOVE_WHEN,
 )
 MTP_DRAFT_GRAPH_K_REPLAYS = mtp_draft_graph_k_replays.patch(
-    {"vllm-ascend 0.18.0": "08ef97ecd47d7788"},
-    remove_when="vllm-ascend >= 0.19.1rc1 (#6860: one merged MTP graph, one update per draft step) is served by "
-    "adapter ascend-0.19-0.25; this adapter covers vllm-ascend 0.18.x only, so the patch goes with it",
+    {"vllm-ascend 0.18.0": "08ef97ecd47d7788"}, remove_when=_REMOVE_WHEN
 )
 _ACL_GRAPH_CALL = {"vllm-ascend 0.18.0": "81c9fadfb87529dd"}
 PIECEWISE_ONCE_PER_STEP = graph_replay.piecewise_drain_once_per_step(_ACL_GRAPH_CALL)

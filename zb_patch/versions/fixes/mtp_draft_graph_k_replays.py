@@ -51,24 +51,18 @@ def patch(fingerprints: Mapping[str, str], *, remove_when: str) -> Patch:
         target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.__init__",
         make=make_init,
         fingerprints=fingerprints,
-        why="vllm-ascend 0.18.0, MTP, k >= 2, FULL_DECODE_ONLY / FULL_AND_PIECEWISE, async scheduling off: the proposer "
-        "turns its FULL draft graph on (spec_decode/eagle_proposer.py:136-142; under async scheduling MTP drafts "
-        "eagerly) and wraps the MTP module alone (:326-333), so one proposal replays that graph k times (:770, :913) "
-        "and then issues one task-group update and one ExternalEvent record per attention group "
-        "(_update_full_graph_params_if_needed, :737; attention_v1.py:507-527, mla_v1.py:801-835), with draft step 0's "
-        "lengths. Each replay's captured wait needs a record of its own (CANN: one ACL_EVENT_EXTERNAL record per "
-        "wait): the draft stream stops until the next proposal's record, every replay runs with the parameters "
-        "of the last update, and the captured KV write uses step 0's slot mapping in every pass. The NPU double "
-        "raises StaleTaskGroup in the first proposal, DeviceHang without its stale check "
-        "(tests/patches/test_mtp_draft_graph_k_replays.py). The target's tokens do not depend on the drafter's graph.",
-        how="Wrapper of SpecDecodeBaseProposer.__init__ (zb_patch.versions.fixes.mtp_draft_graph_k_replays). After the "
-        "release's body, for method mtp, k >= 2, no parallel drafting, a FULL cudagraph mode and use_cuda_graph on: "
-        "use_cuda_graph is set off and, with sequence parallelism, maybe_eager_context to the release's "
-        "_maybe_eager_context, as the release sets both for MTP under async scheduling. The drafter then drafts "
-        "eagerly (no draft graph captured, no draft task-group update); the target's graphs are unchanged. Host "
-        "only, at start-up. Left to the release: k = 1 and parallel drafting (one replay per update), EAGLE / "
-        "EAGLE3 (their merged graph), PIECEWISE-only modes. With or without async scheduling and zero-bubble (it "
-        "changes something only under synchronous scheduling).",
+        why="vllm-ascend 0.18.0, MTP, k >= 2, FULL cudagraph mode, async scheduling off: the proposer captures the MTP "
+        "module alone in a FULL graph (spec_decode/eagle_proposer.py:136-142, :326-333; MTP drafts eagerly under async "
+        "scheduling), replays it k times per proposal (:770, :913), then updates its task groups once, with draft step "
+        "0's lengths (:737; attention_v1.py:507-527, mla_v1.py:801-835). CANN pairs each captured ExternalEvent wait "
+        "with one record: the draft stream waits for a later proposal's record and replays run with another step's "
+        "parameters.",
+        how="Wrapper. After the release's body, for method mtp, k >= 2, no parallel drafting, a FULL cudagraph mode and "
+        "use_cuda_graph on: use_cuda_graph off and, with sequence parallelism, the release's _maybe_eager_context, as "
+        "the release sets both under async scheduling. The drafter drafts eagerly (no draft graph, no draft task-group "
+        "update); the target's graphs are unchanged. Host only, at start-up. Left to the release: k = 1, parallel "
+        "drafting, EAGLE / EAGLE3, PIECEWISE-only modes. With or without zero-bubble (only synchronous scheduling has "
+        "the graph).",
         upstream=("vllm-ascend#6860",),
         remove_when=remove_when,
     )
