@@ -74,10 +74,12 @@ def mtp_config(tiny_eagle_config, tmp_path_factory):
 @pytest.fixture
 def graph_state(mtp_config, monkeypatch):
     """The graph pool and graph params the release keeps per process, fresh for the test; host tensors pageable
-    (the builder pins unconditionally); the attention-backend cache left as found (the runner's constructor asks
-    vLLM's CPU platform for one)."""
+    (the builder pins unconditionally); the attention-backend cache and the release's AttentionMaskBuilder singleton
+    left as found (the runner's constructor asks vLLM's CPU platform for a backend; the builder's masks, made here in
+    inference mode, would be inference tensors in the process's later tests)."""
     from vllm.platforms import current_platform
     from vllm.v1.attention import selector
+    from vllm_ascend.attention import attention_mask
     from vllm_ascend.compilation import acl_graph
 
     for platform in {type(current_platform), type(acl_graph.current_platform)}:
@@ -85,9 +87,15 @@ def graph_state(mtp_config, monkeypatch):
     monkeypatch.setattr(acl_graph, "_graph_params", None)
     monkeypatch.setattr(acl_graph, "_draft_graph_params", None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
+    get_instance = attention_mask.AttentionMaskBuilder  # vllm_ascend.utils.singleton's closure over its instances
+    instances = dict(zip(get_instance.__code__.co_freevars, get_instance.__closure__))["instances"].cell_contents
+    saved = dict(instances)
+    instances.clear()
     selector._cached_get_attn_backend.cache_clear()
     yield acl_graph
     selector._cached_get_attn_backend.cache_clear()
+    instances.clear()
+    instances.update(saved)
     mtp_config.scheduler_config.async_scheduling = False
 
 
