@@ -252,7 +252,7 @@ def _draft_graph(drafter):
 def test_the_release_replays_the_mtp_graph_k_times_per_update(mtp_config, graph_state, patched):
     """Synchronous scheduling, k = 2: the release captures the one-pass MTP graph (one task group, one external event
     wait) and its first proposal replays it twice with one update and one record: the double stops it."""
-    with G.activate() as dev:
+    with G.activate():
         runner, drafter = _drafter(mtp_config)
         graph = _draft_graph(drafter)
         assert len(graph_state.get_draft_graph_params().events[T]) == 1  # one layer: one wait per replay

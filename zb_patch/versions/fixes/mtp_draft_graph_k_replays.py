@@ -45,8 +45,8 @@ def patch(fingerprints: Mapping[str, str], *, remove_when: str) -> Patch:
         id=ID,
         rests_on=RestsOn(
             HOST,
-            "a start-up decision of the proposer (use_cuda_graph, maybe_eager_context), set to what the release decides "
-            "for MTP under async scheduling before load_model reads it; no device op",
+            "a start-up decision of the proposer (use_cuda_graph, maybe_eager_context), set to what the release "
+            "decides for MTP under async scheduling before load_model reads it; no device op",
         ),
         target="vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.__init__",
         make=make_init,
@@ -57,12 +57,12 @@ def patch(fingerprints: Mapping[str, str], *, remove_when: str) -> Patch:
         "0's lengths (:737; attention_v1.py:507-527, mla_v1.py:801-835). CANN pairs each captured ExternalEvent wait "
         "with one record: the draft stream waits for a later proposal's record and replays run with another step's "
         "parameters.",
-        how="Wrapper. After the release's body, for method mtp, k >= 2, no parallel drafting, a FULL cudagraph mode and "
-        "use_cuda_graph on: use_cuda_graph off and, with sequence parallelism, the release's _maybe_eager_context, as "
-        "the release sets both under async scheduling. The drafter drafts eagerly (no draft graph, no draft task-group "
-        "update); the target's graphs are unchanged. Host only, at start-up. Left to the release: k = 1, parallel "
-        "drafting, EAGLE / EAGLE3, PIECEWISE-only modes. With or without zero-bubble (only synchronous scheduling has "
-        "the graph).",
+        how="Wrapper. After the release's body, for method mtp, k >= 2, no parallel drafting, a FULL cudagraph mode "
+        "and use_cuda_graph on: use_cuda_graph off and, with sequence parallelism, the release's _maybe_eager_context, "
+        "as the release sets both under async scheduling. The drafter drafts eagerly (no draft graph, no draft "
+        "task-group update); the target's graphs are unchanged. Host only, at start-up. Left to the release: k = 1, "
+        "parallel drafting, EAGLE / EAGLE3, PIECEWISE-only modes. With or without zero-bubble (only synchronous "
+        "scheduling has the graph).",
         upstream=("vllm-ascend#6860",),
         remove_when=remove_when,
     )
