@@ -11,11 +11,11 @@ parameters), the proposer's ``_maybe_share_lm_head`` (where it wraps the MTP mod
 module is one attention layer of that impl between two plain-torch projections.
 
 Asserted: the release captures the one-pass MTP graph, replays it k times per proposal and updates it once: the
-double stops the first proposal (``StaleTaskGroup``); without its stale check every replay runs with one update's
-step-0 lengths and the draft stream waits for a record no proposal issues (``DeviceHang``). With the fix (ZB_PATCH=1
-defaults, synchronous scheduling) the drafter drafts eagerly: nothing captured, no task group, no host drain, the
-drafts of the release's own eager proposer (async scheduling) on the same inputs. ``ZB_PATCH_DISABLE=<id>``: the
-failure again.
+double stops the first proposal (``StaleTaskGroup``); without its stale check a replay that runs does so with a later
+proposal's step-0 lengths and the draft stream waits for a record no proposal issues (``DeviceHang``). With the fix
+(ZB_PATCH=1 defaults, synchronous scheduling) the drafter drafts eagerly: nothing captured, no task group, no host
+drain, the drafts of the release's own eager proposer (async scheduling) on the same inputs.
+``ZB_PATCH_DISABLE=<id>``: the failure again.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def test_without_the_stale_check_every_replay_runs_with_step_0s_lengths_and_the_
 def test_with_the_fix_sync_mtp_drafts_eagerly_as_the_release_does_under_async(mtp_config, graph_state, patched):
     """ZB_PATCH=1, synchronous scheduling (zero-bubble inactive): the proposer drafts eagerly -- the capture captures
     nothing, no task group runs, no host drain -- and its drafts are those of the release's own proposer under async
-    scheduling (where the release drafts MTP eagerly) on the same inputs."""
+    scheduling (where the release drafts MTP eagerly; the fix changes nothing there) on the same inputs."""
     from vllm.config import CUDAGraphMode
 
     with G.activate() as dev:
