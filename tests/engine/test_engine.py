@@ -122,6 +122,7 @@ EXPECTED = {
                 "draft-sample-indices-past-batch",
                 "draft-placeholders-after-metadata",
                 "async-penalty-output-tokens",
+                "mtp-draft-graph-k-replays",
                 "piecewise-drain-once-per-step",  # the opt-in graph patches are not applied by default
             }
         ),

@@ -21,6 +21,7 @@ from .fixes import (
     exact_counts_after_early_output,
     graph_replay,
     mla_draft_rope_rows,
+    mtp_draft_graph_k_replays,
     stale_draft_placeholders,
 )
 
@@ -308,6 +309,9 @@ PENALTY_OUTPUT_TOKENS = async_penalty_output_tokens.patch(
     "(gpu_model_runner.py:3095, :3104-3106, :4097), also on the v0.18.0 branch head",
     remove_when=_REMOVE_WHEN,
 )
+MTP_DRAFT_GRAPH_K_REPLAYS = mtp_draft_graph_k_replays.patch(
+    {"vllm-ascend 0.18.0": "08ef97ecd47d7788"}, remove_when=_REMOVE_WHEN
+)
 _ACL_GRAPH_CALL = {"vllm-ascend 0.18.0": "81c9fadfb87529dd"}
 PIECEWISE_ONCE_PER_STEP = graph_replay.piecewise_drain_once_per_step(_ACL_GRAPH_CALL)
 PIECEWISE_NO_DRAIN = graph_replay.piecewise_replay_without_host_drain(_ACL_GRAPH_CALL)  # opt-in
@@ -334,6 +338,7 @@ PATCHES: tuple = (
     DRAFT_SAMPLE_INDICES,
     DRAFT_PLACEHOLDERS_AFTER_METADATA,
     PENALTY_OUTPUT_TOKENS,
+    MTP_DRAFT_GRAPH_K_REPLAYS,
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     FULL_ORDERED_ON_DEVICE,
@@ -384,6 +389,7 @@ COMMITS = (
             "vllm_ascend.worker.model_runner_v1:NPUModelRunner._check_and_update_cudagraph_mode": "5b1da76d6d0eed17",
             "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__": "81c9fadfb87529dd",
             "vllm_ascend.compilation.acl_graph:update_full_graph_params": "3e71b000d42df215",
+            "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.__init__": "08ef97ecd47d7788",
         },
         decisions={
             "guard:" + _SPEC_NORM: FormDecision(
