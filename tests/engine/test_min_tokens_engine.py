@@ -1,9 +1,10 @@
 """``min_tokens`` with stop tokens through the engine (vllm-ascend 0.18.0 on CPU, the NPU emulation; vLLM 0.13 builds
-no min-tokens processor with a speculative config): greedy requests whose stop tokens are half the vocabulary, so the
-target's argmax is often a stop token that ``MinTokensLogitsProcessor`` must mask for the first ``min_tokens``
-tokens, and EAGLE's drafts (argmaxes of its own, unmasked) are often rejected. Zero-bubble (``ZB_PATCH=1``) must give
-classic async's tokens (``ZB_PATCH_DISABLE=<zero-bubble>``), and neither may emit a stop token before ``min_tokens``.
-zb-patch's zero-bubble before ``ZeroBubble.trim_placeholders`` emitted them (its ``-1`` per rejected draft counted as
+no min-tokens processor with a speculative config): requests at temperature 2.0 (the engine's seed) whose stop tokens
+are half the vocabulary, so a stop token is drawn about every other time ``MinTokensLogitsProcessor`` does not mask
+them, and most drafts are rejected. Zero-bubble (``ZB_PATCH=1``) must give classic async's tokens
+(``ZB_PATCH_DISABLE=<zero-bubble>``: the same schedules and random draws), and neither may emit a stop token before
+``min_tokens`` (the scheduler does not stop a request there, vLLM #26317, so such a token sits inside the output).
+zb-patch's zero-bubble before ``ZeroBubble.trim_placeholders`` emitted 12 (its ``-1`` per rejected draft counted as
 output; the runner-parity form is tests/patches/test_sampling_fields.py).
 """
 
@@ -32,7 +33,7 @@ WORKLOAD = Workload(
 )
 MIN_TOKENS = 24
 STOPS = list(range(0, tiny_model.VOCAB, 2))
-SAMPLING = dict(temperature=0.0, min_tokens=MIN_TOKENS, stop_token_ids=STOPS)
+SAMPLING = dict(temperature=2.0, min_tokens=MIN_TOKENS, stop_token_ids=STOPS)
 
 
 def _engine(models, out_dir, name, env):
@@ -80,8 +81,8 @@ def _early_stops(result: dict) -> list[tuple[str, int, int]]:
 
 
 def test_zero_bubble_masks_stop_tokens_until_min_tokens(runs, capsys):
-    """No stop token before ``min_tokens`` in either run, the same tokens, drafts and acceptances, and rejected drafts
-    to reach the mask's edge with."""
+    """No stop token before ``min_tokens`` (capped at the request's length) in either run, the same tokens, drafts and
+    acceptances, and rejected drafts to reach the mask's edge with."""
     fixes, zb = runs["async+fixes"], runs["async+zb"]
     with capsys.disabled():
         print(

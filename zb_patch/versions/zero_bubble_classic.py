@@ -84,8 +84,9 @@ def patches(
             "length before _update_states plus the accepted drafts: classic async's list). A request the release's "
             "refresh_metadata dropped from MinTokensLogitsProcessor because of those placeholders (optimistic length "
             ">= min_tokens > exact length) is added again at its row with a BatchUpdate, the processor's own "
-            "interface. Host only, no wait. vLLM 0.19+ keeps the placeholders until the next _update_states "
-            "(gpu_model_runner.py:1310-1311, :1447, :1463-1491 in vLLM 0.23): the same over-count, not fixed there.",
+            "interface (its usual non-blocking host-to-device copy of the mask indices). No wait. vLLM 0.19+ keeps the "
+            "placeholders until the next _update_states (gpu_model_runner.py:1310-1311, :1447, :1463-1491 in vLLM "
+            "0.23): the same over-count, not fixed there.",
             ("vllm#32951",),
         ),
         spec(
