@@ -7,9 +7,9 @@ synchronous path hands it: every token the request has generated so far (the har
 earlier steps) and the drafts its previous step proposed.
 
 Without the fix (``ZB_PATCH_DISABLE=async-penalty-output-tokens``) the penalties read `-1` placeholders in classic
-async and with zero-bubble alike; with it they read the synchronous path's ids, zero-bubble with the previous step's
-rejected drafts as a trailing ``-1`` tail (which the penalties count as no token). Its host waits come after the
-step's inputs are queued, in the sampling phase only.
+async and with zero-bubble alike; with it they read the synchronous path's ids, in both (zero-bubble's placeholders for
+the previous step's rejected drafts are trimmed before sampling: tests/patches/test_sampling_fields.py). Its host
+waits come after the step's inputs are queued, in the sampling phase only.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _against_sync(res, drafts) -> dict:
     its previous step proposed (where it was sampled there)."""
     generated: dict[str, list[int]] = {}
     c = dict(rows=0, real=0, placeholders=0, output_differs=0, tail=0, inner_placeholders=0, drafts=0)
-    c.update(draft_ids=0, draft_placeholders=0, drafts_differ=0, tail_not_rejected=0)
+    c.update(draft_ids=0, draft_placeholders=0, drafts_differ=0)
     examples = []
     for step in sorted(res.records):
         handed = res.sampler_inputs.get(step, {})
@@ -107,8 +107,6 @@ def _against_sync(res, drafts) -> dict:
                 c["inner_placeholders"] += 1  # a -1 before a real id: not a tail
             c["tail"] += tail
             prev = res.records.get(step - 1, {}).get(rid)
-            # zero-bubble's optimistic placeholders: one per draft its previous step rejected
-            c["tail_not_rejected"] += tail != (prev.drafted - prev.accepted if prev is not None and prev.sampled else 0)
             if spec and prev is not None and prev.sampled:
                 c["drafts"] += 1
                 c["draft_ids"] += len(spec)
@@ -161,8 +159,8 @@ def test_without_the_fix_penalties_read_placeholders(runs):
 
 def test_the_fix_hands_the_sampler_the_synchronous_ids(runs):
     """With the fix the sampler is handed, at every step and for every request, the ids the synchronous path hands
-    it: the generated ids (zero-bubble: then the previous step's rejected drafts as -1s) and the previous step's
-    drafts. The host waits are on the copies of the previous step, in the sampling phase (after this step's inputs
+    it: the generated ids, with no ``-1`` after them (zero-bubble's placeholders for the previous step's rejected
+    drafts are trimmed before sampling), and the previous step's drafts. The host waits are on the copies of the previous step, in the sampling phase (after this step's inputs
     are queued); zero-bubble still waits for nothing before input preparation."""
     for name in ("classic", "zero-bubble"):
         res, c = runs[name]
@@ -173,9 +171,8 @@ def test_the_fix_hands_the_sampler_the_synchronous_ids(runs):
         assert set(res.copy_waits) <= {("sampled_ids", "sample"), ("draft_ids", "sample")}, res.copy_waits
         assert res.copy_waits.get(("sampled_ids", "sample"), 0) > 100, res.copy_waits
         assert res.edges.get("resumed_after_preemption", 0) > 0, res.edges
-    assert runs["classic"][1]["tail"] == 0
-    zb, zb_counts = runs["zero-bubble"]
-    assert zb_counts["tail"] > 0 and zb_counts["tail_not_rejected"] == 0, zb_counts
+    assert runs["classic"][1]["tail"] == 0 == runs["zero-bubble"][1]["tail"], runs["zero-bubble"][1]
+    zb = runs["zero-bubble"][0]
     assert zb.min_before_prep_per_spec_step == 0 == zb.max_before_prep_per_step
     # the same tokens, steps and schedules with and without the fix (the fake sampler ignores penalties)
     for name in ("classic", "zero-bubble"):

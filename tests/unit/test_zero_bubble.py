@@ -462,6 +462,7 @@ class _Host:  # the host side of a CpuGpuBuffer
 class _Req:
     def __init__(self, drafts):
         self.prev_num_draft_len = drafts
+        self.output_token_ids = [-1] * (drafts + 1)
 
 
 class _Event:
@@ -521,6 +522,7 @@ def test_update_states_wrapper_queues_the_rows_the_release_reads():
     assert zb.make_update_states(release)(runner, so) == (3, 1, so)
     assert seen == [[3, 1, 1]]
     assert st.queue == [("a", 2, 0)] and st.num_prev == 3 and st.steps == 1 and st.valid_host is None
+    assert st.out_lens == {"a": 3, "b": 1}  # output lengths before the release's placeholders
     assert st.buffers.prev_drafts.np.tolist() == [2, 0, 0, 0, 0, 0, 0, 0]
     assert "_get_valid_sampled_token_count" not in runner.__dict__
 
@@ -539,27 +541,45 @@ def test_update_states_wrapper_queues_the_rows_the_release_reads():
 
 def test_deferred_correction_waits_only_when_input_preparation_did_not():
     """apply_deferred subtracts each queued request's rejected drafts from req_state.num_computed_tokens with the
-    counts the host already waited for, or waits itself (an early return skipped input preparation); requests gone
-    and rows past the counts are left alone; the step's queue and counts are cleared."""
+    counts the host already waited for, or waits itself (an early return skipped input preparation), and trims their
+    placeholders off output_token_ids: to the length before the placeholders plus the accepted drafts, never longer
+    than the release left it; a request whose longer list had reached min_tokens and whose exact one has not goes to
+    readd_min_tokens. Requests gone and rows past the counts are left alone; the step's queue and counts are
+    cleared."""
+    from types import SimpleNamespace
+
     from zb_patch.versions import npu_runner
 
     zb = npu_runner.ZeroBubble("9.9", other_runners="-")
+    readded = []
+    zb.readd_min_tokens = lambda runner, states: readded.append([s.req_id for s in states])
 
     class Counted:
-        def __init__(self, n):
-            self.num_computed_tokens = n
+        def __init__(self, req_id, n, out, min_tokens=0):
+            self.req_id, self.num_computed_tokens, self.output_token_ids = req_id, n, out
+            self.sampling_params = SimpleNamespace(min_tokens=min_tokens)
 
     for waited in (True, False):
+        readded.clear()
         runner = type("Runner", (), {})()
-        runner.requests = {"a": Counted(50), "b": Counted(60), "c": Counted(70)}
+        runner.requests = {
+            "a": Counted("a", 50, [7] * 5 + [-1] * 2, min_tokens=6),  # 2 drafts, none accepted: 7 -> 5 < 6
+            "b": Counted("b", 60, [7] * 4 + [-1] * 2, min_tokens=3),  # 1 of 2 accepted: 6 -> 5, past min_tokens
+            "c": Counted("c", 70, [-1] * 3),  # row 4: past the 4 counts
+            "d": Counted("d", 80, [7] * 5),  # 2 of 3 accepted: 4 + 2 = 6 > 5, the length the release left
+        }
+        counts = [1, 3, 2, 3]
         reads = []
-        runner._get_valid_sampled_token_count = lambda reads=reads: reads.append(1) or [1, 3, 2]
+        runner._get_valid_sampled_token_count = lambda reads=reads, counts=counts: reads.append(1) or counts
         st = npu_runner.State(active=True, host_waits=5)
-        st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 3)]  # row 3: past the 3 counts
-        st.valid_host = [1, 3, 2] if waited else None
+        st.queue = [("a", 2, 0), ("gone", 3, 1), ("b", 2, 2), ("c", 1, 4), ("d", 3, 3)]
+        st.out_lens = {"a": 5, "b": 4, "c": 2, "d": 4}
+        st.valid_host = counts if waited else None
         runner.__dict__[zb.state_attr] = st
         zb.apply_deferred(runner)
-        assert [runner.requests[r].num_computed_tokens for r in "abc"] == [48, 59, 70]
+        assert [runner.requests[r].num_computed_tokens for r in "abcd"] == [48, 59, 70, 79]
+        assert [len(runner.requests[r].output_token_ids) for r in "abcd"] == [5, 5, 3, 5]
+        assert readded == [["a"]]
         assert (len(reads), st.host_waits) == ((0, 5) if waited else (1, 6))
         assert st.queue == [] and st.valid_host is None
 

@@ -11,7 +11,8 @@ upstream method), per step:
    -- on the device and without waiting, the token counts, ``positions.gpu``, ``seq_lens.gpu`` and every slot
    mapping the release computes; then the one host wait for step N's counts, which makes ``seq_lens.cpu`` and
    ``num_computed_tokens_cpu`` exact (Ascend attention reads CPU seq_lens).
-3. ``execute_model``: after the forward launch, exact ``req_state.num_computed_tokens``.
+3. ``execute_model``: after the forward launch, exact ``req_state.num_computed_tokens`` and ``output_token_ids`` (the
+   rejected drafts' placeholders trimmed, the min-tokens processor told: :meth:`ZeroBubble.trim_placeholders`).
 4. ``_copy_valid_sampled_token_count``: keeps the device counts for the next step's device correction.
 5. ``prepare_next_token_ids_padded``: alternating backup-token staging buffers.
 
@@ -93,6 +94,7 @@ class State:
     buffers: Buffers = None  # type: ignore[assignment]  # set at activation; None only on inactive states
     # this step: (req_id, drafts assumed accepted, previous row) per request the release looked up
     queue: list = field(default_factory=list)
+    out_lens: dict = field(default_factory=dict)  # this step: req_id -> len(output_token_ids) before the placeholders
     num_prev: int = 0
     valid_gpu: Any = None  # device valid counts of the last proposing step (consumed once)
     valid_host: list | None = None  # step N's counts once the host waited for them (this step)
@@ -323,11 +325,13 @@ class ZeroBubble:
             st.num_prev = int(prev_sampled.shape[0])
             values = [1] * st.num_prev
             row_req: dict[int, str] = {}
+            out_lens = st.out_lens = {}
             for req_id, row in (batch.prev_req_id_to_index or {}).items():
                 req_state = runner.requests.get(req_id)
                 if req_state is not None and 0 <= row < st.num_prev:
                     values[row] = req_state.prev_num_draft_len + 1
                     row_req[row] = req_id
+                    out_lens[req_id] = len(req_state.output_token_ids)
             counts = OptimisticCounts(values)
             runner.__dict__["_get_valid_sampled_token_count"] = lambda: counts
             try:
@@ -460,7 +464,8 @@ class ZeroBubble:
     # -- execute_model: per-request correction after the forward launch -----------------------------------
 
     def apply_deferred(self, runner: Any) -> None:
-        """Subtract the rejected drafts from ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure)."""
+        """Subtract the rejected drafts from ``req_state.num_computed_tokens`` (vLLM 0.19's deferred closure) and trim
+        their placeholders off ``output_token_ids`` (:meth:`trim_placeholders`)."""
         st = self.active(runner)
         if st is None or not st.queue:
             return
@@ -472,12 +477,67 @@ class ZeroBubble:
             zero_bubble = _zero_bubble()
             rejected = zero_bubble.rejected_tokens
             requests = runner.requests
+            trimmed = []
             for req_id, drafts, row in st.queue:
                 req_state = requests.get(req_id)
                 if req_state is not None and row < len(valid):
-                    req_state.num_computed_tokens -= rejected(drafts, int(valid[row]))
+                    num_rejected = rejected(drafts, int(valid[row]))
+                    req_state.num_computed_tokens -= num_rejected
+                    if num_rejected > 0:
+                        trimmed.append((req_id, req_state, drafts - num_rejected))
+            self.trim_placeholders(runner, st, trimmed)
         st.queue = []
         st.valid_host = None
+
+    def trim_placeholders(self, runner: Any, st: State, rejected: list) -> None:
+        """``output_token_ids`` as classic async has them: ``_update_states`` appended one ``-1`` per draft (all
+        assumed accepted), so until the release's next ``_update_states`` trims them the list would count the
+        rejected drafts as output -- vLLM's ``MinTokensLogitsProcessor`` reads ``len(output_token_ids)``
+        (``builtin.py:196``, ``:209``, ``:258`` in vLLM 0.18) and would release the stop-token mask up to k tokens
+        early. ``rejected``: ``(req_id, req_state, accepted drafts)`` of each request with rejected drafts.
+
+        The list becomes its length before the placeholders plus the accepted drafts (never longer than the release
+        left it, as classic async's ``_update_states`` would have). Where the longer list had reached ``min_tokens``
+        and the exact one has not, the release's ``refresh_metadata`` has already dropped the request from the
+        processor: it is added again through the processor's interface (``update_state`` with a ``BatchUpdate`` that
+        adds the request at its row, with the same list object, as the input batch does), so it masks the stop
+        tokens as classic async's does. Host only, with the counts the host already waited for; no wait."""
+        if not rejected:
+            return
+        out_lens = st.out_lens
+        readd = []
+        for req_id, req_state, accepted in rejected:
+            out = req_state.output_token_ids
+            exact = out_lens.get(req_id, len(out)) + accepted
+            if len(out) > exact:
+                optimistic = len(out)
+                del out[exact:]
+                params = req_state.sampling_params
+                min_tokens = getattr(params, "min_tokens", 0) if params is not None else 0
+                if min_tokens and exact < min_tokens <= optimistic:
+                    readd.append(req_state)
+        if readd:
+            self.readd_min_tokens(runner, readd)
+
+    def readd_min_tokens(self, runner: Any, req_states: list) -> None:
+        """Add ``req_states`` again to the batch's ``MinTokensLogitsProcessor`` at their rows (a ``BatchUpdate`` with
+        them as added requests; the processor keeps a request while ``len(output_token_ids) < min_tokens``)."""
+        from vllm.v1.sample.logits_processor import BatchUpdate, MinTokensLogitsProcessor
+
+        batch = runner.input_batch
+        procs = [p for p in batch.logitsprocs.all if isinstance(p, MinTokensLogitsProcessor)]
+        if not procs:  # vLLM 0.13 builds no logits processor with a speculative config
+            return
+        index = batch.req_id_to_index
+        added = [
+            (index[rs.req_id], rs.sampling_params, rs.prompt_token_ids, rs.output_token_ids)
+            for rs in req_states
+            if rs.req_id in index
+        ]
+        if added:
+            update = BatchUpdate(batch_size=batch.num_reqs, removed=(), added=added, moved=())
+            for proc in procs:
+                proc.update_state(update)
 
     def make_execute_model(self, original: Callable) -> Callable:
         def execute_model(runner, *args, **kwargs):

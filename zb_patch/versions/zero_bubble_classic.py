@@ -74,12 +74,19 @@ def patches(
             "deferred-correction",
             f"{_RUNNER}.execute_model",
             zb.make_execute_model,
-            "req_state.num_computed_tokens stays optimistic after _update_states; it must be exact before "
-            "sample_tokens and the next step.",
+            "After _update_states req_state.num_computed_tokens is optimistic and output_token_ids ends in a -1 per "
+            "rejected draft, which MinTokensLogitsProcessor counts (its mask ends up to k tokens early); both must be "
+            "exact before sample_tokens.",
             "Wrapper. After the release's execute_model returned (the forward is launched; also after its early "
             "returns), subtract the rejected drafts from each corrected request's num_computed_tokens, with the counts "
             "the host already waited for during input preparation (vLLM 0.19's deferred "
-            "correct_spec_decode_token_counts closure).",
+            "correct_spec_decode_token_counts closure), and trim their placeholders off its output_token_ids (to its "
+            "length before _update_states plus the accepted drafts: classic async's list). A request the release's "
+            "refresh_metadata dropped from MinTokensLogitsProcessor because of those placeholders (optimistic length "
+            ">= min_tokens > exact length) is added again at its row with a BatchUpdate, the processor's own "
+            "interface (its usual non-blocking host-to-device copy of the mask indices). No wait. vLLM 0.19+ keeps the "
+            "placeholders until the next _update_states (gpu_model_runner.py:1310-1311, :1447, :1463-1491 in vLLM "
+            "0.23): the same over-count, not fixed there.",
             ("vllm#32951",),
         ),
         spec(

@@ -68,8 +68,8 @@ def patch(fingerprints: Mapping[str, str], *, release_lines: str, remove_when: s
         "ids cleared, as vLLM's GPUModelRunner._sample / sample_tokens do. After it: the async output's host copy of "
         "the sampled ids and its event handed to set_async_sampled_token_ids (kept only when the batch needs output "
         "ids). One host wait per step, only then: on the previous step's copy events, recorded after its drafter, "
-        "while this step's forward is queued (never before input preparation). Zero-bubble's extra placeholders (the "
-        "previous step's rejected drafts) stay at the end as `-1`, which the penalties count as no token.",
+        "while this step's forward is queued (never before input preparation). Zero-bubble's placeholders for the "
+        "previous step's rejected drafts are gone by then (its deferred correction trims them).",
         upstream=("vllm-ascend#7769", "vllm-ascend#7789"),
         remove_when=remove_when,
     )
