@@ -160,8 +160,9 @@ def test_without_the_fix_penalties_read_placeholders(runs):
 def test_the_fix_hands_the_sampler_the_synchronous_ids(runs):
     """With the fix the sampler is handed, at every step and for every request, the ids the synchronous path hands
     it: the generated ids, with no ``-1`` after them (zero-bubble's placeholders for the previous step's rejected
-    drafts are trimmed before sampling), and the previous step's drafts. The host waits are on the copies of the previous step, in the sampling phase (after this step's inputs
-    are queued); zero-bubble still waits for nothing before input preparation."""
+    drafts are trimmed before sampling), and the previous step's drafts. The host waits are on the copies of the
+    previous step, in the sampling phase (after this step's inputs are queued); zero-bubble still waits for nothing
+    before input preparation."""
     for name in ("classic", "zero-bubble"):
         res, c = runs[name]
         assert bool(res.zb.get("active")) == (name == "zero-bubble"), name

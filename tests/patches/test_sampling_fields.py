@@ -303,6 +303,7 @@ def test_min_tokens_mask_without_the_trim_releases_early(H, release, ZB, sess, m
     step where its exact output length is below ``min_tokens`` and that length plus the drafts it had rejected in the
     step before is not (the ``-1`` placeholders counted as output: the stop tokens can be sampled up to k tokens
     before ``min_tokens``)."""
+
     def plant(mp):
         mp.setattr(type(ZB), "trim_placeholders", lambda self, runner, st, rejected: None)
 
