@@ -133,11 +133,12 @@ def test_check_advisories_matches_by_fingerprint(tmp_path, monkeypatch):
 
 def test_check_advisories_not_affected_or_absent(tmp_path, monkeypatch):
     root = _tree(tmp_path, RUNNER.replace("< 0", "< -1"))
-    (check,) = native.check_advisories(root)
-    assert check.fingerprint is not None and check.matched is None
-    (check,) = native.check_advisories(str(tmp_path / "nowhere"))
-    assert check.fingerprint is None and check.matched is None
-    assert native.check_advisories(None)[0].matched is None
+    stale, min_tokens = native.check_advisories(root)
+    assert stale.fingerprint is not None and stale.matched is None
+    assert min_tokens.fingerprint is None and min_tokens.matched is None  # no _update_states in that tree
+    for check in native.check_advisories(str(tmp_path / "nowhere")):
+        assert check.fingerprint is None and check.matched is None
+    assert all(c.matched is None for c in native.check_advisories(None))
 
 
 def test_installed_vllm_root_finds_without_importing(monkeypatch, tmp_path):
@@ -150,3 +151,61 @@ def test_installed_vllm_root_finds_without_importing(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     assert native.installed_vllm_root() == os.path.abspath(str(tmp_path))
     assert "vllm" not in sys.modules
+
+
+# min-tokens-draft-placeholders: vLLM's GPUModelRunner._update_states counts the optimistic '-1' draft placeholders for
+# MinTokensLogitsProcessor. Its fingerprint per vLLM release, read from each sdist (the same normalised-AST hash
+# zb_patch.versions.source computes; tests/contract/test_min_tokens_placeholders.py recomputes the installed one).
+UPDATE_STATES = {
+    **dict.fromkeys(("0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2"), "bb69005e6cd0712f"),
+    "0.21.0": "2dd121af1b133430",
+    **dict.fromkeys(("0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1"), "c6e56a5fb0956d14"),
+    "0.26.0": "5df6c317c4a4d1a9",
+    **dict.fromkeys(("0.27.0", "0.27.1", "0.28.0", "0.29.0"), "af021b847899669d"),
+    "0.30.0": "2eb2df8682212b24",
+}
+MIN_TOKENS = "min-tokens-draft-placeholders"
+MIN_TOKENS_TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
+
+
+def _min_tokens_advisory(advisories):
+    (adv,) = [a for a in advisories if a.id == MIN_TOKENS]
+    return adv
+
+
+def _on_sentence(message):
+    (on,) = [s for s in re.split(r"(?<=\.) ", message) if s.startswith("On vLLM")]
+    return on
+
+
+@pytest.mark.parametrize("vllm", sorted(UPDATE_STATES, key=_release))
+def test_min_tokens_advisory_recorded_for_each_vllm(vllm):
+    """vLLM 0.19.0 .. 0.25.1 (adapter ascend-0.19-0.25) and 0.26.0 .. 0.30.0 (native): the one label naming the
+    release records its sdist's _update_states, and the message's "On vLLM ..." sentence names the release."""
+    adv = _min_tokens_advisory(native.ADVISORIES if _release(vllm) >= (0, 26, 0) else A.ADVISORIES)
+    other = _min_tokens_advisory(A.ADVISORIES if _release(vllm) >= (0, 26, 0) else native.ADVISORIES)
+    assert adv.target == other.target == MIN_TOKENS_TARGET
+    named = [fp for label, fp in adv.affected.items() if _names(label.split(" (")[0], vllm)]
+    assert named == [UPDATE_STATES[vllm]], (vllm, named)
+    assert not [label for label in other.affected if _names(label.split(" (")[0], vllm)], vllm
+    assert _names(_on_sentence(adv.message), vllm) and not _names(_on_sentence(other.message), vllm)
+
+
+def test_min_tokens_advisory_records_every_form_read():
+    """Every _update_states form read from the sdists is an affected form of exactly one of the two advisories."""
+    adapter = _min_tokens_advisory(A.ADVISORIES).affected.values()
+    ours = _min_tokens_advisory(native.ADVISORIES).affected.values()
+    assert not set(adapter) & set(ours)
+    assert sorted([*adapter, *ours]) == sorted(set(UPDATE_STATES.values()))
+
+
+@pytest.mark.parametrize("where", ["native", "ascend-0.19-0.25"])
+def test_min_tokens_advisory_says_effect_fix_and_workaround(where):
+    adv = _min_tokens_advisory(native.ADVISORIES if where == "native" else A.ADVISORIES)
+    text = adv.message
+    assert "len(output_token_ids)" in text and "refresh_metadata" in text
+    assert "up to k positions early" in text and "within the first min_tokens tokens" in text
+    assert "vllm#26317" in text and "only that mask is affected" in text
+    assert "vllm-ascend 0.13.0 / 0.18.0" in text and "applies nothing here" in text
+    assert "without async scheduling or without speculative decoding" in text
+    assert set(adv.upstream) == {"vllm#32951", "vllm#26317"}

@@ -27,6 +27,7 @@ from .fixes import (
     valid_count_copy_order,
     valid_count_int64,
 )
+from .native import min_tokens_placeholders
 
 
 def _make_compute_slot_mapping(original):
@@ -314,6 +315,16 @@ ADVISORIES = (
         "or disable async scheduling for hybrid models with speculative decoding. Other models are not "
         "affected.",
         upstream=("vllm-ascend#13865", "vllm-ascend#13863"),
+    ),
+    # vLLM-side target: one fingerprint per form, read from the sdist of every vLLM from 0.19.0 to 0.25.1 (vllm-ascend
+    # X.Y.ZrcN runs on vLLM X.Y.*); the va019 / va023 / va025 contract tests read the installed one.
+    min_tokens_placeholders(
+        {
+            "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2": "bb69005e6cd0712f",
+            "vllm 0.21.0": "2dd121af1b133430",
+            "vllm 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1": "c6e56a5fb0956d14",
+        },
+        "vLLM 0.19.0-0.25.1 (vllm-ascend 0.19.1rc1-0.25.1rc1 run vLLM's _update_states)",
     ),
 )
 
