@@ -127,7 +127,8 @@ def min_tokens_placeholders(affected: Mapping[str, str], on: str) -> Advisory:
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
         affected=affected,
         message="min_tokens + async scheduling + speculative decoding: MinTokensLogitsProcessor counts "
-        "len(output_token_ids) in refresh_metadata, after _update_states appended one '-1' per draft: the stop-token mask is lifted up to k positions early, so a stop or EOS token can be "
+        "len(output_token_ids) in refresh_metadata, after _update_states appended one '-1' per draft: the stop-token "
+        "mask is lifted up to k positions early, so a stop or EOS token can be "
         "sampled within the first min_tokens tokens and stays in the output (vllm#26317); only that mask is affected. "
         f"On {on}. zb-patch fixes it for vllm-ascend 0.13.0 / 0.18.0 and applies nothing here. Avoid: for requests "
         "that rely on min_tokens, run without async scheduling or without speculative decoding.",
