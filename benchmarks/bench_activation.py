@@ -11,16 +11,19 @@ once per process. This script starts ``--runs`` FRESH interpreters (default 5); 
    machine the wall time mostly measures waiting for a core) -- the activation: settings, version detection, adapter
    selection, verification of every target by fingerprint, and the patching itself.
 
-The activation is split into the zb-patch modules ``register()`` imports (``zb_patch.registry``, ``.detect``,
-``.versions`` and the adapters, imported explicitly first so they can be timed), the time spent inside
-``registry.fingerprint_object`` (wrapped to sum its calls), and the rest. ``activation_ms`` = imports + register.
+The activation is split into the zb-patch modules ``register()`` imports first (``zb_patch.registry``, ``.detect``,
+``.versions``, imported explicitly so that ``registry.fingerprint_object`` can be wrapped before ``register()`` runs),
+the time spent inside ``fingerprint_object`` (wrapped to sum its calls), and the rest of ``register()`` (the adapter
+module that selection picks is imported there: only that one). ``activation_ms`` = imports + register.
 
     .tox/va018/bin/python benchmarks/bench_activation.py            # PYTHONPATH must hold tests/support
     python3 -m tox -e va023 --  ...   (tox.ini runs pytest; use the env's python as above)
     .tox/va018/bin/python benchmarks/bench_activation.py --json out.json --runs 5
-    .tox/va018/bin/python benchmarks/bench_activation.py --zb-patch-from /tmp/base   # another revision
+    .tox/va018/bin/python benchmarks/bench_activation.py --zb-patch-from /tmp/base   # and another revision
 
-Prints one line per process and the medians; ``--json`` also writes every value.
+Prints one line per process and, per revision, the medians and the range; ``--json`` also writes every value. With
+``--zb-patch-from`` the two revisions' processes alternate (which goes first alternates too), so a changing load on a
+shared host weighs on both alike.
 """
 
 from __future__ import annotations
@@ -80,14 +83,14 @@ def child(modules: list[str]) -> dict:
 
     plugin_import_s = time.perf_counter() - t0
 
-    # what register() imports itself, timed apart so fingerprint_object can be wrapped before register() runs
+    # what register() imports first, timed apart so fingerprint_object can be wrapped before register() runs (the
+    # adapter module selection picks is imported inside register(): a revision that imports every one does it there)
     c0 = time.process_time()
     t0 = time.perf_counter()
     import zb_patch.detect  # noqa: F401
+    import zb_patch.versions  # noqa: F401
     from zb_patch import registry
-    from zb_patch.versions import adapters
 
-    adapters()
     zb_import_s = time.perf_counter() - t0
 
     spent = {"fingerprint_s": 0.0, "fingerprints": 0}
@@ -126,18 +129,30 @@ def child(modules: list[str]) -> dict:
         "activation_ms": (zb_import_s + register_s) * ms,
         "activation_cpu_ms": cpu_s * ms,
         "new_modules_in_register": sorted(m for m in set(sys.modules) - loaded if not m.startswith("zb_patch")),
+        "zb_patch_modules": sorted(m for m in sys.modules if m == "zb_patch" or m.startswith("zb_patch.")),
     }
+
+
+KEYS = (
+    "activation_ms",
+    "activation_cpu_ms",
+    "zb_import_ms",
+    "register_ms",
+    "fingerprint_ms",
+    "other_ms",
+    "plugin_import_ms",
+)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=5, help="fresh processes (default 5)")
+    ap.add_argument("--runs", type=int, default=5, help="fresh processes per revision (default 5)")
     ap.add_argument("--json", help="write every value to this file")
     ap.add_argument(
         "--zb-patch-from",
         metavar="DIR",
-        help="measure the zb_patch package under DIR instead of this checkout, e.g. the base revision: "
-        "git archive main zb_patch | tar -x -C DIR",
+        help="also measure the zb_patch package under DIR (another revision, e.g. the base: "
+        "git archive main zb_patch | tar -x -C DIR, or a worktree), its processes interleaved with this checkout's",
     )
     ap.add_argument(
         "--cache",
@@ -148,9 +163,9 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.zb_patch_from:
-        use_zb_patch_from(args.zb_patch_from)
     if args.child is not None:
+        if args.zb_patch_from:
+            use_zb_patch_from(args.zb_patch_from)
         print(json.dumps(child(args.child.split(","))))
         return 0
 
@@ -158,43 +173,41 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     env.pop("ZB_PATCH", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, env.get("PYTHONPATH")) if p)
-    extra = ["--zb-patch-from", args.zb_patch_from] if args.zb_patch_from else []
-    command = [sys.executable, os.path.abspath(__file__), *extra, "--child", ",".join(modules)]
+    trees: dict[str, list[str]] = {"this": []}
+    if args.zb_patch_from:
+        trees["from"] = ["--zb-patch-from", args.zb_patch_from]
+    commands = {
+        tree: [sys.executable, os.path.abspath(__file__), *extra, "--child", ",".join(modules)]
+        for tree, extra in trees.items()
+    }
     scratch = tempfile.mkdtemp(prefix="bench-activation-")
     env["XDG_CACHE_HOME"] = os.path.join(scratch, "shared")
     if args.cache == "warm":
-        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-    runs = []
+        for command in commands.values():
+            subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    runs: dict[str, list[dict]] = {t: [] for t in trees}
     for i in range(args.runs):
-        if args.cache == "cold":
-            env["XDG_CACHE_HOME"] = os.path.join(scratch, f"run{i}")
-        out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-        run = json.loads(out.strip().splitlines()[-1])
-        runs.append(run)
-        print(
-            f"run {i + 1}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms "
-            f"(zb-patch imports {run['zb_import_ms']:.1f}, "
-            f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
-            f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
-            f"{run['adapter']}; plugin import {run['plugin_import_ms']:.1f} ms",
-            flush=True,
-        )
-        if run["state"] != "applied":
-            print(f"  not applied: {run['reason']}", flush=True)
-    keys = (
-        "activation_ms",
-        "activation_cpu_ms",
-        "zb_import_ms",
-        "register_ms",
-        "fingerprint_ms",
-        "other_ms",
-        "plugin_import_ms",
-    )
-    medians = {k: statistics.median(r[k] for r in runs) for k in keys}
+        order = list(trees) if i % 2 == 0 else list(reversed(trees))  # alternate who goes first
+        for tree in order:
+            if args.cache == "cold":
+                env["XDG_CACHE_HOME"] = os.path.join(scratch, f"{tree}-run{i}")
+            out = subprocess.run(commands[tree], env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+            run = json.loads(out.strip().splitlines()[-1])
+            runs[tree].append(run)
+            print(
+                f"run {i + 1} {tree}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms "
+                f"(zb-patch imports {run['zb_import_ms']:.1f}, "
+                f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
+                f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
+                f"{run['adapter']}; {len(run['zb_patch_modules'])} zb_patch modules; "
+                f"plugin import {run['plugin_import_ms']:.1f} ms",
+                flush=True,
+            )
+            if run["state"] != "applied":
+                print(f"  not applied: {run['reason']}", flush=True)
     from importlib.metadata import version
 
-    summary = {
-        "zb_patch": runs[0]["zb_patch"],
+    summary: dict = {
         "vllm": version("vllm"),
         "vllm_ascend": version("vllm-ascend"),
         "python": platform.python_version(),
@@ -202,16 +215,26 @@ def main(argv: list[str]) -> int:
         "load_average": os.getloadavg(),
         "cache": args.cache,
         "modules": modules,
-        "medians": medians,
-        "runs": runs,
+        "trees": {},
     }
-    print(f"zb_patch from {runs[0]['zb_patch']}")
-    print("median: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
-    print("activation_ms values: " + ", ".join(f"{r['activation_ms']:.1f}" for r in runs))
-    print("activation_cpu_ms values: " + ", ".join(f"{r['activation_cpu_ms']:.1f}" for r in runs))
+    for tree, tree_runs in runs.items():
+        medians = {k: statistics.median(r[k] for r in tree_runs) for k in KEYS}
+        spread = {k: [min(r[k] for r in tree_runs), max(r[k] for r in tree_runs)] for k in KEYS}
+        summary["trees"][tree] = {
+            "zb_patch": tree_runs[0]["zb_patch"],
+            "medians": medians,
+            "range": spread,
+            "runs": tree_runs,
+        }
+        print(f"{tree}: zb_patch from {tree_runs[0]['zb_patch']}")
+        print("  median: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+        for k in ("activation_cpu_ms", "activation_ms"):
+            values = ", ".join(f"{r[k]:.1f}" for r in tree_runs)
+            print(f"  {k} values: {values} (median {medians[k]:.1f}, range {spread[k][0]:.1f}-{spread[k][1]:.1f})")
+        new_modules = tree_runs[0]["new_modules_in_register"]
+        if new_modules:
+            print("  modules imported by the activation (not zb_patch): " + ", ".join(new_modules))
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
-    if runs[0]["new_modules_in_register"]:
-        print("modules imported by the activation (not zb_patch): " + ", ".join(runs[0]["new_modules_in_register"]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=1)
