@@ -20,10 +20,13 @@ module that selection picks is imported there: only that one). ``activation_ms``
     python3 -m tox -e va023 --  ...   (tox.ini runs pytest; use the env's python as above)
     .tox/va018/bin/python benchmarks/bench_activation.py --json out.json --runs 5
     .tox/va018/bin/python benchmarks/bench_activation.py --zb-patch-from /tmp/base   # and another revision
+    .tox/va018/bin/python benchmarks/bench_activation.py --zb-patch-from /tmp/base --runs 2 --forks 6   # 12 each
 
 Prints one line per process and, per revision, the medians and the range; ``--json`` also writes every value. With
 ``--zb-patch-from`` the two revisions' processes alternate (which goes first alternates too), so a changing load on a
-shared host weighs on both alike.
+shared host weighs on both alike. ``--forks N``: each fresh process imports vLLM once and forks N activations per
+revision (alternating), for many samples on a loaded host; a forked child also pays a page copy for every page it
+shares with its parent and writes, so its figures sit above a fresh process's (for both revisions alike).
 """
 
 from __future__ import annotations
@@ -65,8 +68,8 @@ def use_zb_patch_from(tree: str) -> None:
     sys.path.insert(0, os.path.abspath(tree))
 
 
-def child(modules: list[str]) -> dict:
-    """One fresh process: import the worker modules, then time the activation."""
+def import_worker_modules(modules: list[str]) -> float:
+    """What a worker has imported before register(): the NPU stand-in, then ``modules``. Returns the seconds taken."""
     import importlib
 
     import npu_standin
@@ -75,7 +78,59 @@ def child(modules: list[str]) -> dict:
     t0 = time.perf_counter()
     for name in modules:
         importlib.import_module(name)
-    worker_import_s = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def child(modules: list[str]) -> dict:
+    """One fresh process: import the worker modules, then time the activation."""
+    return activation(import_worker_modules(modules))
+
+
+def forked(modules: list[str], other: str | None, forks: int, cache: str, scratch: str) -> list[dict]:
+    """One fresh process imports the worker modules once, then forks ``forks`` children per revision, alternating
+    revisions (and which goes first), each of which times one activation and sends its figures back. A forked child
+    starts in the state a fresh process has after the worker imports (no zb_patch module, empty linecache), at the
+    cost of a page copy for every shared page it writes to (both revisions alike)."""
+    worker_import_s = import_worker_modules(modules)
+    if any(m == "zb_patch" or m.startswith("zb_patch.") for m in sys.modules):
+        raise SystemExit("the worker imports loaded zb_patch: a forked child would not import it afresh")
+    trees = ["this"] + (["from"] if other else [])
+
+    def one(tree: str, cache_dir: str) -> dict:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: activate, report, exit without running the parent's clean-up
+            os.close(read)
+            try:
+                if tree == "from" and other:
+                    use_zb_patch_from(other)
+                os.environ["XDG_CACHE_HOME"] = cache_dir
+                run = activation(worker_import_s)
+                run["tree"] = tree
+                os.write(write, json.dumps(run).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as fh:
+            data = fh.read()
+        os.waitpid(pid, 0)
+        if not data:
+            raise SystemExit(f"the forked activation of {tree} reported nothing")
+        return json.loads(data)
+
+    if cache == "warm":
+        for tree in trees:  # untimed: fills the shared fingerprint cache
+            one(tree, os.path.join(scratch, "shared"))
+    runs = []
+    for i in range(forks):
+        for tree in trees if i % 2 == 0 else list(reversed(trees)):
+            cache_dir = os.path.join(scratch, "shared" if cache == "warm" else f"fork-{tree}-{i}")
+            runs.append(one(tree, cache_dir))
+    return runs
+
+
+def activation(worker_import_s: float) -> dict:
+    """Time the zb-patch imports and register() in this process, the worker modules imported."""
     loaded = set(sys.modules)
 
     t0 = time.perf_counter()
@@ -161,9 +216,21 @@ def main(argv: list[str]) -> int:
         help="warm (default): the processes share one fingerprint cache, filled by an untimed first "
         "process (every start after the first on a host); cold: each starts with an empty one",
     )
+    ap.add_argument(
+        "--forks",
+        type=int,
+        default=0,
+        help="fork this many activations per revision from each fresh process after its worker imports "
+        "(0, the default: one activation per fresh process); many samples for one vLLM import each",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--scratch", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
+        if args.forks:
+            runs = forked(args.child.split(","), args.zb_patch_from, args.forks, args.cache, args.scratch)
+            print(json.dumps(runs))
+            return 0
         if args.zb_patch_from:
             use_zb_patch_from(args.zb_patch_from)
         print(json.dumps(child(args.child.split(","))))
@@ -182,10 +249,20 @@ def main(argv: list[str]) -> int:
     }
     scratch = tempfile.mkdtemp(prefix="bench-activation-")
     env["XDG_CACHE_HOME"] = os.path.join(scratch, "shared")
+    runs: dict[str, list[dict]] = {t: [] for t in trees}
+    if args.forks:
+        command = [sys.executable, os.path.abspath(__file__), *trees.get("from", []), "--child", ",".join(modules)]
+        command += ["--forks", str(args.forks), "--cache", args.cache]
+        for i in range(args.runs):
+            command_i = [*command, "--scratch", os.path.join(scratch, f"process{i}")]
+            out = subprocess.run(command_i, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+            for run in json.loads(out.strip().splitlines()[-1]):
+                runs[run["tree"]].append(run)
+                _print_run(f"process {i + 1}, fork {len(runs[run['tree']])}", run["tree"], run)
+        return _summary(args, modules, runs)
     if args.cache == "warm":
         for command in commands.values():
             subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
-    runs: dict[str, list[dict]] = {t: [] for t in trees}
     for i in range(args.runs):
         order = list(trees) if i % 2 == 0 else list(reversed(trees))  # alternate who goes first
         for tree in order:
@@ -194,17 +271,25 @@ def main(argv: list[str]) -> int:
             out = subprocess.run(commands[tree], env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
             run = json.loads(out.strip().splitlines()[-1])
             runs[tree].append(run)
-            print(
-                f"run {i + 1} {tree}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms "
-                f"(zb-patch imports {run['zb_import_ms']:.1f}, "
-                f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
-                f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
-                f"{run['adapter']}; {len(run['zb_patch_modules'])} zb_patch modules; "
-                f"plugin import {run['plugin_import_ms']:.1f} ms",
-                flush=True,
-            )
-            if run["state"] != "applied":
-                print(f"  not applied: {run['reason']}", flush=True)
+            _print_run(f"run {i + 1}", tree, run)
+    return _summary(args, modules, runs)
+
+
+def _print_run(label: str, tree: str, run: dict) -> None:
+    print(
+        f"{label} {tree}: activation {run['activation_ms']:.1f} ms, cpu {run['activation_cpu_ms']:.1f} ms "
+        f"(zb-patch imports {run['zb_import_ms']:.1f}, "
+        f"register {run['register_ms']:.1f} = fingerprints {run['fingerprint_ms']:.1f} "
+        f"[{run['fingerprints']} calls] + other {run['other_ms']:.1f}); state {run['state']} "
+        f"{run['adapter']}; {len(run['zb_patch_modules'])} zb_patch modules; "
+        f"plugin import {run['plugin_import_ms']:.1f} ms",
+        flush=True,
+    )
+    if run["state"] != "applied":
+        print(f"  not applied: {run['reason']}", flush=True)
+
+
+def _summary(args: argparse.Namespace, modules: list[str], runs: dict[str, list[dict]]) -> int:
     from importlib.metadata import version
 
     summary: dict = {
@@ -214,6 +299,7 @@ def main(argv: list[str]) -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "load_average": os.getloadavg(),
         "cache": args.cache,
+        "forks": args.forks,
         "modules": modules,
         "trees": {},
     }
