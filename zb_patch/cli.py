@@ -79,7 +79,9 @@ def doctor_data(import_targets: bool = True) -> dict:
     if selection.verdict == V.NATIVE:
         verdict = "native"
         # known upstream bugs of the native release zb-patch does not fix there (read from the installed sources)
-        data["native_advisories"] = [c.as_dict() for c in V.native.check_advisories(V.native.installed_vllm_root())]
+        from .versions import native
+
+        data["native_advisories"] = [c.as_dict() for c in native.check_advisories(native.installed_vllm_root())]
     elif selection.verdict == V.REFUSED:
         verdict = "refused"
     else:

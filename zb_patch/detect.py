@@ -157,11 +157,32 @@ def parse(name: str, raw: str | None, dist: str | None = None) -> PackageInfo:
     )
 
 
+class _Headers(md.Distribution):
+    """A distribution whose metadata files are read up to their first empty line: the header block, where the
+    ``Version`` field is. ``importlib.metadata`` parses the whole file for one field, and a distribution's metadata
+    carries its README after that line (most of what detect() costs); the headers it parses are the same."""
+
+    def __init__(self, dist: md.Distribution):
+        self._dist = dist
+
+    def read_text(self, filename: str) -> str | None:
+        text = self._dist.read_text(filename)
+        return text.partition("\n\n")[0] + "\n" if text else text
+
+    def locate_file(self, path):
+        return self._dist.locate_file(path)
+
+
+def _version(dist: str) -> str:
+    """``importlib.metadata.version(dist)``, reading only the header block of the metadata."""
+    return _Headers(md.distribution(dist)).version
+
+
 def package(name: str) -> PackageInfo:
     """Look one logical package up by its distribution names."""
     for dist in DISTRIBUTIONS.get(name, (name,)):
         try:
-            raw = md.version(dist)
+            raw = _version(dist)
         except md.PackageNotFoundError:
             continue
         except Exception as exc:  # broken metadata is reported, never raised

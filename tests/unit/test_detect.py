@@ -1,6 +1,8 @@
+import importlib.metadata as md
+
 import pytest
 
-from zb_patch.detect import PackageInfo, Versions, detect, package, parse
+from zb_patch.detect import PackageInfo, Versions, _Headers, detect, package, parse
 
 
 @pytest.mark.parametrize(
@@ -69,3 +71,33 @@ def test_detect_covers_all_packages_and_serialises():
     for entry in d.values():
         assert set(entry) >= {"installed", "version", "release", "commit"}
     assert "vllm=" in v.summary()
+
+
+def test_version_from_the_header_block_is_importlib_metadatas():
+    """detect() reads a version from the metadata's header block only: the same answer as importlib.metadata for every
+    installed distribution and for metadata whose body, first line or line ends could mislead a shortcut."""
+    installed = list(md.distributions())
+    assert installed
+    for dist in installed:
+        assert _Headers(dist).version == dist.version, dist.metadata["Name"]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"METADATA": "Metadata-Version: 2.1\nName: x\nVersion: 1.2.3\n\nVersion: 9.9.9\n\nbody\n"},
+        {"METADATA": "Metadata-Version: 2.1\nName: x\n\nVersion: 9.9.9\n"},  # none in the headers
+        {"METADATA": "\nVersion: 9.9.9\n"},  # an empty first line: no headers at all
+        {"METADATA": "Name: x\r\nVersion: 1.2.3 \r\n\r\nVersion: 9.9.9\r\n"},  # CRLF, a trailing blank
+        {"METADATA": "Name: x\nVersion:\n  1.2.3\n\n"},  # a folded header
+        {"METADATA": "", "PKG-INFO": "Name: x\nVersion: 2.0\n\nVersion: 9.9.9\n"},  # an empty METADATA
+        {"PKG-INFO": "Name: x\nVersion: 2.0\n"},
+    ],
+)
+def test_version_from_the_header_block_of_odd_metadata(tmp_path, files):
+    info = tmp_path / "x-1.dist-info"
+    info.mkdir()
+    for name, text in files.items():
+        (info / name).write_bytes(text.encode())
+    dist = md.PathDistribution(info)
+    assert _Headers(dist).version == dist.version

@@ -1,3 +1,8 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from _versions import vers
 
@@ -35,6 +40,47 @@ def test_refusal_reasons_are_precise():
     assert "vLLM is not installed" in V.select(vers(None, "0.18.0")).reason
     r = V.select(vers("0.11.0", "0.11.0")).reason
     assert "0.11.0" in r and "older than 0.13" in r
+
+
+def test_the_range_table_is_each_adapters():
+    """adapter.ASCEND_RANGES, which selection reads before importing an adapter, lists every adapter in order."""
+    assert [a.id for a in V.adapters()] == list(V.ASCEND_RANGES)
+    assert all(a.vllm_ascend == V.ASCEND_RANGES[a.id] for a in V.adapters())
+
+
+_IMPORTED = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from _versions import vers
+from zb_patch import versions as V
+sel = V.select(vers(sys.argv[2], sys.argv[3]))
+print(json.dumps([sel.verdict, [a.id for a in sel.candidates],
+                  sorted(m for m in sys.modules if m.startswith("zb_patch.versions."))]))
+"""
+
+
+@pytest.mark.parametrize(
+    "vllm, ascend, adapters",
+    [
+        ("0.13.0", "0.13.0", ["ascend-0.13"]),
+        ("0.18.0", "0.18.0", ["ascend-0.18"]),
+        ("0.23.0", "0.23.0", ["ascend-0.19-0.25"]),
+        ("0.19.0", "0.18.0", ["ascend-0.13", "ascend-0.18", "ascend-0.19-0.25"]),  # a probe tries every adapter
+        ("0.11.0", "0.11.0", []),
+    ],
+)
+def test_selection_imports_only_the_family_of_the_installed_release(vllm, ascend, adapters):
+    """Every vLLM process pays for what register() imports: a release in an adapter's range imports that adapter's
+    module only (with its fixes), and nothing imports the native forms (only a release past the adapters needs them)."""
+    here = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", _IMPORTED, here, vllm, ascend], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    verdict, candidates, modules = json.loads(out.stdout)
+    assert sorted(candidates) == adapters, verdict
+    loaded = {m.split(".")[2] for m in modules}
+    module_of = {"ascend-0.13": "ascend_0_13", "ascend-0.18": "ascend_0_18", "ascend-0.19-0.25": "ascend_0_19_0_25"}
+    assert loaded & set(module_of.values()) == {module_of[a] for a in adapters}
+    assert "native" not in loaded
 
 
 def test_mismatched_pairing_is_probed_family_first():

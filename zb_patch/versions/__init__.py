@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from ..detect import PLACEHOLDER, Versions, reported
-from . import native
+from ..detect import PLACEHOLDER, PackageInfo, Versions, reported
 
 # the adapter data types and the source-tree fingerprints live in leaf modules (no adapter imports this package's
 # namespace); callers outside versions/ reach them here
+from .adapter import ASCEND_RANGES as ASCEND_RANGES
 from .adapter import NATIVE_HERE as NATIVE_HERE
 from .adapter import REFUSED_HERE as REFUSED_HERE
 from .adapter import STILL_HOLDS as STILL_HOLDS
@@ -38,6 +39,9 @@ from .adapter import Adapter, Form, Release, _fmt, _items, _release, _rng, form_
 from .adapter import item_ids as item_ids
 from .source import fingerprint_in_tree
 from .source import module_file as module_file
+
+if TYPE_CHECKING:  # imported where used: only a release past the adapters (or a verdict over all releases) needs it
+    from . import native
 
 # Verdicts of selection
 SELECTED = "selected"  # one adapter by version range (fingerprints still decide at apply time)
@@ -77,9 +81,31 @@ OLDEST_SUPPORTED: Release = (0, 13)
 
 
 def adapters() -> tuple[Adapter, ...]:
-    from . import ascend_0_13, ascend_0_18, ascend_0_19_0_25
+    """Every adapter, oldest family first (imports every adapter module)."""
+    return tuple(_load(adapter_id) for adapter_id in ASCEND_RANGES)
 
-    return (ascend_0_13.ADAPTER, ascend_0_18.ADAPTER, ascend_0_19_0_25.ADAPTER)
+
+def _ascend_family(va: PackageInfo) -> list[Adapter]:
+    """The adapters whose vllm-ascend range holds the installed release: only their modules are imported."""
+    return [_load(adapter_id) for adapter_id, rng in ASCEND_RANGES.items() if va.release_in(*rng)]
+
+
+def _load(adapter_id: str) -> Adapter:
+    """One adapter, its module imported on first use (each by its own import statement: the import graph that
+    tests/unit/test_check_boundary.py reads from them reaches every adapter)."""
+    if adapter_id == "ascend-0.13":
+        from . import ascend_0_13
+
+        return ascend_0_13.ADAPTER
+    if adapter_id == "ascend-0.18":
+        from . import ascend_0_18
+
+        return ascend_0_18.ADAPTER
+    if adapter_id == "ascend-0.19-0.25":
+        from . import ascend_0_19_0_25
+
+        return ascend_0_19_0_25.ADAPTER
+    raise KeyError(adapter_id)
 
 
 def by_id(adapter_id: str) -> Adapter:
@@ -112,6 +138,8 @@ def select(v: Versions, tree: str | None = None) -> Selection:
             form_note=f"vllm-ascend {rep.text}: no recorded form",
         )
     if va.release_at_least(*NATIVE_FROM):
+        from . import native
+
         return _native_by_code(str(va.raw), tree if tree is not None else native.installed_root())
     if not va.release_at_least(*OLDEST_SUPPORTED):
         return Selection(
@@ -119,7 +147,7 @@ def select(v: Versions, tree: str | None = None) -> Selection:
             f"vllm-ascend {va.raw} is older than {_fmt(OLDEST_SUPPORTED)}: it cannot run async "
             f"scheduling together with speculative decoding, so there is nothing to backport",
         )
-    in_range = [a for a in adapters() if a.in_range(v)]
+    in_range = [a for a in _ascend_family(va) if a.in_range(v)]
     if in_range:
         a = in_range[0]
         kind = "release" if va.is_final and v.vllm.is_final else "build"
@@ -151,6 +179,8 @@ def select(v: Versions, tree: str | None = None) -> Selection:
 def _native_by_code(raw: str, root: str | None) -> Selection:
     """NATIVE when every native form (native.py) is recorded in the installed sources, else REFUSED naming what
     was checked: a release newer than everything recorded is never native by its number."""
+    from . import native
+
     if root is None:
         return Selection(
             REFUSED,
@@ -238,6 +268,8 @@ def release_verdict(release: str) -> ReleaseVerdict:
     if rel < OLDEST_SUPPORTED:
         return ReleaseVerdict(REFUSED, why="async + spec decode not supported by the release")
     if rel >= NATIVE_FROM:
+        from . import native
+
         if release in native.RELEASES:
             return ReleaseVerdict(NATIVE, why="Ascend slot-mapping kernel + zero-bubble by installed code")
         return ReleaseVerdict(REFUSED, why="not a recorded native form: nothing applied")
@@ -451,6 +483,8 @@ def classifies(project: str, version: str) -> str | None:
             return f"in {a.id}'s vLLM range {_rng(a.vllm)}"
     labels = [lb for a in adapters() for _, fps in _items(a.patch_set) for lb in fps]
     labels += [lb for a in adapters() for adv in a.patch_set.advisories for lb in adv.affected]
+    from . import native
+
     labels += [lb for adv in native.ADVISORIES for lb in adv.affected]
     named = next((lb for lb in labels if lb.startswith("vllm ") and label_names(lb, version)), None)
     if named:

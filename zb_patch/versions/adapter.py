@@ -17,6 +17,16 @@ from ..registry import PatchSet
 
 Release = tuple[int, ...]
 
+# The vllm-ascend releases each adapter serves ([low, high) on the release part), by adapter id, oldest family first:
+# each ADAPTER's ``vllm_ascend``. Written here, apart from the adapter modules, so that selection reads them before it
+# imports any (importing one builds its patch set and imports its fixes) and imports only the family of the installed
+# release (zb_patch.versions.adapters() imports every one).
+ASCEND_RANGES: Mapping[str, tuple[Release, Release]] = {
+    "ascend-0.13": ((0, 13, 0), (0, 14)),
+    "ascend-0.18": ((0, 18, 0), (0, 19)),
+    "ascend-0.19-0.25": ((0, 19, 0), (0, 26)),
+}
+
 
 # Decisions on a commit form's target that differs from its tag (docs/releases/<adapter>.md lists them)
 STILL_HOLDS = "still-holds"  # what the patch / guard relies on is unchanged: the new fingerprint is accepted

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
 from . import npu_runner, zero_bubble_classic
-from .adapter import REFUSED_HERE, STILL_HOLDS, Adapter, Form, FormDecision
+from .adapter import ASCEND_RANGES, REFUSED_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 from .fixes import (
     draft_placeholders_after_metadata,
     draft_sample_indices_past_batch,
@@ -500,7 +500,7 @@ COMMITS = (
 ADAPTER = Adapter(
     id="ascend-0.13",
     title="vllm-ascend 0.13.0 + vLLM 0.13.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
-    vllm_ascend=((0, 13, 0), (0, 14)),
+    vllm_ascend=ASCEND_RANGES["ascend-0.13"],
     vllm=((0, 13, 0), (0, 14)),
     zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.13"),
     patch_set=PatchSet("ascend-0.13", PATCHES, GUARDS),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..registry import Guard, Patch, PatchSet
 from . import npu_runner, zero_bubble_classic
-from .adapter import NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision
+from .adapter import ASCEND_RANGES, NATIVE_HERE, STILL_HOLDS, Adapter, Form, FormDecision
 from .fixes import (
     async_penalty_output_tokens,
     cudagraph_batch_sizes_after_rounding,
@@ -409,7 +409,7 @@ COMMITS = (
 ADAPTER = Adapter(
     id="ascend-0.18",
     title="vllm-ascend 0.18.0 + vLLM 0.18.x (zero-bubble async scheduling + EAGLE/MTP spec decode backport)",
-    vllm_ascend=((0, 18, 0), (0, 19)),
+    vllm_ascend=ASCEND_RANGES["ascend-0.18"],
     vllm=((0, 18, 0), (0, 19)),
     zero_bubble_ids=tuple(p.id for p in PATCHES if p.group == "zero-bubble-0.18"),
     patch_set=PatchSet("ascend-0.18", PATCHES, GUARDS),

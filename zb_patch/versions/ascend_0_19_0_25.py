@@ -16,7 +16,7 @@ docs/releases/fingerprint_matrix.py or ``zb-patch fingerprints --root <tree> --a
 from __future__ import annotations
 
 from ..registry import BACKPORT, Advisory, Guard, Patch, PatchSet, RestsOn
-from .adapter import Adapter
+from .adapter import ASCEND_RANGES, Adapter
 from .fixes import (
     draft_sample_indices_past_batch,
     draft_seq_lens_max_model_len,
@@ -356,7 +356,7 @@ GUARDS = (
 ADAPTER = Adapter(
     id="ascend-0.19-0.25",
     title="vllm-ascend 0.19.1rc1-0.25.1rc1 + vLLM 0.19-0.25 (zero-bubble present; generic slot-mapping kernel)",
-    vllm_ascend=((0, 19, 0), (0, 26)),
+    vllm_ascend=ASCEND_RANGES["ascend-0.19-0.25"],
     vllm=((0, 19, 0), (0, 26)),
     zero_bubble_ids=("slot-mapping-kernel",),
     patch_set=PatchSet("ascend-0.19-0.25", PATCHES, GUARDS, ADVISORIES),
