@@ -20,6 +20,7 @@ from .adapter import ASCEND_RANGES, Adapter
 from .fixes import (
     draft_sample_indices_past_batch,
     draft_seq_lens_max_model_len,
+    min_tokens_draft_placeholders,
     mla_draft_rope_rows,
     seq_lens_cpu_prepare_inputs_padded,
     seq_lens_cpu_unpadded,
@@ -27,7 +28,6 @@ from .fixes import (
     valid_count_copy_order,
     valid_count_int64,
 )
-from .native import min_tokens_placeholders
 
 
 def _make_compute_slot_mapping(original):
@@ -318,7 +318,7 @@ ADVISORIES = (
     ),
     # vLLM-side target: one fingerprint per form, read from the sdist of every vLLM from 0.19.0 to 0.25.1 (vllm-ascend
     # X.Y.ZrcN runs on vLLM X.Y.*); the va019 / va023 / va025 contract tests read the installed one.
-    min_tokens_placeholders(
+    min_tokens_draft_placeholders.advisory(
         {
             "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2": "bb69005e6cd0712f",
             "vllm 0.21.0": "2dd121af1b133430",

@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping
 
 from ..registry import Advisory
+from .fixes import min_tokens_draft_placeholders
 
 SLOT_MAPPING = "slot mapping"
 ZERO_BUBBLE = "zero-bubble"
@@ -108,34 +109,6 @@ PLACEHOLDER_GUARDS: Mapping[str, tuple[str, ...]] = {
     ),
 }
 
-# vLLM's GPUModelRunner._update_states under async scheduling + spec decode (every vLLM from 0.19.0 to 0.33.0, read from
-# the sdists, and vLLM main at 000fc94b): `req_state.output_token_ids.extend([-1] * optimistic_num_accepted)`
-# (vLLM 0.23.0 gpu_model_runner.py:1311), then `self.input_batch.refresh_metadata()` (:1447), whose
-# MinTokensLogitsProcessor.update_state counts len(output_token_ids) (logits_processor/builtin.py); the deferred
-# correct_spec_decode_token_counts closure (:1463-1491) corrects num_computed_tokens only, and the rejected drafts'
-# placeholders are deleted by the next step's _update_states (:1356-1360). vllm-ascend's NPUModelRunner runs it (no
-# override through 0.20.2rc1, super() after a rewind guard from 0.21.0rc1 on). One text for the native releases and
-# adapter ascend-0.19-0.25 (which names its own vLLMs and fingerprints).
-MIN_TOKENS_UPSTREAM = ("vllm#32951", "vllm#26317")
-
-
-def min_tokens_placeholders(affected: Mapping[str, str], on: str) -> Advisory:
-    """The min-tokens-draft-placeholders advisory for the vLLM releases ``on`` names (``affected``: their
-    ``GPUModelRunner._update_states`` fingerprints)."""
-    return Advisory(
-        id="min-tokens-draft-placeholders",
-        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
-        affected=affected,
-        message="min_tokens + async scheduling + speculative decoding: MinTokensLogitsProcessor counts "
-        "len(output_token_ids) in refresh_metadata, after _update_states appended one '-1' per draft: the stop-token "
-        "mask is lifted up to k positions early, so a stop or EOS token can be "
-        "sampled within the first min_tokens tokens and stays in the output (vllm#26317); only that mask is affected. "
-        f"On {on}. zb-patch fixes it for vllm-ascend 0.13.0 / 0.18.0 and applies nothing here. Avoid: for requests "
-        "that rely on min_tokens, run without async scheduling or without speculative decoding.",
-        upstream=MIN_TOKENS_UPSTREAM,
-    )
-
-
 # Known bugs of the native releases zb-patch does not fix there (the adapters that carry a fix say so in its spec).
 # Affected fingerprints of vLLM targets: read from the sdists of the vLLM releases the native vllm-ascend releases pair
 # with (vllm-ascend X.Y.ZrcN runs on vLLM X.Y.*).
@@ -161,7 +134,7 @@ ADVISORIES: tuple[Advisory, ...] = (
         "decoding without async scheduling.",
         upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434", "vllm#47029", "vllm#46533"),
     ),
-    min_tokens_placeholders(
+    min_tokens_draft_placeholders.advisory(
         {
             "vllm 0.26.0": "5df6c317c4a4d1a9",
             "vllm 0.27.0, 0.27.1, 0.28.0, 0.29.0": "af021b847899669d",
