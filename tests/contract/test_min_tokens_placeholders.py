@@ -104,13 +104,21 @@ def test_the_npu_runner_runs_vllm_s_update_states():
     assert _runs_vllm_s(_method(runner, "NPUModelRunner", "_update_states"))
 
 
-def test_min_tokens_processor_counts_placeholders():
+def test_min_tokens_processor_counts_placeholders(monkeypatch):
     """vLLM's MinTokensLogitsProcessor: 2 tokens generated, min_tokens 5; once the list holds 3 optimistic '-1's (as
     _update_states leaves it before refresh_metadata) the request leaves the processor and its stop token is no
     longer masked."""
+    import importlib
+
     import torch
     from vllm import SamplingParams
-    from vllm.v1.sample.logits_processor import BatchUpdate, MinTokensLogitsProcessor
+    from vllm.v1.sample.logits_processor import BatchUpdate, MinTokensLogitsProcessor, builtin
+
+    # the processor's host-to-device copies pin when vLLM's PIN_MEMORY says so, which it computed from the NPU
+    # stand-in's platform (an NPU host pins); this CPU host has no pinned-memory allocator
+    h2d = getattr(builtin, "async_tensor_h2d", None)
+    if h2d is not None and hasattr(importlib.import_module(h2d.__module__), "PIN_MEMORY"):
+        monkeypatch.setattr(importlib.import_module(h2d.__module__), "PIN_MEMORY", False)
 
     stop = 7
     params = SamplingParams(min_tokens=5, stop_token_ids=[stop], max_tokens=32)
