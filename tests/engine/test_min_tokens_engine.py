@@ -10,10 +10,6 @@ output; the runner-parity form is tests/patches/test_sampling_fields.py).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from importlib.metadata import version
 
 import pytest
@@ -26,31 +22,14 @@ from zb_patch.check.engine.workload import Workload, divergences  # noqa: E402
 
 if version("vllm-ascend") != "0.18.0":
     pytest.skip("min_tokens with spec decode: vllm-ascend 0.18.0 (vLLM 0.13 ignores it)", allow_module_level=True)
-HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.join(HERE, "run_sampling_engine.py")
+from test_sampling_engine import _engine  # noqa: E402 (the sampling launcher's engine process)
+
 WORKLOAD = Workload(
     num_requests=6, max_prompt=30, max_tokens=40, num_speculative_tokens=3, limit_every=4, max_num_batched_tokens=256
 )
 MIN_TOKENS = 24
 STOPS = list(range(0, tiny_model.VOCAB, 2))
 SAMPLING = dict(temperature=2.0, min_tokens=MIN_TOKENS, stop_token_ids=STOPS)
-
-
-def _engine(models, out_dir, name, env):
-    def job():
-        out = os.path.join(out_dir, f"{name}.json")
-        cmd = [sys.executable, LAUNCHER, "--sampling", json.dumps(SAMPLING), "--models", models, "--out", out]
-        cmd += ["--workload", json.dumps(WORKLOAD.to_json()), "--drafter", "eagle", "--async"]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("ZB_PATCH")}
-        full_env.update(env)
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=3600)
-        result = None
-        if proc.returncode == 0:
-            with open(out) as f:
-                result = json.load(f)
-        return name, proc.returncode, result, proc.stderr
-
-    return job
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +39,16 @@ def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("min-tokens"))
     on = {"ZB_PATCH": "1"}
     jobs = [
-        _engine(models, out, "async+fixes", {**on, "ZB_PATCH_DISABLE": "zb018-optimistic-update-states"}),
-        _engine(models, out, "async+zb", on),
+        _engine(models, out, name, async_scheduling=True, env=env, sampling=SAMPLING, workload=WORKLOAD)
+        for name, env in (
+            ("async+fixes", {**on, "ZB_PATCH_DISABLE": "zb018-optimistic-update-states"}),
+            ("async+zb", on),
+        )
     ]
     done = run_all(jobs, parallel=2)
-    for name, rc, result, stderr in done:
-        assert result is not None, (name, rc, stderr[-3000:])
-    return {name: result for name, _, result, _ in done}
+    for r in done:
+        assert r.result is not None, (r.name, r.returncode, r.stderr[-3000:])
+    return {r.name: r.result for r in done}
 
 
 def _early_stops(result: dict) -> list[tuple[str, int, int]]:

@@ -52,11 +52,14 @@ class Engine:
     stderr: str
 
 
-def _engine(models, out_dir, name, *, async_scheduling, env, sampling):
+def _engine(models, out_dir, name, *, async_scheduling, env, sampling, workload=WORKLOAD):
+    """One engine process of the sampling launcher (also tests/engine/test_min_tokens_engine.py's): a job for
+    ``run_all`` returning an :class:`Engine`."""
+
     def job():
         out = os.path.join(out_dir, f"{name}.json")
         cmd = [sys.executable, LAUNCHER, "--sampling", json.dumps(sampling), "--models", models, "--out", out]
-        cmd += ["--workload", json.dumps(WORKLOAD.to_json()), "--drafter", "eagle"]
+        cmd += ["--workload", json.dumps(workload.to_json()), "--drafter", "eagle"]
         if async_scheduling:
             cmd.append("--async")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ZB_PATCH")}
