@@ -330,15 +330,16 @@ def _decide(method="mtp", k=2, parallel=False, graphs=True, mode="FULL_DECODE_ON
     proposer = SimpleNamespace()
     release = pytest.importorskip("vllm_ascend.spec_decode.eagle_proposer")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(release, "enable_sp", lambda config: sp)
-        mp.setattr(release, "_maybe_eager_context", lambda config: ("eager context", config))
+        # each called with the proposer's own config
+        mp.setattr(release, "enable_sp", lambda config: config is vc and sp)
+        mp.setattr(release, "_maybe_eager_context", lambda config: ("eager context", config is vc))
         fix.make_init(released)(proposer, vc, "device")
     return proposer.use_cuda_graph, proposer.maybe_eager_context
 
 
 def test_only_sync_mtp_with_k_draft_passes_in_a_full_graph_is_changed():
     assert _decide() == (False, "nullcontext")
-    assert _decide(sp=True)[1][0] == "eager context"  # as the release sets it for a proposer without graphs
+    assert _decide(sp=True)[1] == ("eager context", True)  # as the release sets it for a proposer without graphs
     assert _decide(mode="FULL_AND_PIECEWISE")[0] is False
     for unchanged in (
         dict(k=1),  # one replay per update

@@ -583,6 +583,14 @@ def test_deferred_correction_waits_only_when_input_preparation_did_not():
         assert (len(reads), st.host_waits) == ((0, 5) if waited else (1, 6))
         assert st.queue == [] and st.valid_host is None
 
+    # nothing queued (no request had drafts last step), or an inactive runner: no wait, nothing touched
+    runner = type("Runner", (), {})()
+    runner._get_valid_sampled_token_count = lambda: pytest.fail("apply_deferred waited with nothing queued")
+    zb.apply_deferred(runner)
+    st = runner.__dict__[zb.state_attr] = npu_runner.State(active=True, host_waits=5)
+    zb.apply_deferred(runner)
+    assert st.host_waits == 5 and st.queue == []
+
 
 def test_runner_report_reads_the_state_a_wrapper_left_on_the_runner():
     """The engine child's per-runner figures (selftest's host waits, corrected steps) come from runner_report."""

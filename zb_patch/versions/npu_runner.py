@@ -508,12 +508,11 @@ class ZeroBubble:
         readd = []
         for req_id, req_state, accepted in rejected:
             out = req_state.output_token_ids
-            exact = out_lens.get(req_id, len(out)) + accepted
+            exact = out_lens[req_id] + accepted  # queued rows are recorded rows (make_update_states)
             if len(out) > exact:
                 optimistic = len(out)
                 del out[exact:]
-                params = req_state.sampling_params
-                min_tokens = getattr(params, "min_tokens", 0) if params is not None else 0
+                min_tokens = req_state.sampling_params.min_tokens  # drafts: a sampling request
                 if min_tokens and exact < min_tokens <= optimistic:
                     readd.append(req_state)
         if readd:

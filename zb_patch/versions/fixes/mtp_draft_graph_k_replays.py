@@ -27,7 +27,7 @@ def make_init(original: Callable) -> Callable:
         if (
             proposer.method == "mtp"
             and proposer.num_speculative_tokens >= 2
-            and not getattr(proposer, "parallel_drafting", False)
+            and not proposer.parallel_drafting  # set by vLLM's EagleProposer.__init__, which the release calls
             and proposer.use_cuda_graph
             and vllm_config.compilation_config.cudagraph_mode.has_full_cudagraphs()
         ):
