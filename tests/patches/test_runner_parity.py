@@ -622,14 +622,61 @@ def test_async_scheduling_off_is_left_alone(H, ZB, sess, caplog):
     [
         ("pcp_size", 2, "context parallelism"),
         ("uses_mrope", True, "M-RoPE"),
+        ("uses_xdrope_dim", 1, "XD-RoPE"),
+        ("need_accepted_tokens", True, "hybrid"),
+        ("cache_config.mamba_cache_mode", "align", "hybrid"),
         ("is_pooling_model", True, "pooling"),
+        ("valid_sampled_token_count_event", None, "no valid_sampled_token_count_event"),
+        ("speculative_config.method", "eagle3", ""),  # every supported method runs
+        ("speculative_config.method", "mtp", ""),
+        ("cache_config.mamba_cache_mode", "all", ""),  # only the accepted-token alignment is refused
     ],
 )
-def test_unsupported_reasons(H, ZB, sess, attr, value, needle):
+def test_unsupported_reasons(H, ZB, sess, monkeypatch, attr, value, needle):
+    """Each check of unsupported_reason, one setting at a time; needle "": zero-bubble runs."""
     shape = _shape(2)
     vc = H.build_config(sess, shape)
     runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
     assert ZB.unsupported_reason(runner) == (True, "")
-    setattr(runner, attr, value)
+    *path, name = attr.split(".")
+    owner = runner
+    for part in path:
+        owner = getattr(owner, part)
+    monkeypatch.setattr(owner, name, value, raising=False)  # a session config: restored after
     wanted, reason = ZB.unsupported_reason(runner)
-    assert wanted and needle in reason
+    assert wanted is True and (needle in reason if needle else reason == ""), reason
+
+
+@pytest.mark.parametrize(
+    "attr", ["pcp_size", "dcp_size", "uses_mrope", "uses_xdrope_dim", "need_accepted_tokens", "is_pooling_model",
+             "cache_config.mamba_cache_mode"]
+)
+def test_unsupported_reason_without_a_later_releases_attribute(H, ZB, sess, monkeypatch, attr):
+    """A runner of a release that predates one of the features checked (no such attribute) runs zero-bubble: an
+    absent attribute reads as the feature off."""
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    if attr == "cache_config.mamba_cache_mode":  # a dataclass field (class default): a config object without it
+        from types import SimpleNamespace
+
+        kept = {k: v for k, v in vars(runner.cache_config).items() if k != "mamba_cache_mode"}
+        monkeypatch.setattr(runner, "cache_config", SimpleNamespace(**kept))
+        owner, name = runner.cache_config, "mamba_cache_mode"
+    else:
+        owner, name = runner, attr
+        monkeypatch.delattr(runner, attr)  # an instance attribute on the releases tested
+    assert not hasattr(owner, name)
+    assert ZB.unsupported_reason(runner) == (True, "")
+
+
+def test_unsupported_reason_other_runner_classes(H, ZB, sess):
+    """A subclass of the release's NPUModelRunner (the 310P / xlite runners are) keeps the classic path."""
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    shape = _shape(2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    runner.__class__ = type("OtherRunner", (NPUModelRunner,), {})
+    wanted, reason = ZB.unsupported_reason(runner)
+    assert wanted is True and "runner class" in reason and "OtherRunner" in reason and ZB.other_runners in reason
