@@ -648,8 +648,16 @@ def test_unsupported_reasons(H, ZB, sess, monkeypatch, attr, value, needle):
 
 
 @pytest.mark.parametrize(
-    "attr", ["pcp_size", "dcp_size", "uses_mrope", "uses_xdrope_dim", "need_accepted_tokens", "is_pooling_model",
-             "cache_config.mamba_cache_mode"]
+    "attr",
+    [
+        "pcp_size",
+        "dcp_size",
+        "uses_mrope",
+        "uses_xdrope_dim",
+        "need_accepted_tokens",
+        "is_pooling_model",
+        "cache_config.mamba_cache_mode",
+    ],
 )
 def test_unsupported_reason_without_a_later_releases_attribute(H, ZB, sess, monkeypatch, attr):
     """A runner of a release that predates one of the features checked (no such attribute) runs zero-bubble: an
