@@ -382,6 +382,24 @@ def test_zero_bubble_matches_classic_async_exactly(runs):
     assert divergences(res["async"], res["async+zb"]) == []
 
 
+def test_async_runs_schedule_ahead_without_the_output_thread_race(runs):
+    """Where the release's engine core asks whether the oldest step's output is done before it schedules ahead
+    (vLLM 0.13 / 0.18), the child answered every async run's questions (child._schedule_ahead_without_race: the
+    schedule must not depend on the executor's output thread, or the exact comparisons above could fail on a loaded
+    host); vLLM 0.23 does not ask; the sync engine has no batch queue."""
+    import importlib.util
+
+    core = os.path.join(importlib.util.find_spec("vllm").submodule_search_locations[0], "v1", "engine", "core.py")
+    with open(core) as f:
+        asks = "batch_queue[-1][0].done()" in f.read()
+    assert asks == (EXPECT.adapter in ("ascend-0.13", "ascend-0.18"))
+    _, res = runs
+    for name in ("async", "async+fixes", "async+zb"):
+        polls = res[name]["scheduling"]["queue_polls"]
+        assert (polls > 0) == asks, (name, res[name]["scheduling"])
+    assert res["sync"]["scheduling"]["queue_polls"] == 0
+
+
 def test_zero_bubble_kernels_compile_while_the_engine_starts(runs):
     """ZeroBubble.compile_kernels (patch zb0XX-compile-kernels-at-start) ran once per runner inside ``LLM(...)``, at
     KV-cache initialisation, before the first request; without zb-patch (and on 0.23, whose zero-bubble is the

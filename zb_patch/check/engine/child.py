@@ -128,6 +128,7 @@ def main(
     if llm.llm_engine.vllm_config.parallel_config.world_size != 1 or _engine_core_elsewhere(llm):
         raise RuntimeError("the engine self-test needs the EngineCore in this process (one worker)")
     _take_drafts_in_process(llm)
+    _schedule_ahead_without_race(llm, scheduling)
     _dummy_batch_when_no_model_ran(llm)
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     draft_passes = _record_draft_passes(runner)
@@ -403,6 +404,42 @@ def _take_drafts_in_process(llm) -> None:
     core.step_fn = step_then_post_step
 
 
+def _schedule_ahead_without_race(llm, scheduling: dict) -> None:
+    """vLLM 0.13 / 0.18 / 0.19's ``EngineCore.step_with_batch_queue`` schedules the next step before collecting the
+    oldest one only while that step's future is not done (``not batch_queue[-1][0].done()``), and the uni-process
+    executor completes the future on its async-output thread: whether a step is scheduled before or after the previous
+    result arrived is then a thread race, and two runs of one workload can schedule differently (other chunks, other
+    preemptions, other greedy near-ties). The child's runs are compared exactly (the verdict's rule 4, the noise
+    floor), so answer that question "not done" whenever the thread makes the output, as vLLM 0.23+ decides without
+    asking: the schedule becomes a function of the workload. An output made inline (no async-output thread) is
+    answered truthfully. ``scheduling["queue_polls"]`` counts the answers given."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    scheduling["queue_polls"] = 0
+    if not isinstance(client, InprocClient) or client.engine_core.batch_queue is None:
+        return
+    core = client.engine_core
+
+    class NotDoneWhileThreaded:
+        def __init__(self, future):
+            self._future = future
+
+        def done(self) -> bool:
+            scheduling["queue_polls"] += 1
+            threaded = getattr(core.model_executor, "async_output_thread", None) is not None
+            return False if threaded else self._future.done()
+
+        def __getattr__(self, name):
+            return getattr(self._future, name)
+
+    class BatchQueue(collections.deque):
+        def appendleft(self, entry):
+            super().appendleft((NotDoneWhileThreaded(entry[0]), *entry[1:]))
+
+    core.batch_queue = BatchQueue(core.batch_queue, maxlen=core.batch_queue.maxlen)
+
+
 def _dummy_batch_when_no_model_ran(llm) -> None:
     """Data parallelism in the in-process engine (vLLM's offline data-parallel form): a step that runs no model (under
     async scheduling the batch queue's collect-only step; or nothing scheduled) joins none of the ranks' per-forward
@@ -676,6 +713,7 @@ def run_model(args, *, llm_overrides=None, after_build=None) -> int:
     if _engine_core_elsewhere(llm):
         raise RuntimeError("the engine self-test needs the EngineCore in this process")
     _take_drafts_in_process(llm)
+    _schedule_ahead_without_race(llm, scheduling)
     _dummy_batch_when_no_model_ran(llm)
     llm.collective_rpc(_worker_install)
     extra = after_build() if after_build else {}
