@@ -43,6 +43,8 @@ def _padded_metadata():
         positions=torch.arange(12),
         num_input_tokens=12,
         decode_token_per_req=3,
+        logits_indices_padded=torch.tensor([2, 5, 8, 11]),
+        num_logits_indices=3,
     )
 
 
@@ -75,6 +77,8 @@ def test_unpadded_keeps_the_cpu_mirrors(later_patch_set):
     assert after._num_computed_tokens_cpu.tolist() == [7, 17, 27]
     assert after.dcp_local_seq_lens.tolist() == [5, 10, 15]
     assert after.is_prefilling.tolist() == [False, False, True]
+    # vLLM's fields the Ascend view drops as released, carried as they are (not per request)
+    assert after.logits_indices_padded.tolist() == [2, 5, 8, 11] and after.num_logits_indices == 3
     if applies("seq-lens-cpu-unpadded"):
         assert before._seq_lens_cpu is None, "the release itself drops the mirror (the bug #8749 fixes)"
         # every other field is what the release's own unpadded() gives
@@ -99,6 +103,11 @@ def test_prepare_inputs_padded_keeps_the_cpu_mirrors(later_patch_set, make_npu_r
     valid = torch.tensor([3, 1, 2], dtype=torch.int64)
 
     out = drafter.prepare_inputs_padded(cam, spec, valid)
+    # the wrapper passes arguments named as the release's signature names them too
+    by_name = drafter.prepare_inputs_padded(
+        _padded_metadata().unpadded(9, 3), spec_decode_metadata=spec, valid_sampled_tokens_count=valid
+    )
+    assert by_name[0]._seq_lens_cpu.tolist() == [10, 20, 30] and by_name[2].tolist() == [2, 3, 7]
     meta = out[0]
     assert meta._seq_lens_cpu is not None and meta._seq_lens_cpu.tolist() == [10, 20, 30]
     assert meta._num_computed_tokens_cpu.tolist() == [7, 17, 27]
