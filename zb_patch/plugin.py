@@ -215,6 +215,7 @@ class Activation:
         self.adapter_id: str | None = None
         self.report: Any = None  # registry.SetReport of the adapter finally used
         self.tried: dict[str, Any] = {}  # adapter id -> SetReport of a refused candidate
+        self.engine_parts: dict[str, Any] = {}  # part name -> SetReport of the selected adapter's engine parts
         self.reason = self.selection.reason
         self._lock = threading.RLock()
 
@@ -235,6 +236,7 @@ class Activation:
             "versions": self.versions.as_dict(),
             "report": self.report.as_dict() if self.report is not None else None,
             "refused_candidates": {k: v.as_dict() for k, v in self.tried.items()},
+            "engine_parts": {k: v.as_dict() for k, v in self.engine_parts.items()},
         }
 
     def _prefix(self) -> str:
@@ -243,7 +245,9 @@ class Activation:
     def _refuse(self, reason: str, *, level: str = "error") -> None:
         self.state = "refused" if level == "error" else "not-applicable"
         self.reason = reason
-        msg = f"{self._prefix()} REFUSED: {reason}; versions {self.versions.summary()}; nothing applied"
+        engine = [n for n, r in self.engine_parts.items() if r.by_verdict("applied") or r.by_verdict("already-applied")]
+        done = f" but part {', '.join(engine)} (an independent fix)" if engine else ""
+        msg = f"{self._prefix()} REFUSED: {reason}; versions {self.versions.summary()}; nothing applied{done}"
         if self.settings.strict:
             from .registry import PatchError
 
@@ -263,8 +267,8 @@ class Activation:
             not_applicable = not self.versions.vllm_ascend.installed
             self._refuse(sel.reason, level="warning" if not_applicable else "error")
             return
-        modules = sorted({m for a in sel.candidates for m in a.patch_set.modules()})
-        self._arm(modules)
+        modules = sorted({m for a in sel.candidates for m in a.patch_set.parts()[0].modules()})
+        self._arm(modules + [m for part in self._engine_parts() for m in part.modules()])
         with self._lock:
             if self.state == "armed":
                 cands = ", ".join(a.id for a in sel.candidates)
@@ -289,39 +293,87 @@ class Activation:
                 wrapt.register_post_import_hook(_post_import_hook, name)
         self.on_import()  # some candidates may already be complete
 
+    def _engine_parts(self) -> tuple:
+        """The engine parts (``PatchSet.parts``) of the adapter selected by version; none while adapters are probed
+        by fingerprint (an engine part follows the adapter its release is selected for)."""
+        from . import versions as V
+
+        if self.selection.verdict != V.SELECTED:
+            return ()
+        return self.selection.candidates[0].patch_set.parts()[1:]
+
     def on_import(self) -> None:
-        """Called after any watched module finished importing: apply a candidate whose modules are all in."""
+        """Called after any watched module finished importing: apply a candidate whose modules are all in, and the
+        selected adapter's engine parts whose modules are in."""
+        with self._lock:
+            self._apply_worker_part()
+            self._apply_engine_parts()
+
+    def _apply_engine_parts(self) -> None:
+        """Each engine part once its module is imported, in order (a part applies only after the ones before it);
+        independent of the worker part, whose outcome this process may never see."""
+        from . import registry as R
+
+        parts = self._engine_parts()
+        if not parts:
+            return
+        adapter = self.selection.candidates[0]
+        for part in parts:
+            report = self.engine_parts.get(part.name)
+            if report is None:
+                if not all(R._module_ready(m) for m in part.modules()):
+                    return
+                disabled = adapter.patch_set.with_groups(self.settings.disabled)
+                report = self.engine_parts[part.name] = part.apply(self.versions, disabled, self.settings.opted_in)
+                self._log_engine_part(adapter, report)
+            if report.verdict not in (R.APPLIED, R.ALREADY, R.OK):
+                return
+
+    def _log_engine_part(self, adapter, report) -> None:
+        from . import registry as R
+
+        if report.verdict in (R.APPLIED, R.ALREADY, R.OK):
+            verdicts = (R.APPLIED, R.ALREADY, R.NATIVE, R.DISABLED, R.OPT_IN)
+            done = "; ".join(f"{v} [{', '.join(ids)}]" for v in verdicts if (ids := report.by_verdict(v)))
+            _logger().info("%s part %s of adapter %s: %s", self._prefix(), report.name, adapter.id, done)
+            return
+        msg = f"{self._prefix()} part {report.name} of adapter {adapter.id} REFUSED: {report.reason}; nothing of it"
+        msg += " applied"
+        if self.settings.strict:
+            raise R.PatchError(msg + " (ZB_PATCH_STRICT=1)")
+        _logger().error(msg)
+
+    def _apply_worker_part(self) -> None:
         from . import registry as R
         from . import versions as V
 
-        with self._lock:
-            if self.state != "armed":
+        if self.state != "armed":
+            return
+        for adapter in self.selection.candidates:
+            if adapter.id in self.tried:
+                continue
+            worker = adapter.patch_set.parts()[0]
+            if not all(R._module_ready(m) for m in worker.modules()):
+                continue
+            report = worker.apply(self.versions, self.settings.disabled, self.settings.opted_in)
+            if report.verdict in (R.APPLIED, R.ALREADY, R.OK):
+                self._accepted(adapter, report, probed=self.selection.verdict == V.PROBE)
                 return
-            for adapter in self.selection.candidates:
-                if adapter.id in self.tried:
-                    continue
-                mods = adapter.patch_set.modules()
-                if not all(R._module_ready(m) for m in mods):
-                    continue
-                report = adapter.patch_set.apply(self.versions, self.settings.disabled, self.settings.opted_in)
-                if report.verdict in (R.APPLIED, R.ALREADY, R.OK):
-                    self._accepted(adapter, report, probed=self.selection.verdict == V.PROBE)
-                    return
-                self.tried[adapter.id] = report
-                if self.selection.verdict == V.SELECTED:
-                    break
-            if all(a.id in self.tried for a in self.selection.candidates) or (
-                self.selection.verdict == V.SELECTED and self.tried
-            ):
-                first = next(iter(self.tried.values()))
-                if self.selection.verdict == V.PROBE:
-                    detail = "; ".join(f"{aid}: {r.reason}" for aid, r in self.tried.items())
-                    reason = f"{self.selection.reason}; no adapter matches: {detail}"
-                else:
-                    reason = f"adapter {first.name}: {first.reason}"
-                if self.selection.form_note:  # which recorded form the version named, or that none is
-                    reason += f" [{self.selection.form_note}]"
-                self._refuse(reason)
+            self.tried[adapter.id] = report
+            if self.selection.verdict == V.SELECTED:
+                break
+        if all(a.id in self.tried for a in self.selection.candidates) or (
+            self.selection.verdict == V.SELECTED and self.tried
+        ):
+            first = next(iter(self.tried.values()))
+            if self.selection.verdict == V.PROBE:
+                detail = "; ".join(f"{aid}: {r.reason}" for aid, r in self.tried.items())
+                reason = f"{self.selection.reason}; no adapter matches: {detail}"
+            else:
+                reason = f"adapter {first.name}: {first.reason}"
+            if self.selection.form_note:  # which recorded form the version named, or that none is
+                reason += f" [{self.selection.form_note}]"
+            self._refuse(reason)
 
     def _accepted(self, adapter, report, probed: bool) -> None:
         from . import registry as R

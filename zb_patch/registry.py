@@ -47,6 +47,7 @@ MARK_ORIGINAL = "__zb_patch_original__"
 MARK_PID = "__zb_patch_pid__"
 
 ROLES = ("frontend", "engine", "worker")
+ENGINE_ROLE = "engine"  # a patch of the scheduler (EngineCore process): its own part of the set (PatchSet.parts)
 
 
 class PatchError(RuntimeError):
@@ -572,6 +573,7 @@ class Guard:
     target: str
     fingerprints: Mapping[str, str]  # label (where it was computed) -> fingerprint
     why: str = ""
+    roles: tuple[str, ...] = ("worker",)  # ("engine",): verified with the first engine part (PatchSet.parts)
 
     @property
     def id(self) -> str:
@@ -890,6 +892,7 @@ class PatchSet:
         self.patches = tuple(patches)
         self.guards = tuple(guards)
         self.advisories = tuple(advisories)
+        self._parts: tuple[PatchSet, ...] | None = None
         ids = [p.id for p in self.patches]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{name}: duplicate patch ids")
@@ -903,15 +906,58 @@ class PatchSet:
                 raise ValueError(
                     f"{name}: two patches replace the same target {target} and neither supersedes the other"
                 )
+
+        def part_of(p: Patch) -> str:
+            return split_target(p.target)[0] if ENGINE_ROLE in p.roles else "worker"
+
         for i, p in enumerate(self.patches):
             for r in p.requires + p.supersedes:
                 if r not in ids[:i]:
                     raise ValueError(f"{name}: {p.id} names {r}, which is not listed before it")
+                if part_of(self.patches[ids.index(r)]) != part_of(p):
+                    raise ValueError(f"{name}: {p.id} names {r}, which is applied in another part (PatchSet.parts)")
             for r in p.supersedes:
                 if self.patches[ids.index(r)].target != p.target:
                     raise ValueError(f"{name}: {p.id} supersedes {r}, whose target is another")
                 if not p.opt_in:
                     raise ValueError(f"{name}: {p.id} supersedes {r} but is applied by default (only opt-in may)")
+
+    # -- where it is applied -------------------------------------------------------------------
+    def parts(self) -> tuple[PatchSet, ...]:
+        """The set as it is applied, in order. First the worker part: the patches of role ``worker`` (the runner's,
+        in the worker processes), the guards and the advisories, applied all or nothing once all of its modules are
+        imported. Then one part per target module of the ``engine`` patches (the scheduler's, in the EngineCore
+        process; a module such as vllm-ascend's recompute scheduler is imported only when configured), each applied
+        all or nothing once its modules are imported and only after the parts before it were; the engine guards are
+        verified with the first. An engine patch's fix is correct without the worker part, so a process that hosts
+        the scheduler and no runner gets it too."""
+        if self._parts is None:
+            self._parts = self._split()
+        return self._parts
+
+    def _split(self) -> tuple[PatchSet, ...]:
+        engine = [p for p in self.patches if ENGINE_ROLE in p.roles]
+        if not engine:
+            return (self,)
+        engine_guards = [g for g in self.guards if ENGINE_ROLE in g.roles]
+        worker = PatchSet(
+            self.name,
+            [p for p in self.patches if p not in engine],
+            [g for g in self.guards if g not in engine_guards],
+            self.advisories,
+        )
+        by_module: dict[str, tuple[list[Patch], list[Guard]]] = {}
+        for p in engine:
+            by_module.setdefault(split_target(p.target)[0], ([], []))[0].append(p)
+        next(iter(by_module.values()))[1].extend(engine_guards)  # verified with the first engine part
+        return (worker, *(PatchSet(f"{self.name} engine:{m}", ps, gs) for m, (ps, gs) in by_module.items()))
+
+    def with_groups(self, disabled: Iterable[str]) -> set[str]:
+        """``disabled`` (ZB_PATCH_DISABLE) with every patch of a group one of them is in: what a part of this set
+        leaves out (a group can span parts)."""
+        disabled = set(disabled)
+        off = {p.group for p in self.patches if p.group and (p.id in disabled or "*" in disabled)}
+        return disabled | {p.id for p in self.patches if p.group in off}
 
     # -- what is needed --------------------------------------------------------------------------
     def modules(self, enabled: Iterable[str] | None = None) -> list[str]:

@@ -133,8 +133,12 @@ def test_parse_log_handles_colour_and_levels():
         "zb-patch: pid=7 role=frontend native: vllm-ascend 0.24.0 already ships it; nothing to apply\n",
         "(ApiServer_0 pid=8) INFO 11-22 00:27:09 [x.py:1] zb-patch: pid=8 role=frontend armed a (r); "
         "applies when m are imported\n",
+        "(ApiServer_0 pid=8) INFO 11-22 00:27:10 [x.py:1] zb-patch: pid=8 role=frontend part a engine:m of adapter "
+        "a: applied [e]\n",
         "INFO model path /tmp/zb-patch-probe-x/model\n",
     ]
-    by_pid = probe.parse_log(lines)["by_pid"]
+    parsed = probe.parse_log(lines)
+    by_pid = parsed["by_pid"]
     assert {pid: v[0]["state"] for pid, v in by_pid.items()} == {5: "refused", 6: "applied", 7: "native", 8: "armed"}
+    assert len(by_pid[8]) == 1 and parsed["parts"] == {8: ["part a engine:m of adapter a: applied [e]"]}
     assert by_pid[5][0]["vllm_label"] == "EngineCore" and by_pid[5][0]["level"] == "ERROR"

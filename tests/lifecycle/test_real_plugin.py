@@ -5,6 +5,7 @@ ERROR line naming the target and both fingerprints and applies nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,6 +103,38 @@ print("STATE2", st["state"], st["adapter"])
     assert "INFO" in applied[0] and "guards verified" in applied[0] and "selected by version" in applied[0]
 
 
+@pytest.mark.skipif(EXPECTED not in ("ascend-0.13", "ascend-0.18"), reason="engine parts: ascend-0.13 / 0.18 only")
+def test_engine_parts_apply_where_only_the_scheduler_is_imported():
+    """An EngineCore process of a multiprocess executor imports the scheduler and never the runner: the engine parts
+    (vLLM's scheduler, then vllm-ascend's recompute scheduler) apply there, each with its own line; the adapter's
+    worker part stays armed."""
+    r = run(
+        """
+load_general_plugins()
+import vllm.v1.core.sched.async_scheduler
+import vllm_ascend.core.recompute_scheduler as rs
+from vllm.v1.core.sched.scheduler import Scheduler
+from zb_patch import plugin, registry
+st = plugin.status()
+print("STATE", st["state"], "vllm_ascend.worker.model_runner_v1" in sys.modules)
+print("PARTS", json.dumps({k: v["verdict"] for k, v in st["engine_parts"].items()}))
+print("MARKS", getattr(Scheduler.__dict__["reset_prefix_cache"], registry.MARK_ID, None),
+      getattr(rs.RecomputeScheduler.__dict__["update_from_output"], registry.MARK_ID, None))
+""",
+        {"ZB_PATCH": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "STATE armed False" in r.stdout, r.stdout
+    names = [
+        f"{EXPECTED} engine:vllm.v1.core.sched.scheduler",
+        f"{EXPECTED} engine:vllm_ascend.core.recompute_scheduler",
+    ]
+    assert f"PARTS {json.dumps(dict.fromkeys(names, 'applied'))}" in r.stdout, r.stdout
+    assert "MARKS reset-prefix-cache-in-flight reset-prefix-cache-in-flight-recompute" in r.stdout
+    parts = [line for line in zb_lines(r) if f"of adapter {EXPECTED}: applied" in line]
+    assert [n for n in names if any(f"part {n} of" in line for line in parts)] == names and len(parts) == 2, parts
+
+
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused: nothing is applied in children")
 def test_fork_and_spawn_children():
     r = run(
@@ -149,7 +182,7 @@ if __name__ == "__main__":
 DRIFT = """
 import importlib.abc, importlib.util, pathlib, tempfile
 # Simulate a nightly build whose target changed: load the real module from a copy in which one guarded
-# method has one extra statement (what a drifted upstream looks like to zb-patch).
+# method has one extra statement (what a drifted upstream looks like to zb-patch). MARKED: the adapter's worker part.
 TARGET_MOD, QUAL = {mod!r}, {qual!r}
 spec = importlib.util.find_spec(TARGET_MOD)
 src = pathlib.Path(spec.origin).read_text()
@@ -172,7 +205,7 @@ import_worker_modules()
 from zb_patch import plugin, registry as R, versions as V
 st = plugin.status()
 ad = V.by_id({adapter!r})
-marked = [p.id for p in ad.patch_set.patches if R.resolve(p.target).patched_by]
+marked = [p.id for p in ad.patch_set.parts()[0].patches if R.resolve(p.target).patched_by]
 print("STATE", st["state"], "MARKED", marked)
 """
 
@@ -195,6 +228,8 @@ def test_drifted_target_refuses_with_one_error_line():
     for label, fp in guard.fingerprints.items():
         assert f"{fp} ({label})" in line
     assert "nothing applied" in line and "vllm_ascend=" in line
+    # the engine parts are fingerprinted on their own (the scheduler did not drift): an independent fix
+    assert len([x for x in zb_lines(r) if " engine:" in x and "applied [" in x]) == len(adapter.patch_set.parts()) - 1
 
 
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused before any fingerprint is read")

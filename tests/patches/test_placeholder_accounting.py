@@ -26,8 +26,10 @@ step in flight, and their resumptions): the release's classic async without zb-p
 disabled (the adapter's fixes only), ZB_PATCH=1 (zero-bubble). The planted run mirrors a batch queue of depth 3
 (vLLM 0.18's engine core with async scheduling and pipeline parallelism >= 3: ``max_concurrent_batches`` is the PP
 size, vllm/v1/executor/multiproc_executor.py:472): a request can be resumed while an output of its pre-preemption
-life is still in flight, and the ledger must report #48245's divergence. The release's own defect: the engine core's
-``reset_prefix_cache(reset_running_requests=True)`` between two steps breaks the invariants (vLLM #46066 / #42117).
+life is still in flight, and the ledger must report #48245's divergence. The engine core's
+``reset_prefix_cache(reset_running_requests=True)`` with a step in flight or after a drain broke the invariants in the
+releases (vLLM #46066 / #42117, on vLLM's and vllm-ascend's recompute scheduler): fixed by
+``reset-prefix-cache-in-flight``, reproduced with it disabled.
 
 CI (va013 / va018): EAGLE, 600 iterations. ``E2E_BIG=1``: 2000 iterations, MTP on the MLA target, the classic reset
 run.
@@ -227,6 +229,7 @@ def _run(
     method="eagle",
     shape=None,
     reset_every=0,
+    drain_before_reset=False,
     iterations=0,
 ):
     ledgers: list[Ledger] = []
@@ -241,7 +244,9 @@ def _run(
     if depth != 2:
         monkeypatch.setattr(H.Run, "iteration", _iteration_at_depth(H.Run.iteration, depth))
     if reset_every:
-        monkeypatch.setattr(H.Run, "iteration", _iteration_with_resets(H.Run.iteration, reset_every))
+        monkeypatch.setattr(
+            H.Run, "iteration", _iteration_with_resets(H.Run.iteration, reset_every, drain_before_reset)
+        )
     shape = shape or _shape(method)
     iterations = iterations or ITERATIONS[method]
     specs = H.make_workload(SEED, shape, iterations)
@@ -289,17 +294,20 @@ def _iteration_at_depth(iteration, depth):
     return it
 
 
-def _iteration_with_resets(iteration, every):
+def _iteration_with_resets(iteration, every, drain):
     """``Run.iteration``, then, every ``every`` steps while a step is in flight and requests run, the engine core's
     utility call ``reset_prefix_cache(reset_running_requests=True)`` (what ``LLM.reset_prefix_cache`` / the
     ``/reset_prefix_cache`` endpoint, weight updates and ``sleep`` reach), as the busy loop makes it between two
-    steps."""
+    steps; with ``drain``, after the outputs in flight were processed, as ``EngineCoreProc.pause_scheduler(mode="keep",
+    clear_cache=True)`` resets once the engine is idle (vLLM 0.18 ``core.py:1499-1538``): nothing is in flight."""
     last = [0]
 
     def it(run, abort_after):
         iteration(run, abort_after)
         if run.step - last[0] >= every and run.queue and run.scheduler.running:
             last[0] = run.step
+            while drain and run.queue:
+                run._finish_one(abort_after)
             run.scheduler.reset_prefix_cache(reset_running_requests=True)
 
     return it
@@ -365,41 +373,101 @@ def test_planted_batch_queue_depth_three_breaks_the_accounting(H, release, sess,
     assert resumed and drained, ledger.violations[:8]
 
 
-@pytest.mark.parametrize(
-    "zero_bubble",
-    [pytest.param(False, marks=pytest.mark.skipif(not BIG, reason="E2E_BIG=1")), True],
-    ids=["classic", "zero-bubble"],
-)
-def test_release_reset_prefix_cache_with_output_in_flight(H, release, sess, monkeypatch, capsys, zero_bubble):
-    """The release's own defect, not fixed by zb-patch (its fixes are worker-side; this is the EngineCore's scheduler):
-    ``reset_prefix_cache(reset_running_requests=True)`` between two steps zeroes every running request's placeholders
-    and flags its next output for discard (vllm/v1/core/sched/scheduler.py, ``reset_prefix_cache``), but
-    ``update_from_output`` subtracts a returning spec-decode output's rejected drafts from the resumed request's
-    counters before that discard (vLLM #46066), and a request with nothing in flight loses the first token of its
-    resumed life (vLLM #42117). Same with and without zero-bubble (the scheduler is the release's)."""
-    zb_ids = H.zero_bubble_and_fix_ids(release.ADAPTER)[0]
-    res, ledger, error = _run(
+RESET_FIX = "reset-prefix-cache-in-flight"
+RESETS = ("in-flight", "drained")
+
+
+def _recompute_scheduler(vllm_config, kvc, shape):
+    """vllm-ascend's ``AsyncRecomputeScheduler`` (the PD decode node's scheduler; here without a KV connector: it
+    schedules and preempts as vLLM's, with its own ``update_from_output``)."""
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm_ascend.core.recompute_scheduler import AsyncRecomputeScheduler
+
+    return AsyncRecomputeScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kvc,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=shape.block_size,
+        log_stats=True,
+    )
+
+
+def _reset_run(H, release, sess, monkeypatch, *, reset, recompute=False, **kw):
+    if recompute:
+        monkeypatch.setattr(H, "make_scheduler", _recompute_scheduler)
+    return _run(
         H,
         release,
         sess,
         monkeypatch,
-        patched=True,
-        disabled=() if zero_bubble else zb_ids[:1],
         reset_every=40,
+        drain_before_reset=reset == "drained",
         iterations=ITERATIONS["eagle"] if BIG else 120,
+        **kw,
     )
+
+
+def _reset_violations(ledger) -> dict[str, list[str]]:
+    v = ledger.violations
+    return {
+        # #46066: the output in flight at the reset changed the resumed request's counters
+        "in flight changed": [x for x in v if "in flight at reset_prefix_cache" in x],
+        "negative placeholders": [x for x in v if "num_output_placeholders -" in x and "< 0" in x],
+        # #42117: nothing was in flight, and the resumed life's first output was discarded
+        "first output dropped": [x for x in v if "first output after reset_prefix_cache" in x],
+    }
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["Scheduler", "RecomputeScheduler"])
+@pytest.mark.parametrize("reset", RESETS)
+def test_reset_prefix_cache_keeps_the_accounting(H, release, sess, monkeypatch, capsys, reset, recompute):
+    """``reset_prefix_cache(reset_running_requests=True)`` every 40 steps, ZB_PATCH=1: with a step in flight (the
+    busy loop's utility call between two steps) and after the engine drained (``pause_scheduler(mode="keep",
+    clear_cache=True)`` resets at idle), on vLLM's ``AsyncScheduler`` and on vllm-ascend's
+    ``AsyncRecomputeScheduler``: every invariant holds, no output is lost, the force-preempted requests resume."""
+    res, ledger, error = _reset_run(H, release, sess, monkeypatch, reset=reset, recompute=recompute, patched=True)
     c = ledger.counts
     with capsys.disabled():
-        print(f"\n{release.ADAPTER.id} reset_prefix_cache every 40 steps: {dict(c)}; error: {error!r}")
-        for v in ledger.violations[:6]:
-            print("  ", v)
-    assert c["force_preempted_in_flight"] > 0
-    drained = [v for v in ledger.violations if "in flight at reset_prefix_cache" in v]
-    dropped = [v for v in ledger.violations if "first output after reset_prefix_cache" in v]
-    negative = [v for v in ledger.violations if "num_output_placeholders -" in v and "< 0" in v]
-    assert drained and negative, ledger.violations[:8]
-    if BIG and c["force_preempted"] > c["force_preempted_in_flight"]:  # one ran with nothing in flight (0.18's run)
-        assert dropped, ledger.violations[:8]
+        print(f"\n{release.ADAPTER.id} reset_prefix_cache ({reset}, {type(ledger.sched).__name__}): {dict(c)}")
+    assert error is None and not ledger.violations, (error, ledger.violations[:8])
+    assert c["force_preempted"] > 0 and c["resumed"] >= c["force_preempted"] / 2, dict(c)
+    assert (c["force_preempted_in_flight"] > 0) == (reset == "in-flight"), dict(c)
+    assert res.zb.get("active")
+    # the scheduler's own update_from_output was the fix's (vllm-ascend's copy on the recompute scheduler)
+    from zb_patch.registry import MARK_ID
+
+    assert getattr(ledger._update.__func__, MARK_ID, None) == RESET_FIX + ("-recompute" if recompute else "-update")
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["Scheduler", "RecomputeScheduler"])
+@pytest.mark.parametrize("reset", RESETS)
+def test_reset_prefix_cache_without_the_fix_breaks_it(H, release, sess, monkeypatch, capsys, reset, recompute):
+    """The release's own defect, reproduced with ``ZB_PATCH_DISABLE=reset-prefix-cache-in-flight``: with a step in
+    flight, ``update_from_output`` subtracts the stale output's rejected drafts from the resumed request's counters
+    before the discard (vLLM #46066: placeholders below 0); with nothing in flight, the discard flag drops the first
+    output of the resumed life (vLLM #42117)."""
+    res, ledger, error = _reset_run(
+        H, release, sess, monkeypatch, reset=reset, recompute=recompute, patched=True, disabled=(RESET_FIX,)
+    )
+    found = _reset_violations(ledger)
+    with capsys.disabled():
+        print(
+            f"\n{release.ADAPTER.id} without {RESET_FIX} ({reset}, {type(ledger.sched).__name__}): "
+            f"{ {k: len(x) for k, x in found.items()} }; error {error!r}"
+        )
+    if reset == "in-flight":
+        assert found["in flight changed"] and found["negative placeholders"], ledger.violations[:8]
+    else:
+        assert found["first output dropped"], ledger.violations[:8]
+        assert not found["in flight changed"], found["in flight changed"][:4]
+
+
+@pytest.mark.skipif(not BIG, reason="E2E_BIG=1")
+def test_release_reset_prefix_cache_classic(H, release, sess, monkeypatch, capsys):
+    """The same defect in the release's classic async without zb-patch (the scheduler is the release's)."""
+    res, ledger, error = _reset_run(H, release, sess, monkeypatch, reset="in-flight", patched=False)
+    found = _reset_violations(ledger)
+    assert found["in flight changed"] and found["negative placeholders"], ledger.violations[:8]
 
 
 def test_planted_discard_mask_ignores_resumed_rows(H, release, sess, monkeypatch, capsys):

@@ -356,3 +356,104 @@ import {fake.pkg}.runner
     assert r.returncode == 0, r.stderr
     assert "zb-patch:" not in r.stderr
     assert len(_lines(r.stdout, "adapter=fake")) == 1
+
+
+ENGINE = """
+SCHED = {sched_file!r}
+EFP = fingerprint_source(open(SCHED).read(), "Scheduler.reset")
+def make_reset(orig):
+    def reset(self):
+        return orig(self) + 100
+    return reset
+def engine_adapter(efp=EFP, fp=FP):
+    worker = adapter(fp).patch_set.patches
+    engine = Patch(id="e", target="{pkg}.sched:Scheduler.reset", make=make_reset, fingerprints={{"fake 1.0": efp}},
+                   why="w", upstream=("#2",), remove_when="r", rests_on=RestsOn(HOST, "the fake's scheduler"),
+                   roles=("engine",))
+    return V.Adapter(id="fake", title="fake adapter", vllm_ascend=((0,), (1,)), vllm=((0,), (1,)),
+                     patch_set=PatchSet("fake", [*worker, engine]))
+def activate_engine(verdict=V.SELECTED, **kw):
+    sel = V.Selection(verdict, "test selection", (engine_adapter(**kw),))
+    return plugin._activate(plugin.Settings({{"ZB_PATCH": "1"}}), "engine", selection=sel)
+"""
+
+
+@pytest.fixture
+def engine_prelude(prelude, tmp_path):
+    fake, pre = prelude
+    sched = tmp_path / fake.pkg / "sched.py"
+    sched.write_text("class Scheduler:\n    def reset(self):\n        return 1\n")  # imports no runner module
+    return fake, pre + ENGINE.format(sched_file=str(sched), pkg=fake.pkg)
+
+
+def test_an_engine_part_applies_where_only_the_scheduler_is_imported(engine_prelude):
+    """The EngineCore of a multiprocess executor imports the scheduler and never the runner: the engine part applies
+    there on its own, with its own line; the worker part stays armed."""
+    fake, pre = engine_prelude
+    r = run_py(
+        pre
+        + f"""
+act = activate_engine()
+import {fake.pkg}.sched as s
+print("STATE", act.state, s.Scheduler().reset(), "{fake.pkg}.runner" in sys.modules)
+print("PARTS", json.dumps({{k: v["verdict"] for k, v in plugin.status()["engine_parts"].items()}}))
+import {fake.pkg}.runner as m
+print("STATE2", act.state, m.Runner().step(2), s.Scheduler().reset())
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "STATE armed 101 False" in r.stdout and "STATE2 applied 40 101" in r.stdout
+    assert f'PARTS {{"fake engine:{fake.pkg}.sched": "applied"}}' in r.stdout
+    part, decision = _lines(r.stdout, "of adapter fake"), _lines(r.stdout, "adapter=fake")
+    assert len(part) == 1 and f"part fake engine:{fake.pkg}.sched of adapter fake: applied [e]" in part[0]
+    assert len(decision) == 1 and "applied [p]" in decision[0] and "[e]" not in decision[0]
+
+
+def test_a_drifted_engine_part_is_refused_alone(engine_prelude):
+    """A drifted scheduler: one error line for the part, nothing of it applied; the worker part applies."""
+    fake, pre = engine_prelude
+    r = run_py(
+        pre
+        + f"""
+act = activate_engine(efp="0123456789abcdef")
+import {fake.pkg}.sched as s, {fake.pkg}.runner as m
+print("STATE", act.state, s.Scheduler().reset(), m.Runner().step(2))
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "STATE applied 1 40" in r.stdout
+    errors = _lines(r.stdout, "ERROR")
+    assert len(errors) == 1 and f"part fake engine:{fake.pkg}.sched of adapter fake REFUSED: " in errors[0], r.stdout
+    assert "0123456789abcdef (fake 1.0)" in errors[0] and "nothing of it applied" in errors[0]
+
+
+def test_a_refused_worker_part_names_the_engine_part_applied(engine_prelude):
+    fake, pre = engine_prelude
+    r = run_py(
+        pre
+        + f"""
+act = activate_engine(fp="0123456789abcdef")
+import {fake.pkg}.sched as s, {fake.pkg}.runner as m
+print("STATE", act.state, s.Scheduler().reset(), m.Runner().step(2))
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "STATE refused 101 4" in r.stdout
+    errors = _lines(r.stdout, "ERROR")
+    assert len(errors) == 1, r.stdout
+    assert f"nothing applied but part fake engine:{fake.pkg}.sched (an independent fix)" in errors[0]
+
+
+def test_no_engine_part_while_adapters_are_probed(engine_prelude):
+    """An unknown build (adapters tried by fingerprint): the engine part follows a selected adapter only."""
+    fake, pre = engine_prelude
+    r = run_py(
+        pre
+        + f"""
+act = activate_engine(verdict=V.PROBE)
+import {fake.pkg}.sched as s, {fake.pkg}.runner as m
+print("STATE", act.state, s.Scheduler().reset(), m.Runner().step(2), plugin.status()["engine_parts"])
+"""
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "STATE applied 1 40 {}" in r.stdout

@@ -442,3 +442,27 @@ def test_two_patches_of_one_target_need_an_opt_in_supersession(upstream):
     d = _patch(upstream, "Runner.prepare", _double_step, pid="d", supersedes=("a",), rests_on=CONTRACT)
     with pytest.raises(ValueError, match="whose target is another"):
         PatchSet("t", [a, d])
+
+
+def test_parts_put_each_engine_module_in_its_own_part_after_the_worker_part(upstream):
+    """PatchSet.parts: the worker part (worker patches, guards, advisories), then one part per module of the engine
+    patches, the engine guards with the first; a group spans parts through with_groups."""
+    w = _patch(upstream, "Runner.step", _double_step, pid="w")
+    e1 = _patch(upstream, "Runner.prepare", lambda o: o, pid="e1", roles=("engine",), group="g")
+    e2 = _patch(upstream, "helper", lambda o: o, pid="e2", roles=("engine",), group="g")
+    guard = R.Guard(upstream.target("Runner.pure"), {"test": "0" * 16})
+    engine_guard = R.Guard(upstream.target("Runner.build"), {"test": "0" * 16}, roles=("engine",))
+    ps = PatchSet("t", [w, e1, e2], [guard, engine_guard])
+    worker, engine = ps.parts()
+    assert [p.id for p in worker.patches] == ["w"] and worker.guards == (guard,) and worker.name == "t"
+    assert [p.id for p in engine.patches] == ["e1", "e2"] and engine.guards == (engine_guard,)
+    assert engine.name == f"t engine:{upstream.mod()}"
+    assert ps.with_groups({"e1"}) == {"e1", "e2"} and ps.with_groups({"w"}) == {"w"}
+    assert PatchSet("t", [w]).parts()[0].patches == (w,)
+
+
+def test_a_patch_cannot_require_one_of_another_part(upstream):
+    w = _patch(upstream, "Runner.step", _double_step, pid="w")
+    e = _patch(upstream, "Runner.prepare", lambda o: o, pid="e", roles=("engine",), requires=("w",))
+    with pytest.raises(ValueError, match="e names w, which is applied in another part"):
+        PatchSet("t", [w, e])

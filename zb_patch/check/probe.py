@@ -363,8 +363,10 @@ def _state_from_text(text: str, level: str | None) -> str:
 
 
 def parse_log(lines: list[str]) -> dict:
-    """zb-patch lines by pid, plus the label vLLM prints for each pid (``(EngineCore pid=N)``)."""
+    """zb-patch decision lines by pid, the engine parts' lines by pid (``Activation._log_engine_part``), plus the
+    label vLLM prints for each pid (``(EngineCore pid=N)``)."""
     by_pid: dict[int, list[dict]] = {}
+    parts: dict[int, list[str]] = {}
     labels: dict[int, str] = {}
     other: list[str] = []
     for raw in lines:
@@ -379,7 +381,9 @@ def parse_log(lines: list[str]) -> dict:
         lm = _LEVEL.match(rest)
         level = lm.group("level") if lm else None
         z = _ZB_LINE.search(rest)
-        if z:
+        if z and z.group("text").startswith("part "):  # an engine part's own line, not the process's decision
+            parts.setdefault(int(z.group("pid")), []).append(z.group("text"))
+        elif z:
             pid = int(z.group("pid"))
             text = z.group("text")
             by_pid.setdefault(pid, []).append(
@@ -396,7 +400,7 @@ def parse_log(lines: list[str]) -> dict:
             )
         elif _ZB_ANY.search(rest) and "zb_patch_probe" not in rest:
             other.append(line)
-    return {"by_pid": by_pid, "labels": labels, "other": other}
+    return {"by_pid": by_pid, "parts": parts, "labels": labels, "other": other}
 
 
 # ----------------------------------------------------------------------------------------------------

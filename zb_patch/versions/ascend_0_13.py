@@ -24,6 +24,7 @@ from .fixes import (
     mtp_draft_slots,
     readded_request_drafts,
     rejection_negative_drafts,
+    reset_prefix_cache_in_flight,
     stale_draft_placeholders,
 )
 
@@ -231,6 +232,7 @@ GUARDS = (
         {"vllm-ascend 0.13.0": "9b098020be5b986e"},
         "every KV-cache group's table is mapped (zero-bubble walks block_tables the same way)",
     ),
+    reset_prefix_cache_in_flight.guard({"vllm 0.13.0": "7f6efa0565f00bd5"}),
 )
 
 _GROUP = "zero-bubble-0.13"
@@ -357,6 +359,14 @@ FULL_ORDERED_ON_DEVICE = tuple(
         ("-mla-attn-dcp-pcp", "update_mla_attn_dcp_pcp_params", "66535df4507a2c1d"),
     )
 )
+RESET_PREFIX_CACHE_IN_FLIGHT = reset_prefix_cache_in_flight.patches(
+    {"vllm 0.13.0": "cc9382f6e9070ec6"},
+    {"vllm 0.13.0": "de2f1710cb8e019d"},
+    {"vllm-ascend 0.13.0": "a03d6673ece9e260"},
+    release_lines="flags: vLLM 0.13.0 scheduler.py:1441-1447; subtracts: :1110-1127, vllm-ascend 0.13.0 "
+    "core/recompute_scheduler.py:731-747; discards: async_scheduler.py:48-51",
+    remove_when=_REMOVE_WHEN,
+)
 
 PATCHES: tuple = (
     *ZERO_BUBBLE_PATCHES,
@@ -372,6 +382,7 @@ PATCHES: tuple = (
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     *FULL_ORDERED_ON_DEVICE,
+    *RESET_PREFIX_CACHE_IN_FLIGHT,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -425,6 +436,7 @@ COMMITS = (
             "vllm_ascend.compilation.acl_graph:update_mla_attn_dcp_pcp_params": "66535df4507a2c1d",
             _UPDATE_STATES: "f73d43f8bb2ace70",
             "vllm_ascend.sample.rejection_sampler:rejection_sample": "88ae46cb6ebe543c",
+            "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output": "a03d6673ece9e260",
         },
         replaced={_UPDATE_STATES: "vllm_ascend.patch.worker.patch_model_runner:_update_states"},
         decisions={

@@ -22,6 +22,7 @@ from .fixes import (
     graph_replay,
     mla_draft_rope_rows,
     mtp_draft_graph_k_replays,
+    reset_prefix_cache_in_flight,
     stale_draft_placeholders,
 )
 
@@ -217,6 +218,7 @@ GUARDS = (
         {"vllm-ascend 0.18.0": "9b098020be5b986e"},
         "every KV-cache group's table is mapped (zero-bubble walks block_tables the same way)",
     ),
+    reset_prefix_cache_in_flight.guard({"vllm 0.18.0, 0.18.1": "7f6efa0565f00bd5"}),
 )
 
 PREPARE_INPUTS = Patch(
@@ -326,6 +328,14 @@ FULL_ORDERED_ON_DEVICE = graph_replay.full_replay_ordered_on_device(
     ),
     stream_arg=1,
 )
+RESET_PREFIX_CACHE_IN_FLIGHT = reset_prefix_cache_in_flight.patches(
+    {"vllm 0.18.0, 0.18.1": "cc9382f6e9070ec6"},
+    {"vllm 0.18.0, 0.18.1": "9526727d6eeb37f5"},
+    {"vllm-ascend 0.18.0": "8cddfc0d5a7e9b11"},
+    release_lines="flags: vLLM 0.18.x scheduler.py:1853-1859; subtracts: :1339-1355, vllm-ascend 0.18.0 "
+    "core/recompute_scheduler.py:867-882; discards: async_scheduler.py:40-44",
+    remove_when=_REMOVE_WHEN,
+)
 
 PATCHES: tuple = (
     *ZERO_BUBBLE_PATCHES,
@@ -342,6 +352,7 @@ PATCHES: tuple = (
     PIECEWISE_ONCE_PER_STEP,
     PIECEWISE_NO_DRAIN,
     FULL_ORDERED_ON_DEVICE,
+    *RESET_PREFIX_CACHE_IN_FLIGHT,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -390,6 +401,7 @@ COMMITS = (
             "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__": "81c9fadfb87529dd",
             "vllm_ascend.compilation.acl_graph:update_full_graph_params": "3e71b000d42df215",
             "vllm_ascend.spec_decode.eagle_proposer:SpecDecodeBaseProposer.__init__": "08ef97ecd47d7788",
+            "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output": "8cddfc0d5a7e9b11",
         },
         decisions={
             "guard:" + _SPEC_NORM: FormDecision(

@@ -35,6 +35,7 @@ ASCEND_WORKER_MODULES: dict[str, tuple[str, ...]] = {
         "vllm_ascend.worker.block_table",
         "vllm_ascend.spec_decode.eagle_proposer",
         "vllm_ascend.spec_decode.mtp_proposer",
+        "vllm_ascend.core.recompute_scheduler",  # the PD decode node's scheduler (engine patches)
     ),
     "0.18": (
         "vllm_ascend.platform",
@@ -43,6 +44,7 @@ ASCEND_WORKER_MODULES: dict[str, tuple[str, ...]] = {
         "vllm_ascend.worker.npu_input_batch",
         "vllm_ascend.worker.block_table",
         "vllm_ascend.spec_decode.eagle_proposer",
+        "vllm_ascend.core.recompute_scheduler",  # the PD decode node's scheduler (engine patches)
     ),
     "0.23": (
         "vllm_ascend.platform",

@@ -7,9 +7,9 @@ scheduling where the defect needs it, whatever zero-bubble decides for the runne
 group), so ``ZB_PATCH=1 ZB_PATCH_DISABLE=<the zero-bubble patches>`` gives the release's classic async path with
 only the fixes.
 
-Every fix is worker-side: zb-patch applies an adapter's patch set in a process once all of its target modules are
-imported, and the scheduler (EngineCore process) and the runner (worker processes, with the multiprocess or Ray
-executors) live in different processes, so a fix that needed both would never apply.
+A fix is worker-side (the runner's) or scheduler-side (role ``engine``: its own part of the set, ``PatchSet.parts``),
+never both: the scheduler (EngineCore process) and the runner (worker processes, with the multiprocess or Ray
+executors) need not share a process, and each part applies where its modules are imported.
 
 Nothing heavy is imported at module level: torch only inside the functions a patched method calls. The modules
 import from ``zb_patch.registry`` only (never from ``zb_patch.versions`` or an adapter). Reference, generated from the
