@@ -133,6 +133,7 @@ DECLARATIONS = (
     "zb_patch/versions/fixes/graph_replay.py::piecewise_replay_without_host_drain",
     "zb_patch/versions/fixes/graph_replay.py::full_replay_ordered_on_device",
     "zb_patch/versions/fixes/min_tokens_draft_placeholders.py::advisory",
+    "zb_patch/versions/fixes/reset_prefix_cache_in_flight.py::guard",
 )
 
 

@@ -43,6 +43,8 @@ from collections import Counter
 
 import pytest
 
+from zb_patch.versions.fixes import reset_prefix_cache_in_flight
+
 npu_standin = pytest.importorskip("npu_standin", reason="tests/support must be on PYTHONPATH (tox sets it)")
 HARNESS = {"0.13": "runner013", "0.18": "runner018"}
 FAMILY = npu_standin.detect_family()
@@ -373,7 +375,7 @@ def test_planted_batch_queue_depth_three_breaks_the_accounting(H, release, sess,
     assert resumed and drained, ledger.violations[:8]
 
 
-RESET_FIX = "reset-prefix-cache-in-flight"
+RESET_FIX = reset_prefix_cache_in_flight.ID
 RESETS = ("in-flight", "drained")
 
 
