@@ -93,6 +93,10 @@ class Ledger:
         every running request is preempted and its in-flight output is to be dropped."""
         running = [r.request_id for r in self.sched.running]
         out = self._reset(*args, **kwargs)
+        if kwargs.get("reset_running_requests", args[0] if args else False):
+            kept = [r.request_id for r in self.sched.running]
+            if kept:
+                self.violations.append(f"reset after step {self.step}: {kept} still running")
         for rid in running:
             steps = [s for s, d in self.flight.items() if rid in d]
             self.reset_at[rid] = (self.step, steps)
@@ -148,6 +152,8 @@ class Ledger:
             if rid in self.reset_at and r is not None:
                 forced[rid] = (r.num_computed_tokens, r.num_output_placeholders, r.num_output_tokens)
         try:
+            if step % 2:  # the engine core passes it positionally; by keyword too, which the wrappers pass on
+                return self._update(so, model_runner_output=model_output)
             return self._update(so, model_output)
         except AssertionError as e:  # the release's own assert (#48245)
             self.violations.append(f"update {step}: the scheduler raised AssertionError {e}")
@@ -310,7 +316,10 @@ def _iteration_with_resets(iteration, every, drain):
             last[0] = run.step
             while drain and run.queue:
                 run._finish_one(abort_after)
-            run.scheduler.reset_prefix_cache(reset_running_requests=True)
+            if drain:  # by keyword, which the wrappers pass on
+                run.scheduler.reset_prefix_cache(reset_running_requests=True)
+            else:  # as the engine core passes it (vLLM 0.18 core.py:575, 0.13 :512)
+                run.scheduler.reset_prefix_cache(True, False)
 
     return it
 
