@@ -104,8 +104,9 @@ def patches(
             fingerprints=reset_fingerprints,
             why=why,
             how=f"Wrapper ({__name__}; {release_lines}). After the release's body, the discard flag is cleared on the "
-            "force-preempted requests that had no output placeholders (nothing in flight), as #42117 sets it (vLLM "
-            "0.23.0 counts frames; one per request at async scheduling's batch-queue depth 2, which a flag carries).",
+            "force-preempted requests that had no output placeholders (nothing in flight), as #42117 decides from "
+            "them (vLLM 0.23.0 keeps a count of the placeholders); at async scheduling's batch-queue depth 2 a "
+            "request has at most one output in flight, which the release's flag carries.",
             upstream=("vllm#42117", "vllm#46066", "vllm#28827"),
             remove_when=remove_when,
             roles=("engine",),
@@ -143,8 +144,8 @@ def patches(
 
 def guard(fingerprints: Mapping[str, str]) -> Guard:
     """What the fix relies on: the release's discard (``fingerprints`` of ``AsyncScheduler._update_request_with_
-    output``). Its module is imported only with async scheduling, the only scheduling that reads the flag, so the
-    fix's part applies only then."""
+    output``). vLLM imports its module only with async scheduling (``vllm/config/scheduler.py``), the only scheduling
+    that reads the flag, and vllm-ascend's recompute scheduler with it: the fix's first part applies only then."""
     return Guard(
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_request_with_output",
         fingerprints,
