@@ -1,4 +1,4 @@
-"""reset-prefix-cache-in-flight (vLLM #42117, in vLLM 0.23.0; #46066): ``reset_prefix_cache(reset_running_requests=
+"""reset-prefix-cache-in-flight (vLLM #42117, in 0.23.0; #46066, in 0.25.1): ``reset_prefix_cache(reset_running_requests=
 True)`` under async scheduling preempts every running request and flags its next output for discard, but the release
 subtracts that stale output's rejected drafts from the resumed request's counters before discarding it, and flags a
 request with nothing in flight too, whose first token after the resume is then dropped. The EngineCore's scheduler
@@ -82,13 +82,13 @@ def patches(
         "what the loop subtracts); no device op",
     )
     why = (
-        "(vLLM #42117, in vLLM 0.23.0; #46066) reset_prefix_cache(reset_running_requests=True) (LLM.reset_prefix_cache, "
+        "(vLLM #42117, in 0.23.0; #46066, in 0.25.1) reset_prefix_cache(reset_running_requests=True) (LLM.reset_prefix_cache, "
         "/reset_prefix_cache, pause_scheduler(clear_cache=True); weight updates, sleep) preempts every running "
         "request and flags its next output for discard. Async scheduling can resume a request before its output in "
         "flight returns; update_from_output then subtracts that output's rejected drafts from the resumed request's "
         "num_computed_tokens and num_output_placeholders before the flag discards its tokens: too few tokens "
-        "recomputed, or placeholders below 0 (AsyncScheduler's assert, #46066). A request with nothing in flight is "
-        "flagged too, and loses the first token of its resumed life (#42117)."
+        "recomputed, or placeholders below 0, which AsyncScheduler asserts against on a later output (#46066). A "
+        "request with nothing in flight is flagged too, and loses the first token of its resumed life (#42117)."
     )
     how_update = (
         f"Wrapper ({__name__}). The release's loop gets a copy of the scheduler output without the drafts of the "
