@@ -264,11 +264,12 @@ def kv_cache_config(vllm_config: Any, shape: EngineShape) -> Any:
     )
 
 
-def make_scheduler(vllm_config: Any, kvc: Any, shape: EngineShape) -> Any:
+def make_scheduler(vllm_config: Any, kvc: Any, shape: EngineShape, cls: Any = None) -> Any:
+    """vLLM's ``AsyncScheduler``, or ``cls`` (a subclass taking its arguments: vllm-ascend's recompute scheduler)."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    return AsyncScheduler(
+    return (cls or AsyncScheduler)(
         vllm_config=vllm_config,
         kv_cache_config=kvc,
         structured_output_manager=StructuredOutputManager(vllm_config),

@@ -388,24 +388,12 @@ RESET_FIX = reset_prefix_cache_in_flight.ID
 RESETS = ("in-flight", "drained")
 
 
-def _recompute_scheduler(vllm_config, kvc, shape):
-    """vllm-ascend's ``AsyncRecomputeScheduler`` (the PD decode node's scheduler; here without a KV connector: it
-    schedules and preempts as vLLM's, with its own ``update_from_output``)."""
-    from vllm.v1.structured_output import StructuredOutputManager
-    from vllm_ascend.core.recompute_scheduler import AsyncRecomputeScheduler
-
-    return AsyncRecomputeScheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kvc,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=shape.block_size,
-        log_stats=True,
-    )
-
-
 def _reset_run(H, release, sess, monkeypatch, *, reset, recompute=False, **kw):
-    if recompute:
-        monkeypatch.setattr(H, "make_scheduler", _recompute_scheduler)
+    if recompute:  # vllm-ascend's AsyncRecomputeScheduler (the PD decode node's; here without a KV connector)
+        from vllm_ascend.core.recompute_scheduler import AsyncRecomputeScheduler
+
+        make = H.make_scheduler
+        monkeypatch.setattr(H, "make_scheduler", lambda *a: make(*a, cls=AsyncRecomputeScheduler))
     return _run(
         H,
         release,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...registry import HOST, Guard, Patch, RestsOn
 
@@ -95,49 +96,38 @@ def patches(
         "requests flagged for discard; the flag then discards their tokens as before. With the reset_prefix_cache "
         "wrapper (same group) only requests with an output in flight are flagged, so the flagged output is the stale one."
     )
+    common: dict[str, Any] = dict(rests_on=rests_on, why=why, remove_when=remove_when, roles=("engine",), group=GROUP)
     return (
         Patch(
             id=ID,
-            rests_on=rests_on,
             target="vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
             make=make_reset_prefix_cache,
             fingerprints=reset_fingerprints,
-            why=why,
             how=f"Wrapper ({__name__}; {release_lines}). After the release's body, the discard flag is cleared on the "
             "force-preempted requests that had no output placeholders (nothing in flight), as #42117 decides from "
             "them (vLLM 0.23.0 keeps a count of the placeholders); at async scheduling's batch-queue depth 2 a "
             "request has at most one output in flight, which the release's flag carries.",
             upstream=("vllm#42117", "vllm#46066", "vllm#28827"),
-            remove_when=remove_when,
-            roles=("engine",),
-            group=GROUP,
+            **common,
         ),
         Patch(
             id=ID + "-update",
-            rests_on=rests_on,
             target="vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
             make=make_update_from_output,
             fingerprints=update_fingerprints,
-            why=why,
             how=how_update,
             upstream=("vllm#46066", "vllm#42117"),
-            remove_when=remove_when,
-            roles=("engine",),
-            group=GROUP,
+            **common,
         ),
         Patch(
             id=ID + "-recompute",
-            rests_on=rests_on,
             target="vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output",
             make=make_update_from_output,
             fingerprints=recompute_update_fingerprints,
-            why=why,
             how=how_update + " vllm-ascend's RecomputeScheduler (the PD decode node's) has its own copy of the loop; "
             "its own part, applied once the module is imported.",
             upstream=("vllm#46066", "vllm#42117"),
-            remove_when=remove_when,
-            roles=("engine",),
-            group=GROUP,
+            **common,
         ),
     )
 
