@@ -1,4 +1,4 @@
-"""reset-prefix-cache-in-flight (vLLM #42117, in 0.23.0; #46066, in 0.25.1): ``reset_prefix_cache(reset_running_requests=
+"""reset-prefix-cache-in-flight (vLLM #42117, in 0.22.0; #46066, in 0.25.0): ``reset_prefix_cache(reset_running_requests=
 True)`` under async scheduling preempts every running request and flags its next output for discard, but the release
 subtracts that stale output's rejected drafts from the resumed request's counters before discarding it, and flags a
 request with nothing in flight too, whose first token after the resume is then dropped. The EngineCore's scheduler
@@ -83,7 +83,7 @@ def patches(
         "what the loop subtracts); no device op",
     )
     why = (
-        "(vLLM #42117, in 0.23.0; #46066, in 0.25.1) reset_prefix_cache(reset_running_requests=True) (LLM.reset_prefix_cache, "
+        "(vLLM #42117, in 0.22.0; #46066, in 0.25.0) reset_prefix_cache(reset_running_requests=True) (LLM.reset_prefix_cache, "
         "/reset_prefix_cache, pause_scheduler(clear_cache=True); weight updates, sleep) preempts every running "
         "request and flags its next output for discard. Async scheduling can resume a request before its output in "
         "flight returns; update_from_output then subtracts that output's rejected drafts from the resumed request's "
@@ -105,7 +105,7 @@ def patches(
             fingerprints=reset_fingerprints,
             how=f"Wrapper ({__name__}; {release_lines}). After the release's body, the discard flag is cleared on the "
             "force-preempted requests that had no output placeholders (nothing in flight), as #42117 decides from "
-            "them (vLLM 0.23.0 keeps a count of the placeholders); at async scheduling's batch-queue depth 2 a "
+            "them (vLLM 0.22.0 on keeps a count of the placeholders); at async scheduling's batch-queue depth 2 a "
             "request has at most one output in flight, which the release's flag carries.",
             upstream=("vllm#42117", "vllm#46066", "vllm#28827"),
             **common,
