@@ -734,6 +734,18 @@ def _module_ready(name: str) -> bool:
     return not getattr(spec, "_initializing", False)
 
 
+def _defined_in(module_name: str, name: str, obj: Any) -> Any:
+    """The class ``module_name`` defines as ``name``: ``obj`` (the module's attribute), or, where another module rebound
+    that attribute to a subclass of it (vllm-ascend's platform patch sets ``vllm.v1.core.sched.scheduler.Scheduler =
+    BalanceScheduler``), the base class of that name defined in ``module_name``. A target names the code of the
+    module's own source, which is what its fingerprints were read from; the subclass still reaches it (``super()``)."""
+    if isinstance(obj, type) and obj.__module__ != module_name:
+        for base in obj.__mro__[1:]:
+            if base.__module__ == module_name and base.__qualname__ == name:
+                return base
+    return obj
+
+
 def resolve(target: str, *, import_missing: bool = False) -> Resolved:
     module_name, parts = split_target(target)
     if import_missing and module_name not in sys.modules:
@@ -749,7 +761,7 @@ def resolve(target: str, *, import_missing: bool = False) -> Resolved:
         if nxt is None:
             where = module_name + (":" + ".".join(parts[:i]) if i else "")
             return Resolved(target, False, reason=f"{part!r} not defined in {where}")
-        owner = nxt
+        owner = _defined_in(module_name, part, nxt) if i == 0 else nxt
     attr = parts[-1]
     d = getattr(owner, "__dict__", {})
     if attr not in d:

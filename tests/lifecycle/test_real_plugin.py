@@ -5,6 +5,7 @@ ERROR line naming the target and both fingerprints and applies nothing."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -103,23 +104,24 @@ print("STATE2", st["state"], st["adapter"])
     assert "INFO" in applied[0] and "guards verified" in applied[0] and "selected by version" in applied[0]
 
 
-@pytest.mark.skipif(EXPECTED not in ("ascend-0.13", "ascend-0.18"), reason="engine parts: ascend-0.13 / 0.18 only")
+@pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused: no engine part")
 def test_engine_parts_apply_where_only_the_scheduler_is_imported():
     """An EngineCore process of a multiprocess executor imports the scheduler and never the runner: the engine parts
     (vLLM's scheduler, then vllm-ascend's recompute scheduler) apply there, each with its own line; the adapter's
-    worker part stays armed."""
+    worker part stays armed. On vllm-ascend 0.25.1rc1 the recompute scheduler's loop already skips a marked request
+    (#46066): its part applies nothing (verdict ok, logged as native)."""
     r = run(
         """
 load_general_plugins()
 import vllm.v1.core.sched.async_scheduler
-import vllm_ascend.core.recompute_scheduler as rs
-from vllm.v1.core.sched.scheduler import Scheduler
+import vllm_ascend.core.recompute_scheduler
 from zb_patch import plugin, registry
 st = plugin.status()
 print("STATE", st["state"], "vllm_ascend.worker.model_runner_v1" in sys.modules)
 print("PARTS", json.dumps({k: v["verdict"] for k, v in st["engine_parts"].items()}))
-print("MARKS", getattr(Scheduler.__dict__["reset_prefix_cache"], registry.MARK_ID, None),
-      getattr(rs.RecomputeScheduler.__dict__["update_from_output"], registry.MARK_ID, None))
+marks = [registry.resolve(t).raw for t in ("vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
+         "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output")]
+print("MARKS", *[getattr(m, registry.MARK_ID, None) for m in marks])
 """,
         {"ZB_PATCH": "1"},
     )
@@ -129,10 +131,15 @@ print("MARKS", getattr(Scheduler.__dict__["reset_prefix_cache"], registry.MARK_I
         f"{EXPECTED} engine:vllm.v1.core.sched.scheduler",
         f"{EXPECTED} engine:vllm_ascend.core.recompute_scheduler",
     ]
-    assert f"PARTS {json.dumps(dict.fromkeys(names, 'applied'))}" in r.stdout, r.stdout
-    assert "MARKS reset-prefix-cache-in-flight reset-prefix-cache-in-flight-recompute" in r.stdout
+    loop_native = importlib.metadata.version("vllm_ascend") == "0.25.1rc1"
+    recompute = None if loop_native else "reset-prefix-cache-in-flight-recompute"
+    verdicts = {names[0]: "applied", names[1]: "ok" if loop_native else "applied"}
+    assert f"PARTS {json.dumps(verdicts)}" in r.stdout, r.stdout
+    assert f"MARKS reset-prefix-cache-in-flight {recompute}" in r.stdout, r.stdout
     parts = [line for line in zb_lines(r) if f"of adapter {EXPECTED}: applied" in line]
-    assert [n for n in names if any(f"part {n} of" in line for line in parts)] == names and len(parts) == 2, parts
+    applied = [n for n, v in verdicts.items() if v == "applied"]
+    assert [n for n in names if any(f"part {n} of" in line for line in parts)] == applied, parts
+    assert len(parts) == len(applied), parts
 
 
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused: nothing is applied in children")
@@ -229,7 +236,8 @@ def test_drifted_target_refuses_with_one_error_line():
         assert f"{fp} ({label})" in line
     assert "nothing applied" in line and "vllm_ascend=" in line
     # the engine parts are fingerprinted on their own (the scheduler did not drift): an independent fix
-    assert len([x for x in zb_lines(r) if " engine:" in x and "applied [" in x]) == len(adapter.patch_set.parts()) - 1
+    engine_lines = [x for x in zb_lines(r) if " engine:" in x and ("applied [" in x or ": native [" in x)]
+    assert len(engine_lines) == len(adapter.patch_set.parts()) - 1, zb_lines(r)
 
 
 @pytest.mark.skipif(EXPECTED is None, reason=f"vllm-ascend {FAMILY} is refused before any fingerprint is read")

@@ -1,21 +1,28 @@
 """``reset_prefix_cache(reset_running_requests=True)`` under async scheduling + spec decode (k = 3), judged by the
 tokens: the output streams with a reset every 40 steps must equal those of the same workload without resets
 (``reset_streams.py``: vLLM's real ``AsyncScheduler``, the self-test's simulated runner and fake model, whose tokens are
-a function of the whole sequence). A token lost or emitted twice around a reset changes a stream.
+a function of the whole sequence). A token lost or emitted twice around a reset changes a stream. And by the
+scheduler's counters: an output that arrives for a request marked to discard it must leave the request's
+``num_computed_tokens`` / ``num_output_placeholders`` alone (vLLM #46066).
 
-* vLLM 0.13 / 0.18 (adapters ascend-0.13 / ascend-0.18): as released, streams differ, with a step in flight at the
-  reset (vLLM #46066) and after a drain (#42117); with the engine part ``reset-prefix-cache-in-flight`` none do.
-* vLLM 0.23 (adapter ascend-0.19-0.25, no fix carried): the drained reset keeps every stream (#42117 is in the
-  release); with a step in flight streams differ: the release's discard counter is the request's output placeholders
-  (``1 + drafts`` for its one step in flight, ``scheduler.py:1970``) and drops one output per unit
-  (``async_scheduler.py:46-50``), so the first outputs of the resumed request are dropped too (with the counter set to
-  the outputs in flight instead, every stream is kept; vLLM #49620 is open). Asserted as the release's defect, so
-  that a release that fixes it fails this test.
+As released (every vLLM the adapters run on, up to vLLM #49620, open):
 
-One subprocess per run (the self-test harness installs its own vLLM platform)."""
+* vLLM 0.13 - 0.21 flag every preempted request: streams differ with a step in flight at the reset and after a drain
+  (a drained request loses its resumed life's first token; #42117 is in 0.22.0).
+* vLLM 0.22 - 0.25 count the outputs to drop in the request's placeholders (``1 + drafts`` for its one step in flight)
+  and drop one output per unit: streams differ with a step in flight (the resumed life's first outputs are dropped),
+  none after a drain.
+* up to vLLM 0.24 the stale output's rejected drafts are subtracted from the resumed request (#46066, in 0.25.0), and
+  they still are with the ``reset_prefix_cache`` wrapper alone: the update wrappers are what removes it.
+
+With the engine part ``reset-prefix-cache-in-flight`` (adapters ascend-0.13, ascend-0.18, ascend-0.19-0.25) every stream
+is kept and no marked request is changed.
+
+One subprocess per set of patches (the self-test harness installs its own vLLM platform)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,16 +36,17 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _family() -> str | None:
+def _vllm() -> tuple[int, int]:
     try:
-        import npu_standin
-    except ImportError:
-        return None
-    return npu_standin.detect_family()
+        major, minor = importlib.metadata.version("vllm").split(".")[:2]
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    return int(major), int(minor)
 
 
-FAMILY = _family()
-FIXED = FAMILY in ("0.13", "0.18")
+VLLM = _vllm()
+FLAGS_EVERY_PREEMPTED = VLLM < (0, 22)  # #42117 in 0.22.0
+LOOP_SUBTRACTS_STALE = VLLM < (0, 25)  # #46066 in 0.25.0
 
 
 def _run(*args: str) -> dict:
@@ -55,20 +63,27 @@ def _run(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(FAMILY not in ("0.13", "0.18", "0.23"), reason="vllm-ascend 0.13 / 0.18 / 0.23 envs")
-@pytest.mark.parametrize("reset", ["in-flight", "drained"])
-def test_reset_prefix_cache_as_released(reset):
-    res = _run(*(["--drained"] if reset == "drained" else []))
-    assert res["applied"] == [] and res["resets"] > 0 and res["requests"] > 0
-    if FIXED or reset == "in-flight":
-        assert res["differ"], res  # the release's defect: some stream lost or repeated a token
-    else:
-        assert res["differ"] == [], res  # vLLM 0.23 with nothing in flight: #42117
+def test_reset_prefix_cache_as_released():
+    res = _run()
+    flight, drained = res["runs"]["in-flight"], res["runs"]["drained"]
+    assert res["applied"] == [] and res["requests"] > 0 and flight["resets"] > 0 and drained["resets"] > 0, res
+    assert flight["differ"], res  # a stream lost or repeated a token
+    assert bool(drained["differ"]) == FLAGS_EVERY_PREEMPTED, res
+    assert bool(flight["marked_changed"]) == LOOP_SUBTRACTS_STALE, res
 
 
-@pytest.mark.skipif(not FIXED, reason="the fix is carried by adapters ascend-0.13 / ascend-0.18")
-@pytest.mark.parametrize("reset", ["in-flight", "drained"])
-def test_reset_prefix_cache_with_the_fix_keeps_every_stream(reset):
-    res = _run("--fix", *(["--drained"] if reset == "drained" else []))
-    assert res["applied"] == ["reset-prefix-cache-in-flight", "reset-prefix-cache-in-flight-update"], res
-    assert res["resets"] > 0 and res["differ"] == [], res
+def test_reset_wrapper_alone_leaves_the_stale_subtraction():
+    res = _run("--reset-wrapper-only", "--resets", "in-flight")
+    flight = res["runs"]["in-flight"]
+    assert flight["resets"] > 0, res
+    assert bool(flight["marked_changed"]) == LOOP_SUBTRACTS_STALE, res  # #46066 until the release skips it
+
+
+def test_reset_prefix_cache_with_the_fix_keeps_every_stream():
+    res = _run("--fix")
+    expected = ["reset-prefix-cache-in-flight"]
+    if LOOP_SUBTRACTS_STALE:
+        expected.append("reset-prefix-cache-in-flight-update")
+    assert res["applied"] == expected, res
+    for kind, run in res["runs"].items():
+        assert run["resets"] > 0 and run["differ"] == [] and run["marked_changed"] == 0, (kind, res)

@@ -123,6 +123,26 @@ def test_inherited_attribute_is_not_found_on_subclass(upstream):
     assert "inherited from" in rep.reason and ".Base" in rep.reason
 
 
+def test_a_class_rebound_to_a_subclass_elsewhere_is_resolved_to_its_own_definition(upstream):
+    """vllm-ascend's platform patch sets ``vllm.v1.core.sched.scheduler.Scheduler = BalanceScheduler`` (a subclass
+    defined in its own module): a target names the module's own class, whose source the fingerprints were read from;
+    the patch goes there, the subclass reaches it, and undo restores it."""
+    mod = upstream.load()
+    original = mod.Runner.__dict__["step"]
+    upstream.write("balance", f"from {upstream.mod()} import Runner\n\nclass Runner(Runner):\n    pass\n")
+    rebound = upstream.load("balance").Runner
+    ps = PatchSet("t", [_patch(upstream, "Runner.step", _double_step)])
+    mod.Runner = rebound
+    try:
+        res = R.resolve(upstream.target("Runner.step"))
+        assert res.found and res.owner is rebound.__mro__[1] and res.original is original, res.reason
+        assert ps.apply().verdict == R.APPLIED
+        assert rebound().step(3) == 60 and "step" not in rebound.__dict__
+        assert ps.unpatch() == ["p"] and rebound.__mro__[1].__dict__["step"] is original
+    finally:
+        mod.Runner = rebound.__mro__[1]
+
+
 def test_missing_target_and_bad_spec(upstream):
     upstream.load()
     p = Patch(

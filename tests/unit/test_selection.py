@@ -134,8 +134,8 @@ def test_supported_table_rows():
     assert rows[0]["verdict"] == "checked" and ">= 0.26" in rows[0]["vllm_ascend"]
     spans = [r["vllm_ascend"] for r in rows[1:-1] if r.get("form") != "commit"]
     assert spans[0] == "0.26.0rc1 - 0.30.0rc2" and spans[-1] == "0.9.1 - 0.12.0rc1"
-    assert {r["vllm_ascend"]: r["patches"] for r in rows}["0.21.0rc1 - 0.25.1rc1"] == ", ".join(
-        ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)
+    assert {r["vllm_ascend"]: r["patches"] for r in rows}["0.21.0rc1 - 0.24.0rc1"] == ", ".join(
+        ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS, *RESET_IN_FLIGHT)
     )
 
 
@@ -156,6 +156,13 @@ STALE_DRAFTS = ("stale-draft-placeholders", "stale-draft-placeholders-rows")  # 
 SAMPLE_INDICES = ("draft-sample-indices-past-batch",)
 # the draft positions' shared decode RoPE rows: no release of the range gives each position its own
 MLA_ROPE_ROWS = ("mla-draft-rope-rows", "mla-draft-rope-rows-propose", "mla-draft-rope-rows-dummy-run")
+# reset_prefix_cache under async scheduling (vLLM #42117 / #46066 / #49620): the loops skip a marked request from vLLM
+# 0.25.0 / vllm-ascend 0.25.1rc1 on (#46066), so there only the reset wrapper
+RESET_IN_FLIGHT = (
+    "reset-prefix-cache-in-flight",
+    "reset-prefix-cache-in-flight-update",
+    "reset-prefix-cache-in-flight-recompute",
+)
 
 
 @pytest.mark.parametrize(
@@ -175,10 +182,27 @@ MLA_ROPE_ROWS = ("mla-draft-rope-rows", "mla-draft-rope-rows-propose", "mla-draf
             "0.20.2rc1",
             V.SELECTED,
             "ascend-0.19-0.25",
-            ("slot-mapping-kernel", "valid-count-int64", *STALE_DRAFTS, *SAMPLE_INDICES, *MLA_ROPE_ROWS),
+            (
+                "slot-mapping-kernel",
+                "valid-count-int64",
+                *STALE_DRAFTS,
+                *SAMPLE_INDICES,
+                *MLA_ROPE_ROWS,
+                *RESET_IN_FLIGHT,
+            ),
         ),
-        ("0.24.0rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),
-        ("0.25.1rc1", V.SELECTED, "ascend-0.19-0.25", ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS)),
+        (
+            "0.24.0rc1",
+            V.SELECTED,
+            "ascend-0.19-0.25",
+            ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS, *RESET_IN_FLIGHT),
+        ),
+        (
+            "0.25.1rc1",
+            V.SELECTED,
+            "ascend-0.19-0.25",
+            ("slot-mapping-kernel", *STALE_DRAFTS, *MLA_ROPE_ROWS, RESET_IN_FLIGHT[0]),
+        ),
         ("0.26.0rc1", V.NATIVE, None, ()),
         ("0.30.0rc2", V.NATIVE, None, ()),
         ("0.31.0", V.REFUSED, None, ()),  # newer than every recorded release: never native by number

@@ -22,6 +22,7 @@ from .fixes import (
     draft_seq_lens_max_model_len,
     min_tokens_draft_placeholders,
     mla_draft_rope_rows,
+    reset_prefix_cache_in_flight,
     seq_lens_cpu_prepare_inputs_padded,
     seq_lens_cpu_unpadded,
     stale_draft_placeholders,
@@ -255,6 +256,41 @@ MLA_DRAFT_ROPE_ROWS = mla_draft_rope_rows.patches(
     "0.25.1rc1)",
 )
 
+# reset_prefix_cache(reset_running_requests=True) under async scheduling: vLLM-side targets, one fingerprint per form
+# from the wheel of every vLLM from 0.19.0 to 0.25.1 (the va019 / va023 / va025 contract tests read the installed one).
+# Up to 0.21.0 the release flags every preempted request (as 0.18); from 0.22.0 it counts placeholder units (#42117);
+# from 0.25.0 its loop skips a marked request (#46066: the update wrapper native there).
+_VLLM_0_19_0_21 = "vllm 0.19.0, 0.19.1, 0.20.0, 0.20.1, 0.20.2, 0.21.0 (vllm-ascend 0.19.1rc1, 0.20.2rc1, 0.21.0rc1)"
+_VLLM_0_22_0_25 = (
+    "vllm 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1 (vllm-ascend 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1, "
+    "0.24.0rc1, 0.25.1rc1)"
+)
+RESET_PREFIX_CACHE_IN_FLIGHT = reset_prefix_cache_in_flight.patches(
+    {_VLLM_0_19_0_21: "cc9382f6e9070ec6", _VLLM_0_22_0_25: "dcec71f68792268b"},
+    {
+        "vllm 0.19.0, 0.19.1 (vllm-ascend 0.19.1rc1)": "4f0e2806658988ba",
+        "vllm 0.20.0, 0.20.1, 0.20.2 (vllm-ascend 0.20.2rc1)": "251e00a01788547d",
+        "vllm 0.21.0 (vllm-ascend 0.21.0rc1)": "edddfb8a39b57ae4",
+        "vllm 0.22.0, 0.22.1, 0.23.0 (vllm-ascend 0.22.1rc1, 0.23.0rc1, 0.23.0, 0.23.0.post1)": "16c25d1b10989a65",
+        "vllm 0.24.0 (vllm-ascend 0.24.0rc1)": "0320b7293780aacf",
+    },
+    {
+        "vllm-ascend 0.19.1rc1": "408e81e9b3142407",
+        "vllm-ascend 0.20.2rc1": "fd03b19d62984171",
+        "vllm-ascend 0.21.0rc1 (wheels)": "5816544a96207088",
+        "vllm-ascend 0.21.0rc1 (sdist), 0.22.1rc1": "8028f188252b92ad",
+        "vllm-ascend 0.23.0rc1, 0.24.0rc1": "d3de3540f3b8b64d",
+        "vllm-ascend 0.23.0, 0.23.0.post1": "207883ec6b4dc45c",
+    },
+    update_native={"vllm 0.25.0, 0.25.1 (vllm-ascend 0.25.1rc1; #46066)": "e8c0d2845f7528cf"},
+    recompute_update_native={"vllm-ascend 0.25.1rc1 (#46066)": "1c76950a7ba00a66"},
+    release_lines="marks: vLLM 0.19.0 scheduler.py:1887 (flag), 0.22.0 :1923, 0.25.0 :2223 (count); subtracts: "
+    "0.19.0 :1379-1383, 0.24.0 :1564-1568, vllm-ascend 0.19.1rc1 core/recompute_scheduler.py:890, 0.24.0rc1 :1016; "
+    "drops: async_scheduler.py:40-44 (0.19.0-0.22.0), :54-58 (0.24.0, 0.25.0)",
+    remove_when="a vLLM release marks only the outputs in flight (vLLM #49620 is open) and the adapter's releases "
+    "run it; the adapter range ends at vllm-ascend 0.26.0rc1",
+)
+
 PATCHES = (
     SLOT_MAPPING_KERNEL,
     VALID_COUNT_COPY_ORDER,
@@ -266,6 +302,7 @@ PATCHES = (
     DRAFT_LENGTHS_AT_MAX_MODEL_LEN,
     DRAFT_SAMPLE_INDICES,
     *MLA_DRAFT_ROPE_ROWS,
+    *RESET_PREFIX_CACHE_IN_FLIGHT,
 )
 
 # Known bugs of releases in range that zb-patch does not fix: one WARNING where the installed code has them.
@@ -351,6 +388,7 @@ GUARDS = (
         },
         "dispatches to each group's BlockTable.compute_slot_mapping (every KV-cache group gets the patched kernel)",
     ),
+    reset_prefix_cache_in_flight.guard({_VLLM_0_19_0_21: "7f6efa0565f00bd5", _VLLM_0_22_0_25: "f7a5f73e3856bdae"}),
 )
 
 ADAPTER = Adapter(

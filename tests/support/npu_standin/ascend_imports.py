@@ -53,6 +53,7 @@ ASCEND_WORKER_MODULES: dict[str, tuple[str, ...]] = {
         "vllm_ascend.worker.npu_input_batch",
         "vllm_ascend.worker.block_table",
         "vllm_ascend.spec_decode.eagle_proposer",
+        "vllm_ascend.core.recompute_scheduler",  # the PD decode node's scheduler (engine patches)
     ),
 }
 
