@@ -133,8 +133,9 @@ def test_check_advisories_matches_by_fingerprint(tmp_path, monkeypatch):
 
 def test_check_advisories_not_affected_or_absent(tmp_path, monkeypatch):
     root = _tree(tmp_path, RUNNER.replace("< 0", "< -1"))
-    stale, min_tokens = native.check_advisories(root)
+    stale, reset, min_tokens = native.check_advisories(root)
     assert stale.fingerprint is not None and stale.matched is None
+    assert reset.fingerprint is None and reset.matched is None  # no scheduler in that tree
     assert min_tokens.fingerprint is None and min_tokens.matched is None  # no _update_states in that tree
     for check in native.check_advisories(str(tmp_path / "nowhere")):
         assert check.fingerprint is None and check.matched is None
@@ -209,3 +210,14 @@ def test_min_tokens_advisory_says_effect_fix_and_workaround(where):
     assert "vllm-ascend 0.13.0 / 0.18.0" in text and "applies nothing here" in text
     assert "without async scheduling or without speculative decoding" in text
     assert set(adv.upstream) == {"vllm#32951", "vllm#26317"}
+
+
+def test_the_reset_advisory_is_the_placeholder_count_form_the_adapter_fixes():
+    """vLLM 0.26.0 (vllm-ascend 0.26.0rc1) has vLLM 0.22.0-0.25.1's reset_prefix_cache (the count of #42117, vLLM
+    #49620); vLLM 0.27.0 and later have another form, not recorded as affected."""
+    (adv,) = [a for a in native.ADVISORIES if a.id == "reset-prefix-cache-in-flight"]
+    (reset,) = [p for p in A.PATCHES if p.id == "reset-prefix-cache-in-flight"]
+    assert adv.target == reset.target and "vllm#49620" in adv.upstream
+    assert list(adv.affected) == ["vllm 0.26.0"]
+    count_form = [label for label, fp in reset.fingerprints.items() if fp == adv.affected["vllm 0.26.0"]]
+    assert len(count_form) == 1 and "0.22.0" in count_form[0] and "0.25.1" in count_form[0]

@@ -134,6 +134,20 @@ ADVISORIES: tuple[Advisory, ...] = (
         "decoding without async scheduling.",
         upstream=("vllm#37159", "vllm#36906", "vllm#44734", "vllm#43434", "vllm#47029", "vllm#46533"),
     ),
+    Advisory(
+        id="reset-prefix-cache-in-flight",
+        target="vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
+        # the placeholder-count form of vLLM 0.22.0-0.25.1 (adapter ascend-0.19-0.25's patch replaces it there)
+        affected={"vllm 0.26.0": "dcec71f68792268b"},
+        message="reset_prefix_cache(reset_running_requests=True) (LLM.reset_prefix_cache, /reset_prefix_cache, "
+        "pause_scheduler(clear_cache=True); weight updates, sleep) under async scheduling + speculative decoding: "
+        "vLLM 0.26.0 marks each running request to drop as many outputs as it has output placeholders (1 + drafts for "
+        "its one output in flight), so the first outputs of its resumed life are dropped too: tokens missing from the "
+        "stream (vllm#49620). zb-patch fixes it for vllm-ascend 0.13.0-0.25.1rc1 (patch reset-prefix-cache-in-flight) "
+        "but applies nothing to native releases; vLLM 0.27.0 counts the stale tokens of each output in flight instead. "
+        "Avoid: upgrade to vllm-ascend >= 0.27.1rc1, or reset the prefix cache only when no request is running.",
+        upstream=("vllm#49620", "vllm#42117"),
+    ),
     min_tokens_draft_placeholders.advisory(
         {
             "vllm 0.26.0": "5df6c317c4a4d1a9",
