@@ -263,6 +263,41 @@ def test_one_mapper_many_batches(dev):
         assert mapper.direct_launches >= 4, (mapper.direct_launches, mapper._launcher.slow_launches)
 
 
+@requires_kernels
+def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
+    """Every step, valid arguments pass the launcher's attribute and integer tests alone, at their bounds too (no
+    request, every block-table row, a full buffer): the explaining checker runs only where those fail, e.g. for a
+    numpy integer, which it normalises. Results are the same either way; the checker's cost is what a step saves."""
+    from zb_patch.kernels import slot_mapping as sm
+
+    explained = []
+
+    def check(limits, num_reqs, query_start_loc, positions):
+        explained.append(num_reqs)
+        return checker(limits, num_reqs, query_start_loc, positions)
+
+    checker = sm.check_slot_mapping_call
+    monkeypatch.setattr(sm, "check_slot_mapping_call", check)
+    rows, capacity = 6, 40
+    bt = make_batch([1], [0], max_blocks=64, extra_rows=rows - 1).block_table.to(dev)
+    out = torch.full((capacity,), POISON, dtype=torch.int32, device=dev)
+    mapper = kernels.slot_mapper(bt, out, block_size=16, max_num_tokens=capacity)
+    assert isinstance(mapper, sm.SlotMappingLauncher)
+    for lens in ([], [1] * rows, [capacity], [2, 3]):
+        batch = make_batch(lens, [5] * len(lens), max_blocks=64)
+        mapper(batch.num_reqs, batch.query_start_loc.to(dev), batch.positions.to(dev))
+        ref = torch.full((capacity,), POISON, dtype=torch.int32)
+        slot_mapping_reference(
+            batch.query_start_loc, batch.positions, bt.cpu(), ref, block_size=16, max_num_tokens=capacity
+        )
+        assert torch.equal(out.cpu(), ref), lens
+    assert explained == []
+    import numpy as np
+
+    mapper(np.int64(2), batch.query_start_loc.to(dev), batch.positions.to(dev))
+    assert explained == [2] and torch.equal(out.cpu(), ref)
+
+
 # ------------------------------------------------------------------------------------------------
 # The reference against an independent formulation, and the tests' teeth
 # ------------------------------------------------------------------------------------------------
