@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import npu_standin
 
 npu_standin.install()  # vLLM 0.25's import resolves the platform: vllm-ascend's, which imports torch_npu
-# the simulated runner is vLLM's V1 runner (vLLM 0.25 picks V2 for this model by default and then sends no token ids)
-os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
 
 from zb_patch.check.selftest import compat  # noqa: E402
 from zb_patch.check.selftest.engine import ModeRun  # noqa: E402

