@@ -298,6 +298,43 @@ def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
     assert explained == [2] and torch.equal(out.cpu(), ref)
 
 
+@requires_kernels
+def test_launch_shape_defaults_and_overrides(dev):
+    """The launch shape the launcher picks for this device (module constants: the interpreter's tile and 4
+    programs, CUDA's tile and one program per SM; the uniform owner guess and no block window on CPU and CUDA) and the
+    overrides the tests use. Every shape gives the reference's slots (the tests above); a step's cost depends on it."""
+    from zb_patch.kernels import _launch
+    from zb_patch.kernels import slot_mapping as sm
+
+    bt = torch.zeros((7, 8), dtype=torch.int32, device=dev)
+    out = torch.zeros(1000, dtype=torch.int32, device=dev)
+    if _launch.interpret_mode():
+        tile, programs = sm._INTERP_TILE, 4
+    else:
+        tile, programs = sm._CUDA_TILE, _launch.multiprocessor_count("cuda", bt.device.index)
+    m = sm.SlotMappingLauncher(bt, out, block_size=16, max_num_tokens=1000)
+    assert (m.tile, m.num_programs, m.windowed, m.uniform_guess) == (tile, min(-(-1000 // tile), programs), False, True)
+    c = m._launcher._constexprs
+    assert (c["WINDOW"], c["REQ_PAD"], c["WINDOWED"], c["UNIFORM_GUESS"]) == (
+        _launch.next_power_of_2(tile // 16 + 2),
+        8,
+        False,
+        True,
+    )
+    assert (c["CP_WORLD"], c["CP_RANK"], c["CP_INTERLEAVE"], c["BT_STRIDE"]) == (1, 0, 1, 8)
+
+    shaped = sm.SlotMappingLauncher(
+        bt, out, block_size=16, max_num_tokens=100, tile=48, max_programs=8, windowed=True, uniform_guess=False
+    )
+    assert (shaped.tile, shaped.num_programs, shaped.windowed, shaped.uniform_guess) == (64, 2, True, False)
+    c = shaped._launcher._constexprs
+    assert (c["WINDOW"], c["WINDOWED"], c["UNIFORM_GUESS"]) == (8, True, False)
+    eight_rows = torch.zeros((8, 8), dtype=torch.int32, device=dev)
+    one = sm.SlotMappingLauncher(eight_rows, out, block_size=32, max_num_tokens=1000, tile=64, max_programs=1)
+    c = one._launcher._constexprs
+    assert (one.num_programs, c["WINDOW"], c["REQ_PAD"]) == (1, 4, 16)  # 64 // 32 + 2 blocks; 8 + 1 starts
+
+
 # ------------------------------------------------------------------------------------------------
 # The reference against an independent formulation, and the tests' teeth
 # ------------------------------------------------------------------------------------------------
