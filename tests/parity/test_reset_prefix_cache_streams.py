@@ -22,7 +22,6 @@ One subprocess per set of patches (the self-test harness installs its own vLLM p
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -31,20 +30,14 @@ import sys
 
 import pytest
 
+from zb_patch import detect
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _vllm() -> tuple[int, int]:
-    try:
-        major, minor = importlib.metadata.version("vllm").split(".")[:2]
-    except importlib.metadata.PackageNotFoundError:
-        return (0, 0)
-    return int(major), int(minor)
-
-
-VLLM = _vllm()
+VLLM = detect.package("vllm").release[:2]
 FLAGS_EVERY_PREEMPTED = VLLM < (0, 22)  # #42117 in 0.22.0
 LOOP_SUBTRACTS_STALE = VLLM < (0, 25)  # #46066 in 0.25.0
 

@@ -54,14 +54,6 @@ def make_reset_prefix_cache(original: Callable) -> Callable:
     return reset_prefix_cache
 
 
-def _discard_pending(request: Any) -> bool:
-    """Whether the release will drop the request's next output (``None``: a request no longer known)."""
-    return (
-        bool(getattr(request, "discard_latest_async_tokens", False))
-        or getattr(request, "async_tokens_to_discard", 0) > 0
-    )
-
-
 def make_update_from_output(original: Callable) -> Callable:
     """Wrap ``update_from_output(scheduler_output, model_runner_output)`` (vLLM's ``Scheduler``; vllm-ascend's
     ``RecomputeScheduler`` has its own copy of the loop): the output a force-preempted request still had in flight
@@ -80,7 +72,14 @@ def make_update_from_output(original: Callable) -> Callable:
     @functools.wraps(original)
     def update_from_output(scheduler, scheduler_output, *args, **kwargs):
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        stale = [rid for rid in drafts if _discard_pending(scheduler.requests.get(rid))]
+        get = scheduler.requests.get
+        # marked for discard: vLLM <= 0.21's flag, 0.22+'s count (None: a request no longer held); inline, every step
+        stale = [
+            rid
+            for rid in drafts
+            if getattr(r := get(rid), "discard_latest_async_tokens", False)
+            or getattr(r, "async_tokens_to_discard", 0) > 0
+        ]
         if stale:
             scheduler_output = copy.copy(scheduler_output)
             scheduler_output.scheduled_spec_decode_tokens = {k: v for k, v in drafts.items() if k not in stale}
