@@ -527,3 +527,146 @@ def test_gather_is_bounded_by_every_previous_row_buffer(dev, short):
         )
         got.append(nc[:3].cpu().tolist())
     assert got[0] == got[1] == [7, 22, 9]
+
+
+def _naive_token_counts(
+    nc,
+    acc,
+    prev,
+    valid,
+    drafts,
+    cpu,
+    sched,
+    seq_lens,
+    positions,
+    *,
+    num_reqs,
+    req=None,
+    qpos=None,
+    num_tokens=0,
+    num_positions=None,
+    num_prev_reqs=None,
+):
+    """The documented semantics (zb_patch.kernels.token_counts) one element at a time, on Python lists."""
+    n, old = num_reqs, nc.tolist()
+    new_nc, new_acc = list(old), None if acc is None else acc.tolist()
+    for r in range(n):
+        new_nc[r] = int(cpu[r])
+    if prev is not None and valid is not None and drafts is not None:
+        bound = valid.numel() if num_prev_reqs is None else num_prev_reqs
+        bound = min(bound, valid.numel(), drafts.numel(), len(old))
+        for r in range(n):
+            p = int(prev[r])
+            if 0 <= p < bound and int(drafts[p]) > 0:
+                new_nc[r] = old[p] + int(valid[p])
+                if new_acc is not None:
+                    new_acc[r] = int(valid[p])
+    new_seq = [new_nc[r] + int(sched[r]) for r in range(n)] + [0] * (seq_lens.numel() - n)
+    new_pos = None if positions is None else positions.tolist()
+    if positions is not None:
+        num_positions = num_tokens if num_positions is None else num_positions
+        for t in range(num_positions):
+            r = int(req[t]) if t < num_tokens else -1
+            new_pos[t] = new_nc[r] + int(qpos[t]) if 0 <= r < n else 0
+    return new_nc, new_acc, new_seq, new_pos
+
+
+EDGES = {
+    # tokens of no request: index -1, num_reqs and past it, with live rows behind them in the buffers
+    "tokens-of-no-request": dict(num_reqs=2, req=[0, 2, -1, 1, 3], num_tokens=5, num_positions=6),
+    # a one-row buffer: a token of no request must not read past it
+    "one-row-buffers": dict(num_reqs=1, rows=1, req=[0, 1, -1], num_tokens=3, num_positions=3),
+    # no request, empty row buffers, padded tokens only
+    "no-request": dict(num_reqs=0, rows=0, req=[0, -1], num_tokens=2, num_positions=4),
+    # num_positions left out: the tokens only
+    "num-positions-omitted": dict(num_reqs=2, req=[0, 1, 1], num_tokens=3),
+    # num_tokens left out: no token, nothing written to positions
+    "num-tokens-omitted": dict(num_reqs=2, req=[0, 1]),
+    # no token and no index buffers: positions [0, num_positions) zeroed
+    "no-tokens-no-indices": dict(num_reqs=2, req=None, num_tokens=0, num_positions=3),
+    # correction inputs partly missing: the CPU counts are copied
+    "no-previous-positions": dict(num_reqs=2, req=[0, 1], num_tokens=2, drop="prev"),
+    "no-valid-counts": dict(num_reqs=2, req=[0, 1], num_tokens=2, drop="valid"),
+    "no-previous-drafts": dict(num_reqs=2, req=[0, 1], num_tokens=2, drop="drafts"),
+    "no-accepted-buffer": dict(num_reqs=2, req=[0, 1], num_tokens=2, drop="acc"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGES))
+def test_reference_edges_against_a_naive_loop(name):
+    """The reference, on the edges the kernel comparisons leave out (the kernels refuse some of these buffers), equals
+    the documented semantics computed one element at a time."""
+    case = dict(EDGES[name])
+    n, rows, req, drop = case.pop("num_reqs"), case.pop("rows", 4), case.pop("req"), case.pop("drop", None)
+    i32 = dict(dtype=torch.int32)
+    nc = torch.tensor([30, 50, 70, 90][:rows], **i32)
+    acc = torch.tensor([1, 1, 1, 1][:rows], **i32)
+    inputs = dict(
+        prev=torch.tensor([1, 0][:n], dtype=torch.int64),
+        valid=torch.tensor([3, 2][: max(rows, 0)][:2], dtype=torch.int64),
+        drafts=torch.tensor([2, 2, 2, 2][:rows], **i32),
+    )
+    if drop in inputs:
+        inputs[drop] = None
+    if drop == "acc":
+        acc = None
+    cpu, sched = torch.tensor([5, 6][:n], **i32), torch.tensor([2, 1][:n], **i32)
+    req_t = None if req is None else torch.tensor(req, dtype=torch.int64)
+    qpos = None if req is None else torch.arange(len(req), dtype=torch.int64) + 100
+    positions = torch.full((8,), POISON, dtype=torch.int64)
+    seq_lens = torch.full((4,), POISON, **i32)
+    want = _naive_token_counts(
+        nc, acc, inputs["prev"], inputs["valid"], inputs["drafts"], cpu, sched, seq_lens, positions,
+        num_reqs=n, req=req_t, qpos=qpos, **case,
+    )  # fmt: skip
+    token_counts_reference(
+        nc, acc, inputs["prev"], inputs["valid"], inputs["drafts"], cpu, sched, seq_lens,
+        num_reqs=n, req_indices=req_t, query_pos=qpos, positions=positions, **case,
+    )  # fmt: skip
+    got = (nc.tolist(), None if acc is None else acc.tolist(), seq_lens.tolist(), positions.tolist())
+    assert got == want
+
+
+@requires_kernels
+def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
+    """Every step, valid arguments pass the launcher's attribute and integer tests alone, at their bounds too (no
+    request and every row, no previous request, CPU counts exactly num_reqs long, with and without counts, positions
+    defaulted): the explaining checker runs only where those fail, e.g. for a numpy integer, which it normalises.
+    Results are the reference's either way; the checker's cost is what a step saves."""
+    import numpy as np
+
+    from zb_patch.kernels import token_counts as tc
+
+    explained = []
+
+    def check(limits, num_reqs, *args):
+        explained.append(num_reqs)
+        return checker(limits, num_reqs, *args)
+
+    checker = tc.check_token_counts_call
+    monkeypatch.setattr(tc, "check_token_counts_call", check)
+    rows = 6
+    kb, rb = _runner_buffers(dev, max_reqs=rows, max_tokens=24), _runner_buffers("cpu", max_reqs=rows, max_tokens=24)
+    kl, rl = kernels.token_counts_launcher(**kb), kernels.token_counts_launcher(**rb)
+    assert isinstance(kl, tc.TokenCountsLauncher)
+    calls = [
+        (0, None, dict()),
+        (rows, None, dict(num_tokens=rows)),
+        (rows, 3, dict(num_tokens=rows, num_positions=24, num_prev_reqs=0)),
+        (2, 3, dict(num_tokens=4, num_prev_reqs=3)),
+        (np.int64(2), 3, dict(num_tokens=4)),
+    ]
+    for num_reqs, num_prev, kwargs in calls:
+        n = int(num_reqs)
+        for b in (kb, rb):
+            b["prev_positions"][:n].copy_(torch.arange(n) % 3)
+            b["prev_num_draft_tokens"][:3].fill_(2)
+            b["req_indices"][:n].copy_(torch.arange(n))
+        cpu = torch.arange(n, dtype=torch.int32) + 10  # exactly num_reqs long
+        valid = None if num_prev is None else torch.tensor([1, 2, 3][:num_prev], dtype=torch.int64)
+        kl(num_reqs, cpu.to(dev), None if valid is None else valid.to(dev), **kwargs)
+        rl(n, cpu, valid, **kwargs)
+        for name in rb:
+            assert torch.equal(kb[name].cpu(), rb[name]), (n, name)
+    assert explained == [2]  # the numpy integer alone
+    assert kl._launcher(True) is kl._launcher(True) and kl._launcher(False) is kl._launcher(False)

@@ -1,6 +1,6 @@
 """Mutation testing of zb-patch's per-step path and fixes with mutmut (docs/mutation.md).
 
-Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``mutation-va013`` / ``mutation-va019``;
+Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``-va013`` / ``-va019`` / ``-va025``;
 ``mutation`` runs the CI sample). mutmut keeps its state in ``mutants/`` under the directory it runs in, so each env
 works in its own copy of the tree, ``.mutation/<env>/`` (git-ignored): ``zb_patch/``, ``tests/`` and a
 ``pyproject.toml`` holding the repository's ``[tool.mutmut]`` (what is mutated, what is left alone, the killers) and
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
@@ -93,6 +94,116 @@ SAMPLE = [
         "safe = np.clip(idx, 0, token_ids_cpu.shape[1] - 2)",
     ),
 ]
+# The full run (docs/mutation.md, "Results"): every mutated file in one or more groups, each run in the env of one
+# release (the tox env ``mutation-va0xx``) with the killers that reach its files; ``--group NAME`` runs one in
+# ``.mutation/plan-NAME/``, ``--combine-groups`` reports them together. A fix shared by several releases is mutated in
+# each env whose release applies it (killed in any env: killed); the runner and the kernels run on 0.18, and the
+# runner again on 0.13 for what only its count base "cpu" reaches.
+_PATCH_TESTS_018 = [
+    "tests/patches/test_async_penalty_output_tokens.py",
+    "tests/patches/test_cudagraph_sizes_after_rounding.py",
+    "tests/patches/test_draft_placeholders_after_metadata.py",
+    "tests/patches/test_draft_sample_indices_past_batch.py",
+    "tests/patches/test_draft_seq_lens_values.py",
+    "tests/patches/test_fix_patches.py",
+    "tests/patches/test_graph_modes.py",
+    "tests/patches/test_mla_draft_rope_rows.py",
+    "tests/patches/test_mtp_draft_graph_k_replays.py",
+    "tests/patches/test_npu_graph_double.py",
+    "tests/patches/test_placeholder_accounting.py",
+    "tests/patches/test_reset_marks.py",
+    "tests/patches/test_stale_draft_placeholders.py",
+    "tests/unit/test_graph_replay.py",
+]
+
+
+@dataclass(frozen=True)
+class Group:
+    release: str  # the vllm-ascend release of its env (a version prefix)
+    mutants: tuple[str, ...]  # mutmut globs
+    tests: tuple[str, ...]  # killers
+
+
+def _fixes(*names: str) -> tuple[str, ...]:
+    return tuple(f"zb_patch.versions.fixes.{name}.*" for name in names)
+
+
+GROUPS = {
+    "kernels": Group(
+        "0.18", ("zb_patch.kernels.*", "zb_patch.zero_bubble.*"), ("tests/kernels", "tests/unit/test_zero_bubble.py")
+    ),
+    "runner": Group(
+        "0.18",
+        ("zb_patch.versions.npu_runner.*",),
+        (
+            "tests/unit/test_zero_bubble.py",
+            "tests/patches/test_runner_parity.py",
+            "tests/patches/test_npu_graph_double.py",
+            "tests/patches/test_placeholder_accounting.py",
+        ),
+    ),
+    "fixes-va018": Group(
+        "0.18",
+        (
+            "zb_patch.versions.ascend_0_18.*",
+            *_fixes(
+                "async_penalty_output_tokens",
+                "cudagraph_batch_sizes_after_rounding",
+                "draft_placeholders_after_metadata",
+                "draft_sample_indices_past_batch",
+                "draft_seq_lens_max_model_len",
+                "exact_counts_after_early_output",
+                "graph_replay",
+                "mla_draft_rope_rows",
+                "mtp_draft_graph_k_replays",
+                "reset_prefix_cache_in_flight",
+                "stale_draft_placeholders",
+            ),
+        ),
+        tuple(_PATCH_TESTS_018),
+    ),
+    "va013": Group(
+        "0.13",
+        (
+            "zb_patch.versions.ascend_0_13.*",
+            *_fixes("mtp_draft_lengths", "mtp_draft_slots", "readded_request_drafts", "rejection_negative_drafts"),
+        ),
+        (
+            "tests/unit/test_zero_bubble.py",
+            "tests/patches/test_mtp_draft_lengths.py",
+            "tests/patches/test_mtp_draft_slots_values.py",
+            "tests/patches/test_readded_request_drafts.py",
+            "tests/patches/test_rejection_negative_drafts.py",
+            "tests/patches/test_runner_parity.py",
+        ),
+    ),
+    "va019": Group(
+        "0.19",
+        (
+            "zb_patch.versions.ascend_0_19_0_25.*",
+            *_fixes(
+                "seq_lens_cpu_prepare_inputs_padded",
+                "seq_lens_cpu_unpadded",
+                "valid_count_copy_order",
+                "valid_count_int64",
+            ),
+        ),
+        (
+            "tests/patches/test_seq_lens_cpu_mirrors.py",
+            "tests/patches/test_slot_mapping_patch.py",
+            "tests/patches/test_valid_count_copy.py",
+            "tests/patches/test_fix_patches.py",
+        ),
+    ),
+    "va025": Group("0.25", ("zb_patch.versions.ascend_0_19_0_25.*",), ("tests/patches/test_slot_mapping_patch.py",)),
+    "runner-va013": Group(
+        "0.13",
+        ("zb_patch.versions.npu_runner.*",),
+        ("tests/unit/test_zero_bubble.py", "tests/patches/test_runner_parity.py"),
+    ),
+}
+
+
 # as [tool.mutmut]: the 10k-step run and the planted mistakes are no killers
 KILLER_FILTER = ["-k", "not 10k and not planted"]
 TOUCHED_PER_RUN = 6  # mutants of the last commit's changed functions that the sample adds
@@ -424,7 +535,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="run in the work directory as it is (no fresh copy)")
     parser.add_argument("--combine", nargs="+", metavar="ENV", help="report the statuses of these envs' runs together")
     parser.add_argument("--table", action="store_true", help="print the classes per file as a markdown table")
+    parser.add_argument("--group", choices=GROUPS, help="run one group of the full run (GROUPS) in its release's env")
+    parser.add_argument("--combine-groups", action="store_true", help="report the full run's groups together")
     args = parser.parse_args(argv)
+    if args.group:
+        group = GROUPS[args.group]
+        import importlib.metadata
+
+        release = importlib.metadata.version("vllm-ascend")
+        if not release.startswith(group.release):
+            raise SystemExit(f"group {args.group} runs on vllm-ascend {group.release}; this env has {release}")
+        args.env = f"plan-{args.group}"
+        args.tests = args.tests or list(group.tests)
+        args.mutants = args.mutants or list(group.mutants)
+    if args.combine_groups:
+        args.combine = [f"plan-{name}" for name in GROUPS if (ROOT / ".mutation" / f"plan-{name}").is_dir()]
 
     work = ROOT / ".mutation" / args.env
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]

@@ -236,3 +236,42 @@ def test_disabled_patch_is_not_applied(patch_set):
     report = patch_set.apply(detect(), disabled={"slot-mapping-kernel"})
     assert report.by_verdict(R.DISABLED) == ["slot-mapping-kernel"]
     assert R.resolve(TARGET).raw is original
+
+
+def test_one_mapper_per_block_table_across_steps(patch_set):
+    """The launcher (its buffers, its compiled launch) is built at a table's first step and reused at every later
+    one; another table gets its own."""
+    rng = random.Random(11)
+    steps = []
+    for _ in range(3):
+        ref_bt = _table(16, 16)
+        batch = _batch(rng, ref_bt, 16, 1)
+        _fill(ref_bt, batch[1])
+        steps.append((batch, _run(ref_bt, batch[0], batch[2], batch[3], None)))
+    assert patch_set.apply(detect()).verdict == R.APPLIED
+    bt, other = _table(16, 16), _table(16, 16)
+    mappers = []
+    for (num_reqs, rows, qsl, positions), expected in steps:
+        _fill(bt, rows)
+        assert torch.equal(_run(bt, num_reqs, qsl, positions, None), expected)
+        mappers.append(bt.__dict__["_zb_slot_mapper"])
+    assert all(m is mappers[0] for m in mappers), "a new launcher was built for a table that had one"
+    _fill(other, steps[0][0][1])
+    _run(other, *(steps[0][0][i] for i in (0, 2, 3)), None)
+    assert other.__dict__["_zb_slot_mapper"] is not mappers[0]
+
+
+def test_an_interleave_that_does_not_divide_the_physical_block_is_refused(patch_set):
+    """With context parallelism the kernel's formula holds where the interleave size divides the physical block
+    (vLLM's own condition): the patched method reads the table's physical block size and refuses the rest by name
+    at the first step instead of writing slots it cannot compute."""
+    if not _has_pcp():
+        cp = {"pcp": 1, "pcp_rank": 0, "dcp": 2, "dcp_rank": 1, "interleave": 64}
+    else:
+        cp = {"pcp": 2, "pcp_rank": 1, "dcp": 1, "dcp_rank": 0, "interleave": 64}
+    assert patch_set.apply(detect()).verdict == R.APPLIED
+    bt = _table(32, 32, cp)
+    num_reqs, rows, qsl, positions = _batch(random.Random(3), bt, 32, 2)
+    _fill(bt, rows)
+    with pytest.raises(ValueError, match="cp_kv_cache_interleave_size"):
+        bt.compute_slot_mapping(num_reqs, qsl, positions)

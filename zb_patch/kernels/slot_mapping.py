@@ -57,7 +57,6 @@ and call it with the method's own arguments::
                 self.slot_mapping.gpu,             # int32 on Ascend, int64 in vLLM
                 block_size=self.block_size,        # kernel block size (logical_block_size)
                 max_num_tokens=self.max_num_batched_tokens,
-                block_table_stride=self.block_table.gpu.stride(0),
                 physical_block_size=self.physical_block_size,   # vLLM: block_size * blocks_per_kv_block
                 pcp_world_size=self.pcp_world_size, pcp_rank=self.pcp_rank,
                 dcp_world_size=self.dcp_world_size, dcp_rank=self.dcp_rank,
@@ -298,10 +297,8 @@ class SlotMappingLauncher:
         self.slot_mapping = slot_mapping
         self.block_size = int(block_size)
         self.max_num_tokens = int(max_num_tokens)
-        self.block_table_stride = stride
         self.max_blocks = block_table.shape[1]
         self.max_num_reqs = block_table.shape[0]
-        self.physical_block_size = physical_block_size
         self.cp_world_size, self.cp_rank = world, rank
         self.cp_kv_cache_interleave_size = int(cp_kv_cache_interleave_size)
         self.pad_slot_id = int(pad_slot_id)

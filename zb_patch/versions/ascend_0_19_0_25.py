@@ -44,13 +44,11 @@ def _make_compute_slot_mapping(original):
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions):
         mapper = self.__dict__.get("_zb_slot_mapper")
         if mapper is None:
-            block_table = self.block_table.gpu
             mapper = self.__dict__["_zb_slot_mapper"] = kernels.slot_mapper(
-                block_table,
+                self.block_table.gpu,
                 self.slot_mapping.gpu,
                 block_size=self.block_size,
                 max_num_tokens=self.max_num_batched_tokens,
-                block_table_stride=block_table.stride(0),
                 physical_block_size=self.physical_block_size,
                 # 0.25.1rc1 dropped PCP from the block table (DCP only): one PCP rank
                 pcp_world_size=getattr(self, "pcp_world_size", 1),

@@ -152,7 +152,6 @@ def slot_mapper(buffers: Buffers, block_table: Any) -> Callable:
             block_table.slot_mapping.gpu,
             block_size=block_table.block_size,
             max_num_tokens=block_table.max_num_batched_tokens,
-            block_table_stride=block_table.block_table.gpu.stride(0),
             physical_block_size=block_table.physical_block_size,
         )
         entry = buffers.slot_mappers[key] = (block_table, mapper)
