@@ -646,27 +646,59 @@ def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
     checker = tc.check_token_counts_call
     monkeypatch.setattr(tc, "check_token_counts_call", check)
     rows = 6
-    kb, rb = _runner_buffers(dev, max_reqs=rows, max_tokens=24), _runner_buffers("cpu", max_reqs=rows, max_tokens=24)
-    kl, rl = kernels.token_counts_launcher(**kb), kernels.token_counts_launcher(**rb)
-    assert isinstance(kl, tc.TokenCountsLauncher)
-    calls = [
-        (0, None, dict()),
-        (rows, None, dict(num_tokens=rows)),
-        (rows, 3, dict(num_tokens=rows, num_positions=24, num_prev_reqs=0)),
-        (2, 3, dict(num_tokens=4, num_prev_reqs=3)),
-        (np.int64(2), 3, dict(num_tokens=4)),
-    ]
-    for num_reqs, num_prev, kwargs in calls:
-        n = int(num_reqs)
-        for b in (kb, rb):
-            b["prev_positions"][:n].copy_(torch.arange(n) % 3)
-            b["prev_num_draft_tokens"][:3].fill_(2)
-            b["req_indices"][:n].copy_(torch.arange(n))
-        cpu = torch.arange(n, dtype=torch.int32) + 10  # exactly num_reqs long
-        valid = None if num_prev is None else torch.tensor([1, 2, 3][:num_prev], dtype=torch.int64)
-        kl(num_reqs, cpu.to(dev), None if valid is None else valid.to(dev), **kwargs)
-        rl(n, cpu, valid, **kwargs)
-        for name in rb:
-            assert torch.equal(kb[name].cpu(), rb[name]), (n, name)
-    assert explained == [2]  # the numpy integer alone
-    assert kl._launcher(True) is kl._launcher(True) and kl._launcher(False) is kl._launcher(False)
+    for with_positions in (True, False):
+        kb, rb = (_runner_buffers(d, max_reqs=rows, max_tokens=24) for d in (dev, "cpu"))
+        if not with_positions:
+            for b in (kb, rb):
+                b["req_indices"] = b["query_pos"] = b["positions"] = None
+        else:
+            kb["positions"].fill_(POISON), rb["positions"].fill_(POISON)
+        kl = kernels.token_counts_launcher(**kb)
+        with monkeypatch.context() as m:  # the comparison: the torch reference's launcher, as CPU runs get it
+            m.setattr(kernels, "uses_triton", lambda device: False)
+            rl = kernels.token_counts_launcher(**rb)
+        assert isinstance(kl, tc.TokenCountsLauncher) and not isinstance(rl, tc.TokenCountsLauncher)
+        calls = [
+            (0, None, dict()),
+            (rows, None, dict(num_tokens=rows)),
+            (rows, 3, dict(num_tokens=rows, num_positions=24, num_prev_reqs=0)),
+            (2, 3, dict(num_tokens=4, num_prev_reqs=1)),
+            (np.int64(2), 3, dict(num_tokens=4)),
+        ]
+        for num_reqs, num_prev, kwargs in calls:
+            n = int(num_reqs)
+            for b in (kb, rb):
+                b["prev_positions"][:n].copy_(torch.arange(n) % 3)
+                b["prev_num_draft_tokens"][:3].fill_(2)
+                if with_positions:
+                    b["req_indices"][:n].copy_(torch.arange(n))
+            cpu = torch.arange(n, dtype=torch.int32) + 10  # exactly num_reqs long
+            valid = None if num_prev is None else torch.tensor([1, 2, 3][:num_prev], dtype=torch.int64)
+            kl(num_reqs, cpu.to(dev), None if valid is None else valid.to(dev), **kwargs)
+            rl(num_reqs, cpu, valid, **kwargs)
+            for name, buf in rb.items():
+                assert buf is None or torch.equal(kb[name].cpu(), buf), (with_positions, n, name)
+        assert explained == [2], with_positions  # the numpy integer alone
+        explained.clear()
+        assert kl._launcher(True) is kl._launcher(True) and kl._launcher(False) is kl._launcher(False)
+
+
+@requires_kernels
+def test_entry_points_pass_their_arguments_on(dev, fresh_launchers, monkeypatch):
+    """What the entry points forward: the launch shape (tiles) to the launcher they build, the optional buffers to
+    the checks (a bad one is refused by name), and the first call of the module loads the Triton launch path."""
+    tc, _ = fresh_launchers
+    b = _runner_buffers(dev, max_reqs=4, max_tokens=8)
+    assert kernels.token_counts_launcher(**b, tiles=(8, 16))._tiles == (8, 16)
+    monkeypatch.setattr(kernels, "_triton_update_token_counts", None)  # as in a fresh process
+    i32 = dict(dtype=torch.int32, device=dev)
+    args = (b["num_computed_tokens"], b["num_accepted_tokens"], b["prev_positions"][:2], None)
+    rest = (b["prev_num_draft_tokens"], torch.ones(2, **i32), b["num_scheduled_tokens"], b["seq_lens"])
+    kernels.update_token_counts(*args, *rest, num_reqs=2, tiles=(16, 32))
+    assert b["num_computed_tokens"][:2].cpu().tolist() == [1, 1]
+    assert {key[4] for key in tc._LAUNCHERS._cache} == {(16, 32)}
+    for name, index in (("num_accepted_tokens", 1), ("prev_num_draft_tokens", 4)):
+        bad = list(args + rest)
+        bad[index] = bad[index].float()
+        with pytest.raises(ValueError, match=name):
+            kernels.update_token_counts(*bad, num_reqs=2)

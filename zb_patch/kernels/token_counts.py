@@ -267,7 +267,9 @@ class TokenCountsLauncher:
             positions=positions,
         )
         limits = self._limits = check_token_counts_buffers(**self.buffers)
-        self._rows, self._tokens, self._positions = limits.rows, limits.tokens, limits.positions
+        self._rows = limits.rows
+        # without a positions buffer the token counts are ignored (0 each step): their per-step bound is 0
+        self._tokens, self._positions = (limits.tokens, limits.positions) if positions is not None else (0, 0)
         self._device_id = num_computed_tokens.get_device()
         self.device_type = num_computed_tokens.device.type
         self._device_index = num_computed_tokens.device.index
