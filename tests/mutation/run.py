@@ -136,10 +136,10 @@ GROUPS = {
         "0.18",
         ("zb_patch.versions.npu_runner.*",),
         (
-            "tests/unit/test_zero_bubble.py",
             "tests/patches/test_runner_parity.py",
             "tests/patches/test_npu_graph_double.py",
             "tests/patches/test_placeholder_accounting.py",
+            "tests/unit/test_zero_bubble.py",
         ),
     ),
     "fixes-va018": Group(
@@ -168,13 +168,13 @@ GROUPS = {
             "zb_patch.versions.ascend_0_13.*",
             *_fixes("mtp_draft_lengths", "mtp_draft_slots", "readded_request_drafts", "rejection_negative_drafts"),
         ),
-        (
-            "tests/unit/test_zero_bubble.py",
+        (  # tests/patches first: its conftest sets up vLLM's CPU platform before anything imports the workers
             "tests/patches/test_mtp_draft_lengths.py",
             "tests/patches/test_mtp_draft_slots_values.py",
             "tests/patches/test_readded_request_drafts.py",
             "tests/patches/test_rejection_negative_drafts.py",
             "tests/patches/test_runner_parity.py",
+            "tests/unit/test_zero_bubble.py",
         ),
     ),
     "va019": Group(
@@ -199,7 +199,7 @@ GROUPS = {
     "runner-va013": Group(
         "0.13",
         ("zb_patch.versions.npu_runner.*",),
-        ("tests/unit/test_zero_bubble.py", "tests/patches/test_runner_parity.py"),
+        ("tests/patches/test_runner_parity.py", "tests/unit/test_zero_bubble.py"),
     ),
 }
 

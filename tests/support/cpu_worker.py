@@ -16,8 +16,13 @@ from typing import Any
 def _rebind_pin_memory(value: bool) -> None:
     """vLLM 0.25+ computes ``vllm.utils.torch_utils.PIN_MEMORY`` once, at its first import (here: under the Ascend
     platform, True; CPU torch has no pinned allocator), and its modules bind it by name and as ``CpuGpuBuffer``'s
-    default. After the switch to the CPU platform every binding gets the CPU platform's answer (older vLLMs ask the
-    platform at call time and have no PIN_MEMORY: nothing to do)."""
+    default. After the switch to the CPU platform every binding gets the CPU platform's answer. Older vLLMs ask
+    ``is_pin_memory_available()`` (``functools.cache``: an answer given under the Ascend platform, by a test that ran
+    before this setup, would stay) and have no PIN_MEMORY."""
+    platform_utils = sys.modules.get("vllm.utils.platform_utils")  # not imported yet: nothing cached
+    cache_clear = getattr(getattr(platform_utils, "is_pin_memory_available", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
     for name, module in list(sys.modules.items()):
         if (name == "vllm" or name.startswith("vllm.")) and isinstance(getattr(module, "PIN_MEMORY", None), bool):
             module.PIN_MEMORY = value
