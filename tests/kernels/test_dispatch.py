@@ -255,3 +255,15 @@ def test_direct_launcher_calls_the_compiled_launcher(monkeypatch):
     assert launcher.direct_launches == 2 and launcher.direct_launcher(Compiled()) is None  # switched off now
     launcher.direct_supported = True
     assert launcher.direct_launcher(None) is None and launcher.direct_launcher(object()) is None
+
+
+def test_next_power_of_2_against_a_naive_loop():
+    from zb_patch.kernels._launch import next_power_of_2
+
+    def naive(n):
+        p = 1
+        while p < n:
+            p *= 2
+        return p
+
+    assert [next_power_of_2(n) for n in range(-2, 70)] == [naive(n) for n in range(-2, 70)]

@@ -702,3 +702,19 @@ def test_entry_points_pass_their_arguments_on(dev, fresh_launchers, monkeypatch)
         bad[index] = bad[index].float()
         with pytest.raises(ValueError, match=name):
             kernels.update_token_counts(*bad, num_reqs=2)
+
+
+def test_launch_shape_per_device(monkeypatch):
+    """The tiles and warps each device's launcher is built with (module constants; the interpreter's tiles under
+    TRITON_INTERPRET=1): every shape gives the reference's counts (the tests above); a step's cost depends on it."""
+    from zb_patch.kernels import token_counts as tc
+
+    monkeypatch.setattr(tc, "interpret_mode", lambda: True)
+    assert tc._default_tiles("cuda") == tc._default_tiles("npu") == tc._INTERP_TILES
+    monkeypatch.setattr(tc, "interpret_mode", lambda: False)
+    assert (tc._default_tiles("cuda"), tc._default_tiles("npu")) == (tc._CUDA_TILES, tc._NPU_TILES)
+    assert tc._CUDA_TILES != tc._NPU_TILES
+    for device_type, options in (("cuda", {"num_warps": 8}), ("npu", {})):
+        launcher = tc._make_launcher(device_type, True, True, True, (8, 16), False)
+        assert launcher._options == options, device_type
+        assert (launcher._constexprs["REQ_TILE"], launcher._constexprs["TOK_TILE"]) == (8, 16)

@@ -139,6 +139,7 @@ GROUPS = {
             "tests/patches/test_runner_parity.py",
             "tests/patches/test_npu_graph_double.py",
             "tests/patches/test_placeholder_accounting.py",
+            "tests/patches/test_sampling_fields.py",
             "tests/unit/test_zero_bubble.py",
         ),
     ),
@@ -596,17 +597,28 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             return rc
     envs = args.combine or [args.env]
-    result = combine([statuses(ROOT / ".mutation" / env) for env in envs])
+    per_env = {env: statuses(ROOT / ".mutation" / env) for env in envs}
+    result = combine(list(per_env.values()))
     if mutants:
         result = {k: v for k, v in result.items() if any(fnmatch.fnmatch(k, m) or k == m for m in mutants)}
     if args.sample:  # a changed function this release never runs (another family's fix): its env has to judge it
         for name in sorted(n for n in touched_names if result.get(n) == "no tests"):
             print(f"  not reached on this release (run its mutation-va0xx env): {name}", flush=True)
             del result[name]
-    keys = keys_in(ROOT / ".mutation" / envs[0], sorted({module_file(n) for n in result}))
+    # a mutant's content from the work copy of the env that ran it (each env copied the tree when it ran), the rest
+    # from the first env's
+    keys: dict[str, Key] = {}
+    for env, env_statuses in per_env.items():
+        ran = {n for n, s in env_statuses.items() if s != "not checked" and n in result}
+        if ran:
+            env_keys = keys_in(ROOT / ".mutation" / env, sorted({module_file(n) for n in ran}))
+            keys.update({n: env_keys[n] for n in ran - keys.keys() if n in env_keys})
+    rest = sorted({module_file(n) for n in result if n not in keys})
+    if rest:
+        keys.update({n: k for n, k in keys_in(ROOT / ".mutation" / envs[0], rest).items() if n not in keys})
     stale = [n for n in result if n not in keys]  # recorded by a run of another work copy (an older rewrite)
     if stale:
-        print(f"left out: {len(stale)} mutants that the work copy of {envs[0]} no longer has (rerun those envs)")
+        print(f"left out: {len(stale)} mutants that the work copies of {envs} no longer have (rerun those envs)")
         result = {n: s for n, s in result.items() if n in keys}
     declared = [  # mutated by a run from before the function was listed or the line marked
         n
