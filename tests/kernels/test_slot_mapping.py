@@ -314,6 +314,7 @@ def test_launch_shape_defaults_and_overrides(dev):
         tile, programs = sm._CUDA_TILE, _launch.multiprocessor_count("cuda", bt.device.index)
     m = sm.SlotMappingLauncher(bt, out, block_size=16, max_num_tokens=1000)
     assert (m.tile, m.num_programs, m.windowed, m.uniform_guess) == (tile, min(-(-1000 // tile), programs), False, True)
+    assert m._launcher._options == ({"num_warps": sm._CUDA_WARPS} if bt.device.type == "cuda" else {})
     c = m._launcher._constexprs
     assert (c["WINDOW"], c["REQ_PAD"], c["WINDOWED"], c["UNIFORM_GUESS"]) == (
         _launch.next_power_of_2(tile // 16 + 2),

@@ -402,6 +402,8 @@ def test_prepared_launcher_over_consecutive_steps(dev, tiles):
         for name in rb:
             assert torch.equal(kb[name].cpu(), rb[name]), (step, name)
         prev_n = n
+    # every step launched once, through the direct launch (CUDA) or Triton's path
+    assert kl.direct_launches + sum(launcher.slow_launches for launcher in kl._launchers.values()) == 12
     if dev == "cuda":
         assert kl.direct_launches >= 8
 
