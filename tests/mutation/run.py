@@ -4,8 +4,8 @@ Runs inside a va env that has mutmut (tox envs ``mutation-va018`` / ``-va013`` /
 ``mutation`` runs the CI sample). mutmut keeps its state in ``mutants/`` under the directory it runs in, so each env
 works in its own copy of the tree, ``.mutation/<env>/`` (git-ignored): ``zb_patch/``, ``tests/`` and a
 ``pyproject.toml`` holding the repository's ``[tool.mutmut]`` (what is mutated, what is left alone, the killers) and
-pytest settings. A second run in the same directory reuses mutmut's results for every function whose source did not
-change.
+pytest settings. A second run in the same directory that names no mutant reuses mutmut's results for every function
+whose source did not change; named mutants (and globs) run again.
 
     python tests/mutation/run.py [--max-children N] [--tests NODE ...] [--json PATH] [MUTANT ...]
     python tests/mutation/run.py --sample            # the CI sample (SAMPLE below): fails unless every one is killed
