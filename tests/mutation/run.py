@@ -97,9 +97,9 @@ SAMPLE = [
 # The full run (docs/mutation.md, "Results"): every mutated file in one or more groups, each run in the env of one
 # release (the tox env ``mutation-va0xx``) with the killers that reach its files; ``--group NAME`` runs one in
 # ``.mutation/plan-NAME/``, ``--combine-groups`` reports them together. A fix shared by several releases is mutated in
-# each env whose release applies it (killed in any env: killed); the runner and the kernels run on 0.18, and the
-# runner again on 0.13 for what only its count base "cpu" reaches.
-_PATCH_TESTS_018 = [
+# one group; its survivors are rerun in the others' envs by name (killed in any env: killed). The runner and the
+# kernels run on 0.18, the runner again on 0.13 for what only its count base "cpu" reaches.
+_PATCH_TESTS_018 = (
     "tests/patches/test_async_penalty_output_tokens.py",
     "tests/patches/test_cudagraph_sizes_after_rounding.py",
     "tests/patches/test_draft_placeholders_after_metadata.py",
@@ -114,7 +114,7 @@ _PATCH_TESTS_018 = [
     "tests/patches/test_reset_marks.py",
     "tests/patches/test_stale_draft_placeholders.py",
     "tests/unit/test_graph_replay.py",
-]
+)
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ GROUPS = {
                 "stale_draft_placeholders",
             ),
         ),
-        tuple(_PATCH_TESTS_018),
+        _PATCH_TESTS_018,
     ),
     "va013": Group(
         "0.13",
