@@ -605,7 +605,7 @@ def test_reference_edges_against_a_naive_loop(name):
     acc = torch.tensor([1, 1, 1, 1][:rows], **i32)
     inputs = dict(
         prev=torch.tensor([1, 0][:n], dtype=torch.int64),
-        valid=torch.tensor([3, 2][: max(rows, 0)][:2], dtype=torch.int64),
+        valid=torch.tensor([3, 2][:rows], dtype=torch.int64),
         drafts=torch.tensor([2, 2, 2, 2][:rows], **i32),
     )
     if drop in inputs:
@@ -654,7 +654,8 @@ def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
             for b in (kb, rb):
                 b["req_indices"] = b["query_pos"] = b["positions"] = None
         else:
-            kb["positions"].fill_(POISON), rb["positions"].fill_(POISON)
+            for b in (kb, rb):
+                b["positions"].fill_(POISON)
         kl = kernels.token_counts_launcher(**kb)
         with monkeypatch.context() as m:  # the comparison: the torch reference's launcher, as CPU runs get it
             m.setattr(kernels, "uses_triton", lambda device: False)
