@@ -120,21 +120,27 @@ _PATCH_TESTS_018 = (
 @dataclass(frozen=True)
 class Group:
     release: str  # the vllm-ascend release of its env (a version prefix)
-    mutants: tuple[str, ...]  # mutmut globs
+    files: tuple[str, ...]  # what it mutates (globs of [tool.mutmut] only_mutate's form)
     tests: tuple[str, ...]  # killers
 
 
 def _fixes(*names: str) -> tuple[str, ...]:
-    return tuple(f"zb_patch.versions.fixes.{name}.*" for name in names)
+    return tuple(f"zb_patch/versions/fixes/{name}.py" for name in names)
 
 
 GROUPS = {
     "kernels": Group(
-        "0.18", ("zb_patch.kernels.*", "zb_patch.zero_bubble.*"), ("tests/kernels", "tests/unit/test_zero_bubble.py")
+        "0.18",
+        tuple(
+            f"zb_patch/kernels/{n}.py"
+            for n in ("__init__", "_launch", "reference", "seq_lens_cpu", "slot_mapping", "token_counts")
+        )
+        + ("zb_patch/zero_bubble/*.py",),
+        ("tests/kernels", "tests/unit/test_zero_bubble.py"),
     ),
     "runner": Group(
         "0.18",
-        ("zb_patch.versions.npu_runner.*",),
+        ("zb_patch/versions/npu_runner.py",),
         (
             "tests/patches/test_runner_parity.py",
             "tests/patches/test_npu_graph_double.py",
@@ -146,7 +152,7 @@ GROUPS = {
     "fixes-va018": Group(
         "0.18",
         (
-            "zb_patch.versions.ascend_0_18.*",
+            "zb_patch/versions/ascend_0_18.py",
             *_fixes(
                 "async_penalty_output_tokens",
                 "cudagraph_batch_sizes_after_rounding",
@@ -166,7 +172,7 @@ GROUPS = {
     "va013": Group(
         "0.13",
         (
-            "zb_patch.versions.ascend_0_13.*",
+            "zb_patch/versions/ascend_0_13.py",
             *_fixes("mtp_draft_lengths", "mtp_draft_slots", "readded_request_drafts", "rejection_negative_drafts"),
         ),
         (  # tests/patches first: its conftest sets up vLLM's CPU platform before anything imports the workers
@@ -181,7 +187,7 @@ GROUPS = {
     "va019": Group(
         "0.19",
         (
-            "zb_patch.versions.ascend_0_19_0_25.*",
+            "zb_patch/versions/ascend_0_19_0_25.py",
             *_fixes(
                 "seq_lens_cpu_prepare_inputs_padded",
                 "seq_lens_cpu_unpadded",
@@ -196,10 +202,10 @@ GROUPS = {
             "tests/patches/test_fix_patches.py",
         ),
     ),
-    "va025": Group("0.25", ("zb_patch.versions.ascend_0_19_0_25.*",), ("tests/patches/test_slot_mapping_patch.py",)),
+    "va025": Group("0.25", ("zb_patch/versions/ascend_0_19_0_25.py",), ("tests/patches/test_slot_mapping_patch.py",)),
     "runner-va013": Group(
         "0.13",
-        ("zb_patch.versions.npu_runner.*",),
+        ("zb_patch/versions/npu_runner.py",),
         ("tests/patches/test_runner_parity.py", "tests/unit/test_zero_bubble.py"),
     ),
 }
@@ -548,7 +554,6 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"group {args.group} runs on vllm-ascend {group.release}; this env has {release}")
         args.env = f"plan-{args.group}"
         args.tests = args.tests or list(group.tests)
-        args.mutants = args.mutants or list(group.mutants)
     if args.combine_groups:
         args.combine = [f"plan-{name}" for name in GROUPS if (ROOT / ".mutation" / f"plan-{name}").is_dir()]
 
@@ -556,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     mutants = list(args.mutants)
     tests = args.tests
-    only = None
+    # a group mutates its files only and, without names, runs what has no result yet (new or changed functions, or
+    # what a stopped run did not reach); named mutants run again
+    only = list(GROUPS[args.group].files) if args.group else None
     touched_names: set[str] = set()
     if args.sample:
         functions = changed_functions(args.since, mutated_files(config))
@@ -601,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     result = combine(list(per_env.values()))
     if mutants:
         result = {k: v for k, v in result.items() if any(fnmatch.fnmatch(k, m) or k == m for m in mutants)}
+    if args.group:
+        result = {k: v for k, v in result.items() if any(fnmatch.fnmatch(module_file(k), f) for f in only or ())}
     if args.sample:  # a changed function this release never runs (another family's fix): its env has to judge it
         for name in sorted(n for n in touched_names if result.get(n) == "no tests"):
             print(f"  not reached on this release (run its mutation-va0xx env): {name}", flush=True)
