@@ -547,11 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.group:
         group = GROUPS[args.group]
-        import importlib.metadata
+        from installed_release import RELEASE  # tests/support (on the va envs' PYTHONPATH)
 
-        release = importlib.metadata.version("vllm-ascend")
-        if not release.startswith(group.release):
-            raise SystemExit(f"group {args.group} runs on vllm-ascend {group.release}; this env has {release}")
+        if not f"{RELEASE}.".startswith(f"{group.release}."):
+            raise SystemExit(f"group {args.group} runs on vllm-ascend {group.release}; this env has {RELEASE}")
         args.env = f"plan-{args.group}"
         args.tests = args.tests or list(group.tests)
     if args.combine_groups:
