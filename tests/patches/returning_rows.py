@@ -63,16 +63,16 @@ class Recorder:
         monkeypatch.setattr(driver_cls, "sample_tokens", sample)
 
 
-def run(H, release, sess, monkeypatch, *, patched, disabled=()):
+def run(H, release, sess, monkeypatch, *, patched, disabled=(), seed=SEED):
     from zb_patch.check.selftest.compat import EngineShape
     from zb_patch.check.selftest.workload import make_workload
 
     rec = Recorder(release)
     rec.install(monkeypatch)
     shape = EngineShape(num_spec_tokens=K)
-    specs = make_workload(SEED, shape, ITERATIONS)
+    specs = make_workload(seed, shape, ITERATIONS)
     with H.reference_kernels():
-        res = H.run_mode(sess, shape, specs, ITERATIONS, release=release, seed=SEED, patched=patched, disabled=disabled)
+        res = H.run_mode(sess, shape, specs, ITERATIONS, release=release, seed=seed, patched=patched, disabled=disabled)
     monkeypatch.undo()
     return res, rec
 

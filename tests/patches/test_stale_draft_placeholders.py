@@ -25,6 +25,8 @@ if FAMILY not in HARNESS:
 
 from returning_rows import K, run, zero_bubble_ids  # noqa: E402
 
+from zb_patch.check.selftest.compat import EngineShape  # noqa: E402
+
 FIX = "stale-draft-placeholders"
 
 
@@ -67,3 +69,133 @@ def test_disabling_the_fix_brings_the_defect_back(H, release, sess, monkeypatch)
     assert rec.returns and all(r["ids"] != r["expected"] for r in rec.returns)
     assert res.zb.get("active")
     assert "_zb_patch_saved_drafts" not in res.runner.__dict__
+
+
+# seed 3: several rows back with drafts of different lengths in one run (0.18: 5 rows, 7 draft tokens; 0.13: 10, 25)
+MANY_RETURNS_SEED = 3
+
+
+def test_every_returning_row_is_filled_and_counted(H, release, sess, monkeypatch):
+    """Several rows back in one run: each gets its request's drafts, and the fix's counters say so exactly (rows,
+    draft tokens, none without kept drafts); every request's drafts were kept when it left, then consumed or
+    forgotten when it finished."""
+    res, rec = run(H, release, sess, monkeypatch, patched=True, seed=MANY_RETURNS_SEED)
+    assert len(rec.returns) >= 2 and len({len(r["scheduled"]) for r in rec.returns}) >= 2, rec.returns
+    assert [r for r in rec.returns if r["ids"] != r["expected"]] == []
+    st = res.runner.__dict__["_zb_patch_saved_drafts"]
+    assert (st.filled, st.filled_tokens, st.unknown) == (
+        len(rec.returns),
+        sum(len(r["scheduled"]) for r in rec.returns),
+        0,
+    )
+    assert st.saved >= st.filled
+    assert set(st.drafts) <= set(res.runner.requests)
+
+
+def _wrapped(signature):
+    """The fix's ``_prepare_input_ids`` wrapper around a release body of this signature, which records its call."""
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    calls = []
+    bodies = {
+        "0.13-0.18": lambda self, scheduler_output, total_num_scheduled_tokens, cu_num_tokens: calls.append(
+            (self, scheduler_output, total_num_scheduled_tokens, cu_num_tokens)
+        ),
+        "0.19+": lambda self, scheduler_output, num_reqs, total_num_scheduled_tokens, cu_num_tokens: calls.append(
+            (self, scheduler_output, num_reqs, total_num_scheduled_tokens, cu_num_tokens)
+        ),
+        "unnamed": lambda self, scheduler_output, *rest: calls.append((self, scheduler_output, *rest)),
+    }
+    return fix.make_prepare_input_ids(bodies[signature]), calls
+
+
+@pytest.mark.parametrize(
+    "signature,args,kwargs,cu_num_tokens",
+    [
+        ("0.13-0.18", (9, "cu"), {}, "cu"),
+        ("0.13-0.18", (9,), {"cu_num_tokens": "cu"}, "cu"),
+        ("0.19+", (2, 9, "cu"), {}, "cu"),
+        ("0.19+", (2, 9), {"cu_num_tokens": "cu"}, "cu"),
+        ("unnamed", (2, 9, "cu"), {}, "cu"),  # no parameter of that name: the last positional argument
+    ],
+)
+def test_the_wrapper_hands_the_call_on_and_finds_cu_num_tokens(
+    H, sess, monkeypatch, signature, args, kwargs, cu_num_tokens
+):
+    """Under async scheduling with drafts: the drafts of leaving rows are kept before the release's body, which gets
+    the call unchanged, and the returning rows are filled with this step's ``cu_num_tokens``, wherever the release's
+    signature puts it."""
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    shape = EngineShape(num_spec_tokens=2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    seen = []
+    monkeypatch.setattr(fix, "keep_leaving_drafts", lambda r, st: seen.append(("keep", r, st)))
+    monkeypatch.setattr(fix, "fill_returning_drafts", lambda r, st, so, cu: seen.append(("fill", r, st, so, cu)))
+    wrapper, calls = _wrapped(signature)
+    assert wrapper(runner, "so", *args, **kwargs) is None
+    assert calls == [(runner, "so", *args, *kwargs.values())]
+    st = runner.__dict__[fix.SAVED_DRAFTS_ATTR]
+    assert seen == [("keep", runner, st), ("fill", runner, st, "so", cu_num_tokens)]
+
+
+@pytest.mark.parametrize("async_scheduling,num_spec_tokens", [(False, 2), (True, 0)])
+def test_the_wrapper_leaves_other_configurations_to_the_release(
+    H, sess, monkeypatch, async_scheduling, num_spec_tokens
+):
+    """Without async scheduling or without drafts the release's body runs alone: nothing kept or filled, and a
+    leaving-rows record of the batch is dropped (nothing would read it)."""
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    shape = EngineShape(num_spec_tokens=2)
+    vc = H.build_config(sess, shape, async_scheduling=async_scheduling)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    runner.num_spec_tokens = num_spec_tokens
+    monkeypatch.setattr(fix, "keep_leaving_drafts", lambda *a: pytest.fail("kept drafts"))
+    monkeypatch.setattr(fix, "fill_returning_drafts", lambda *a: pytest.fail("filled rows"))
+    wrapper, calls = _wrapped("0.13-0.18")
+    runner.input_batch.__dict__[fix.LEFT_ROWS_ATTR] = {"r": 0}
+    assert wrapper(runner, "so", 9, cu_num_tokens="cu") is None
+    assert calls == [(runner, "so", 9, "cu")]
+    assert fix.LEFT_ROWS_ATTR not in runner.input_batch.__dict__ and fix.SAVED_DRAFTS_ATTR not in runner.__dict__
+    assert wrapper(runner, "so", 9, "cu") is None  # no record: nothing to drop
+    assert calls[-1] == (runner, "so", 9, "cu")
+
+
+def test_rows_back_without_kept_drafts_keep_the_release_s_ids_and_are_counted(H, release, sess, monkeypatch):
+    """Nothing kept (the keeping step left out): every row back with drafts keeps the ids the release wrote and is
+    counted as unknown; none is filled."""
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    monkeypatch.setattr(fix, "keep_leaving_drafts", lambda runner, st: None)
+    res, rec = run(H, release, sess, monkeypatch, patched=True, seed=MANY_RETURNS_SEED)
+    bare, bare_rec = run(H, release, sess, monkeypatch, patched=True, seed=MANY_RETURNS_SEED, disabled=(FIX,))
+    assert len(rec.returns) >= 2
+    assert [r["ids"] for r in rec.returns] == [r["ids"] for r in bare_rec.returns]
+    st = res.runner.__dict__["_zb_patch_saved_drafts"]
+    assert (st.unknown, st.filled, st.filled_tokens, st.drafts) == (len(rec.returns), 0, 0, {})
+
+
+def test_remove_request_records_the_row_of_a_sampled_request(H, sess):
+    """The ``InputBatch.remove_request`` wrapper records the previous-step row of each removed request that was
+    sampled there (several per step), nothing for one that was not or before any step was sampled; the release's
+    body runs and its result is returned."""
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    shape = EngineShape(num_spec_tokens=2)
+    vc = H.build_config(sess, shape)
+    batch = H.make_runner(vc, H.kv_cache_config(vc, shape)).input_batch
+    removed = []
+
+    def body(b, req_id):
+        removed.append((b, req_id))
+        return len(removed)
+
+    remove = fix.make_remove_request(body)
+    batch.prev_req_id_to_index = None  # no step sampled yet
+    assert remove(batch, "a") == 1 and fix.LEFT_ROWS_ATTR not in batch.__dict__
+    batch.prev_req_id_to_index = {"a": 3, "b": 0}
+    assert remove(batch, "a") == 2 and remove(batch, "c") == 3 and remove(batch, "b") == 4
+    assert batch.__dict__[fix.LEFT_ROWS_ATTR] == {"a": 3, "b": 0}
+    assert removed == [(batch, "a"), (batch, "a"), (batch, "c"), (batch, "b")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,23 +57,17 @@ def make_prepare_input_ids(original: Callable) -> Callable:
     been verified with had it not skipped the step -- the ones synchronous scheduling verifies -- so the tokens
     and the acceptance are the sync run's. No host wait: slicing, cloning and copying device tensors only.
     """
-    try:
-        cu_index = list(inspect.signature(original).parameters).index("cu_num_tokens")
-    except ValueError:
-        cu_index = -1
 
     @functools.wraps(original)
     def _prepare_input_ids(runner, scheduler_output, *args, **kwargs):
-        if not (getattr(runner, "use_async_scheduling", False) and getattr(runner, "num_spec_tokens", 0)):
+        if not (runner.use_async_scheduling and runner.num_spec_tokens):  # both set by GPUModelRunner.__init__
             runner.input_batch.__dict__.pop(LEFT_ROWS_ATTR, None)  # async without drafts: nothing to keep
             return original(runner, scheduler_output, *args, **kwargs)
         st = saved_drafts(runner)
         keep_leaving_drafts(runner, st)  # before the body: vLLM 0.13's body sets _draft_token_ids to None
         result = original(runner, scheduler_output, *args, **kwargs)
-        if "cu_num_tokens" in kwargs:
-            cu_num_tokens = kwargs["cu_num_tokens"]
-        else:
-            cu_num_tokens = args[cu_index - 2] if cu_index >= 2 else args[-1]  # positional (self, scheduler_output)
+        # the last parameter of every fingerprinted signature (above)
+        cu_num_tokens = kwargs["cu_num_tokens"] if "cu_num_tokens" in kwargs else args[-1]
         fill_returning_drafts(runner, st, scheduler_output, cu_num_tokens)
         return result
 
@@ -113,10 +106,10 @@ def make_remove_request(original: Callable) -> Callable:
     changes."""
 
     @functools.wraps(original)
-    def remove_request(batch, req_id, *args, **kwargs):
+    def remove_request(batch, req_id):  # (self, req_id) in every fingerprinted release
         prev = batch.prev_req_id_to_index
         row = prev.get(req_id) if prev else None
-        result = original(batch, req_id, *args, **kwargs)
+        result = original(batch, req_id)
         if row is not None:
             left = batch.__dict__.get(LEFT_ROWS_ATTR)
             if left is None:
