@@ -551,8 +551,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not f"{RELEASE}.".startswith(f"{group.release}."):
             raise SystemExit(f"group {args.group} runs on vllm-ascend {group.release}; this env has {RELEASE}")
+        if args.tests and not (args.report or args.prepare):
+            # mutmut resets every result of a work directory whose configuration (the killers) changed
+            raise SystemExit(f"--group {args.group} runs its own killers (GROUPS): add a test there, not with --tests")
         args.env = f"plan-{args.group}"
-        args.tests = args.tests or list(group.tests)
+        args.tests = list(group.tests)
     if args.combine_groups:
         args.combine = [f"plan-{name}" for name in GROUPS if (ROOT / ".mutation" / f"plan-{name}").is_dir()]
 
