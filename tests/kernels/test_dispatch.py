@@ -58,6 +58,15 @@ def test_uses_triton():
     assert kernels.uses_triton("cpu") == INTERPRET
 
 
+@pytest.mark.parametrize("interpret", [False, True])
+def test_uses_triton_on_the_cpu_follows_the_interpreter(monkeypatch, interpret):
+    """The CPU, named or as a device, goes to Triton only under its interpreter; any other device always does."""
+    monkeypatch.setattr(kernels, "interpret_mode", lambda: interpret)
+    assert kernels.uses_triton("cpu") is interpret
+    assert kernels.uses_triton(torch.device("cpu")) is interpret
+    assert kernels.uses_triton(torch.device("meta")) and kernels.uses_triton("npu")
+
+
 @requires_kernels
 def test_interpret_mode_sends_cpu_tensors_to_triton():
     if not INTERPRET:  # pragma: no cover - GPU run
