@@ -299,6 +299,42 @@ def test_valid_step_arguments_pass_the_attribute_checks_alone(dev, monkeypatch):
 
 
 @requires_kernels
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(physical_block_size=64, dcp_world_size=2, dcp_rank=1, cp_kv_cache_interleave_size=16, pad_slot_id=-7),
+        dict(pcp_world_size=2, pcp_rank=1, dcp_world_size=2, dcp_rank=0),
+    ],
+    ids=["hybrid-dcp-pad", "pcp-dcp"],
+)
+def test_slot_mapper_s_two_branches_agree(dev, monkeypatch, cfg):
+    """``slot_mapper`` hands its whole configuration to either branch: the torch reference's mapper (CPU tensors
+    outside the interpreter) writes what the Triton launcher writes, CP ranks, hybrid blocks and pad id included."""
+    batch = make_batch([7, 150, 1, 40], [0, 20, 500, 64], max_blocks=96)
+    outs = []
+    for triton in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "uses_triton", lambda device, triton=triton: triton)
+            out = torch.full((batch.num_tokens + 5 + GUARD,), POISON, dtype=torch.int64, device=dev)
+            mapper = kernels.slot_mapper(
+                batch.block_table.to(dev), out, block_size=16, max_num_tokens=batch.num_tokens + 5, **cfg
+            )
+            assert type(mapper).__name__ == ("SlotMappingLauncher" if triton else "_ReferenceSlotMapper")
+            mapper(batch.num_reqs, batch.query_start_loc.to(dev), batch.positions.to(dev))
+            outs.append(out.cpu())
+    assert_same(*outs)
+    assert (outs[0][batch.num_tokens : batch.num_tokens + 5] == cfg.get("pad_slot_id", PAD_SLOT_ID)).all()
+
+
+@requires_kernels
+def test_slot_mapper_hands_the_launch_shape_on(dev):
+    bt = torch.zeros((7, 8), dtype=torch.int32, device=dev)
+    out = torch.zeros(1000, dtype=torch.int32, device=dev)
+    m = kernels.slot_mapper(bt, out, block_size=16, max_num_tokens=100, tile=48, max_programs=8, windowed=True)
+    assert (m.tile, m.num_programs, m.windowed) == (64, 2, True)
+
+
+@requires_kernels
 def test_launch_shape_defaults_and_overrides(dev):
     """The launch shape the launcher picks for this device (module constants: the interpreter's tile and 4
     programs, CUDA's tile and one program per SM; the uniform owner guess and no block window on CPU and CUDA) and the
