@@ -423,6 +423,64 @@ def test_a_wrong_block_table_entry_is_detected(dev):
     assert not torch.equal(bad_k, good_r)
 
 
+def test_reference_edges():
+    """The reference on its own edges: a one-entry block table read only where a token is valid (padding and a
+    token past the row never index it), ``num_reqs`` taken from ``query_start_loc`` (trailing tokens pad), block
+    numbers whose slots pass 2**31 (int64 arithmetic), and a block table stride that is not the table's."""
+    table = torch.tensor([[5]], dtype=torch.int32)
+    out = torch.full((4,), POISON, dtype=torch.int64)
+    qsl = torch.tensor([0, 2], dtype=torch.int32)
+    slot_mapping_reference(qsl, torch.tensor([3, 16, 0]), table, out, block_size=16, max_num_tokens=4)
+    assert out.tolist() == [5 * 16 + 3, PAD_SLOT_ID, PAD_SLOT_ID, PAD_SLOT_ID]
+
+    no_request = torch.zeros(0, dtype=torch.int32)
+    slot_mapping_reference(no_request, torch.zeros(0, dtype=torch.int64), table, out, block_size=16, max_num_tokens=3)
+    assert out[:3].tolist() == [PAD_SLOT_ID] * 3
+
+    big = torch.tensor([[2**28, 3]], dtype=torch.int32)
+    out = torch.zeros(2, dtype=torch.int64)
+    slot_mapping_reference(qsl, torch.tensor([1, 17]), big, out, block_size=16, max_num_tokens=2, num_reqs=1)
+    assert out.tolist() == [2**32 + 1, 3 * 16 + 1]
+
+    batch = make_batch([7, 150, 40], [0, 20, 64], max_blocks=96)
+    for block, interleave in ((16, 64), (8, 16)):  # no physical block size: the lcm of the two
+        outs = []
+        for physical in (None, math.lcm(block, interleave)):
+            outs.append(torch.zeros(batch.num_tokens, dtype=torch.int64))
+            slot_mapping_reference(
+                batch.query_start_loc,
+                batch.positions,
+                batch.block_table,
+                outs[-1],
+                block_size=block,
+                max_num_tokens=0,
+                physical_block_size=physical,
+                cp_world_size=2,
+                cp_rank=1,
+                cp_kv_cache_interleave_size=interleave,
+            )
+        assert torch.equal(*outs)
+
+    with pytest.raises(ValueError, match="block_table_stride"):
+        slot_mapping_reference(
+            qsl, torch.tensor([1, 2]), big, out, block_size=16, max_num_tokens=2, block_table_stride=3
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="two device types: runs on the CUDA machine")
+@pytest.mark.parametrize("inputs,table,out", [("cpu", "cpu", "cuda"), ("cuda", "cpu", "cpu"), ("cpu", "cuda", "cpu")])
+def test_reference_across_devices(inputs, table, out):
+    """The reference computes on ``slot_mapping``'s device whatever devices its inputs and block table are on."""
+    batch = make_batch([7, 150, 1, 40], [0, 20, 500, 64], max_blocks=96)
+    want = torch.full((batch.num_tokens + 5,), POISON, dtype=torch.int64)
+    got = want.clone().to(out)
+    cfg = dict(block_size=16, max_num_tokens=batch.num_tokens + 5, cp_world_size=2, cp_rank=1)
+    slot_mapping_reference(batch.query_start_loc, batch.positions, batch.block_table, want, **cfg)
+    q, p = batch.query_start_loc.to(inputs), batch.positions.to(inputs)
+    slot_mapping_reference(q, p, batch.block_table.to(table), got, **cfg)
+    assert torch.equal(got.cpu(), want)
+
+
 def test_reference_differs_from_cp_oblivious_variant():
     batch = make_batch([30], [0])
     a = torch.zeros(30, dtype=torch.int64)
