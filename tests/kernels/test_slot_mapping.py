@@ -461,6 +461,11 @@ def test_reference_edges():
             )
         assert torch.equal(*outs)
 
+    last = torch.tensor([2**31 - 1])  # the last position in range: block 1 of blocks of 2**30 tokens
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    slot_mapping_reference(one, last, big, out, block_size=2**30, max_num_tokens=1)
+    assert out[0] == 3 * 2**30 + 2**30 - 1
+
     with pytest.raises(ValueError, match="block_table_stride"):
         slot_mapping_reference(
             qsl, torch.tensor([1, 2]), big, out, block_size=16, max_num_tokens=2, block_table_stride=3
