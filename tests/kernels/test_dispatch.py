@@ -156,10 +156,27 @@ def test_direct_launch_is_cuda_triton_3_3_or_later_only(monkeypatch):
     assert not _launch._direct_launch_supported("npu") and not _launch._direct_launch_supported("cpu")
     monkeypatch.setenv("ZB_PATCH_KERNELS_NO_DIRECT_LAUNCH", "1")
     assert not _launch._direct_launch_supported("cuda")
-    monkeypatch.setenv("ZB_PATCH_KERNELS_NO_DIRECT_LAUNCH", "0")
-    assert _launch._direct_launch_supported("cuda") is knobs_present
+    for off in ("0", ""):
+        monkeypatch.setenv("ZB_PATCH_KERNELS_NO_DIRECT_LAUNCH", off)
+        assert _launch._direct_launch_supported("cuda") is knobs_present
     monkeypatch.setattr(_launch, "_interpret", True)
     assert not _launch._direct_launch_supported("cuda")
+
+
+@pytest.mark.parametrize("value,want", [(None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
+def test_interpret_mode_reads_triton_interpret_once(monkeypatch, value, want):
+    """TRITON_INTERPRET unset, empty or "0": compiled kernels; any other value: the interpreter. Read at the first
+    call of the process (as Triton reads it when a kernel module is imported), not again."""
+    from zb_patch.kernels import _launch
+
+    monkeypatch.setattr(_launch, "_interpret", None)  # this process's answer: restored after the test
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert _launch.interpret_mode() is want
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if want else "1")
+    assert _launch.interpret_mode() is want
 
 
 def _set_active(monkeypatch, driver, value):
