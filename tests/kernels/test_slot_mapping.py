@@ -335,6 +335,21 @@ def test_slot_mapper_hands_the_launch_shape_on(dev):
 
 
 @requires_kernels
+def test_the_launcher_checks_its_configuration_itself(dev):
+    """``SlotMappingLauncher`` built directly (not through ``slot_mapper``) refuses what ``slot_mapper`` refuses, and
+    keeps an explicit ``uniform_guess``."""
+    from zb_patch.kernels import slot_mapping as sm
+
+    bt = torch.zeros((4, 8), dtype=torch.int32, device=dev)
+    out = torch.zeros(64, dtype=torch.int64, device=dev)
+    with pytest.raises(ValueError, match="block_table_stride=9"):
+        sm.SlotMappingLauncher(bt, out, block_size=16, max_num_tokens=64, block_table_stride=9)
+    with pytest.raises(ValueError, match="physical_block_size=24"):
+        sm.SlotMappingLauncher(bt, out, block_size=16, max_num_tokens=64, physical_block_size=24)
+    assert sm.SlotMappingLauncher(bt, out, block_size=16, max_num_tokens=64, uniform_guess=True).uniform_guess is True
+
+
+@requires_kernels
 def test_launch_shape_defaults_and_overrides(dev):
     """The launch shape the launcher picks for this device (module constants: the interpreter's tile and 4
     programs, CUDA's tile and one program per SM; the uniform owner guess and no block window on CPU and CUDA) and the
