@@ -14,8 +14,6 @@ Order within one step (vLLM 0.19 ``_prepare_inputs`` / vllm-ascend 0.23, one lau
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from .. import kernels
@@ -72,7 +70,6 @@ class CountCorrection:
         positions: torch.Tensor,
         num_accepted_tokens: torch.Tensor | None = None,
         base: str = "previous",
-        **launch_shape: Any,
     ) -> None:
         if base not in BASES:
             raise ValueError(f"base must be 'previous' or 'cpu', not {base!r}")
@@ -91,7 +88,6 @@ class CountCorrection:
             req_indices=req_indices,
             query_pos=query_pos,
             positions=positions,
-            **launch_shape,
         )
 
     def __call__(
