@@ -57,6 +57,7 @@ def run_pair(
     with_positions=True,
     num_prev_reqs=None,
     tiles=None,
+    base="previous",
 ):
     """Run the kernel (dev) and the reference (CPU) on copies; return both states as dicts."""
     n_tok, req_buf, qpos_buf = step.token_layout()
@@ -88,6 +89,7 @@ def run_pair(
             num_tokens=n_tok,
             num_positions=num_positions,
             num_prev_reqs=num_prev_reqs,
+            base=base,
             **extra,
         )
 
@@ -178,6 +180,24 @@ def test_scenarios(dev, name, tiles):
     prev, valid, drafts = SCENARIOS[name]
     step = make_step(prev, valid, drafts, seed=zlib.crc32(name.encode()))
     assert_same(*run_pair(step, dev, tiles=tiles))
+
+
+@requires_kernels
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenarios_cpu_base(dev, name):
+    """base "cpu": the kernel equals the reference, and the reference equals the documented semantics computed one
+    row at a time (this step's CPU count minus the rejected drafts where the row participates)."""
+    prev, valid, drafts = SCENARIOS[name]
+    step = make_step(prev, valid, drafts, seed=zlib.crc32(name.encode()))
+    ker, ref = run_pair(step, dev, base="cpu", tiles=(4, 4))
+    assert_same(ker, ref)
+    want_nc, want_acc = step.num_computed.tolist(), step.num_accepted.tolist()
+    for r, p in enumerate(prev):
+        want_nc[r] = int(step.cpu_computed[r])
+        if 0 <= p < len(valid) and int(step.prev_drafts[p]) > 0:
+            want_nc[r] -= int(step.prev_drafts[p]) + 1 - valid[p]
+            want_acc[r] = valid[p]
+    assert (ref["num_computed"].tolist(), ref["num_accepted"].tolist()) == (want_nc, want_acc)
 
 
 def test_upstream_hardening_example_values():
@@ -372,13 +392,14 @@ def _runner_buffers(device, max_reqs=48, max_tokens=160):
 
 
 @requires_kernels
+@pytest.mark.parametrize("base", ["previous", "cpu"])
 @pytest.mark.parametrize("tiles", [None, (8, 16)], ids=["default-tiles", "small-tiles"])
-def test_prepared_launcher_over_consecutive_steps(dev, tiles):
+def test_prepared_launcher_over_consecutive_steps(dev, tiles, base):
     """One launcher bound to runner-like buffers, 12 steps of batch changes, state == reference."""
     g = torch.Generator().manual_seed(5)
     kb, rb = _runner_buffers(dev), _runner_buffers("cpu")
-    kl = kernels.token_counts_launcher(**kb, **({"tiles": tiles} if tiles else {}))
-    rl = kernels.token_counts_launcher(**rb)
+    kl = kernels.token_counts_launcher(**kb, base=base, **({"tiles": tiles} if tiles else {}))
+    rl = kernels.token_counts_launcher(**rb, base=base)
     prev_n = 0
     for step in range(12):
         n = int(torch.randint(0, 40, (1,), generator=g))
@@ -406,6 +427,26 @@ def test_prepared_launcher_over_consecutive_steps(dev, tiles):
     assert kl.direct_launches + sum(launcher.slow_launches for launcher in kl._launchers.values()) == 12
     if dev == "cuda":
         assert kl.direct_launches >= 8
+
+
+@requires_kernels
+def test_every_entry_point_checks_the_base(dev):
+    """A base other than "previous" / "cpu" is refused by name where a launcher is built and on each functional
+    call, on both paths."""
+    from zb_patch.kernels.token_counts import TokenCountsLauncher
+
+    for device in {dev, "cpu"}:
+        b = _runner_buffers(device, max_reqs=4, max_tokens=8)
+        for bad in ("CPU", "", None):
+            with pytest.raises(ValueError, match="^base="):
+                kernels.token_counts_launcher(**b, base=bad)
+            with pytest.raises(ValueError, match="^base="):
+                kernels.update_token_counts(
+                    b["num_computed_tokens"], None, None, None, None, b["num_computed_tokens"],
+                    b["num_scheduled_tokens"], b["seq_lens"], num_reqs=1, base=bad,
+                )  # fmt: skip
+    with pytest.raises(ValueError, match="^base="):
+        TokenCountsLauncher(**_runner_buffers(dev, max_reqs=4, max_tokens=8), base="host")
 
 
 def test_prepared_launcher_needs_all_position_buffers():
@@ -463,19 +504,23 @@ def test_partial_correction_inputs_copy_the_cpu_counts(dev):
 def test_launchers_are_cached_per_flags_and_shape(fresh_launchers, monkeypatch):
     tc, _ = fresh_launchers
     cache = tc._LAUNCHERS
-    a = cache.get("cpu", True, True, True, None)
-    assert cache.get("cpu", True, True, True, None) is a
-    assert cache.get("cpu", False, False, True, None) is not a
+    a = cache.get("cpu", True, False, True, True, None)
+    assert cache.get("cpu", True, False, True, True, None) is a
+    assert cache.get("cpu", False, False, False, True, None) is not a
     assert (a._constexprs["REQ_TILE"], a._constexprs["TOK_TILE"]) == tc._default_tiles("cpu")
-    b = cache.get("cpu", True, False, True, (16, 32))
+    b = cache.get("cpu", True, False, False, True, (16, 32))
     assert (b._constexprs["REQ_TILE"], b._constexprs["TOK_TILE"], b._constexprs["HAS_ACCEPTED"]) == (16, 32, False)
+    on_cpu = cache.get("cpu", True, True, True, True, None)
+    assert on_cpu is not a and (on_cpu._constexprs["BASE_CPU"], a._constexprs["BASE_CPU"]) == (True, False)
+    # no correction: one variant, whatever the base
+    assert cache.get("cpu", False, True, False, True, None)._constexprs["BASE_CPU"] is False
     from zb_patch.kernels import _launch
 
     monkeypatch.setattr(_launch, "_interpret", False)  # how a CUDA process builds them (nothing is launched here)
-    cuda = cache.get("cuda", True, True, True, None)
+    cuda = cache.get("cuda", True, False, True, True, None)
     assert (cuda._constexprs["REQ_TILE"], cuda._constexprs["TOK_TILE"]) == tc._CUDA_TILES
     assert cuda.direct_supported == _launch._direct_launch_supported("cuda")
-    assert cache.get("cuda", True, True, True, None, direct=False).direct_supported is False
+    assert cache.get("cuda", True, False, True, True, None, direct=False).direct_supported is False
 
 
 @requires_kernels
@@ -548,6 +593,7 @@ def _naive_token_counts(
     num_tokens=0,
     num_positions=None,
     num_prev_reqs=None,
+    base="previous",
 ):
     """The documented semantics (zb_patch.kernels.token_counts) one element at a time, on Python lists."""
     n, old = num_reqs, nc.tolist()
@@ -560,7 +606,10 @@ def _naive_token_counts(
         for r in range(n):
             p = int(prev[r])
             if 0 <= p < bound and int(drafts[p]) > 0:
-                new_nc[r] = old[p] + int(valid[p])
+                if base == "cpu":
+                    new_nc[r] = int(cpu[r]) - (int(drafts[p]) + 1 - int(valid[p]))
+                else:
+                    new_nc[r] = old[p] + int(valid[p])
                 if new_acc is not None:
                     new_acc[r] = int(valid[p])
     new_seq = [new_nc[r] + int(sched[r]) for r in range(n)] + [0] * (seq_lens.numel() - n)
@@ -594,8 +643,9 @@ EDGES = {
 }
 
 
+@pytest.mark.parametrize("base", ["previous", "cpu"])
 @pytest.mark.parametrize("name", list(EDGES))
-def test_reference_edges_against_a_naive_loop(name):
+def test_reference_edges_against_a_naive_loop(name, base):
     """The reference, on the edges the kernel comparisons leave out (the kernels refuse some of these buffers), equals
     the documented semantics computed one element at a time."""
     case = dict(EDGES[name])
@@ -619,11 +669,11 @@ def test_reference_edges_against_a_naive_loop(name):
     seq_lens = torch.full((4,), POISON, **i32)
     want = _naive_token_counts(
         nc, acc, inputs["prev"], inputs["valid"], inputs["drafts"], cpu, sched, seq_lens, positions,
-        num_reqs=n, req=req_t, qpos=qpos, **case,
+        num_reqs=n, req=req_t, qpos=qpos, base=base, **case,
     )  # fmt: skip
     token_counts_reference(
         nc, acc, inputs["prev"], inputs["valid"], inputs["drafts"], cpu, sched, seq_lens,
-        num_reqs=n, req_indices=req_t, query_pos=qpos, positions=positions, **case,
+        num_reqs=n, req_indices=req_t, query_pos=qpos, positions=positions, base=base, **case,
     )  # fmt: skip
     got = (nc.tolist(), None if acc is None else acc.tolist(), seq_lens.tolist(), positions.tolist())
     assert got == want
@@ -699,7 +749,7 @@ def test_entry_points_pass_their_arguments_on(dev, fresh_launchers, monkeypatch)
     rest = (b["prev_num_draft_tokens"], torch.ones(2, **i32), b["num_scheduled_tokens"], b["seq_lens"])
     kernels.update_token_counts(*args, *rest, num_reqs=2, tiles=(16, 32))
     assert b["num_computed_tokens"][:2].cpu().tolist() == [1, 1]
-    assert {key[4] for key in tc._LAUNCHERS._cache} == {(16, 32)}
+    assert {key[5] for key in tc._LAUNCHERS._cache} == {(16, 32)}
     for name, index in (("num_accepted_tokens", 1), ("prev_num_draft_tokens", 4)):
         bad = list(args + rest)
         bad[index] = bad[index].float()
@@ -718,6 +768,6 @@ def test_launch_shape_per_device(monkeypatch):
     assert (tc._default_tiles("cuda"), tc._default_tiles("npu")) == (tc._CUDA_TILES, tc._NPU_TILES)
     assert tc._CUDA_TILES != tc._NPU_TILES
     for device_type, options in (("cuda", {"num_warps": 8}), ("npu", {})):
-        launcher = tc._make_launcher(device_type, True, True, True, (8, 16), False)
+        launcher = tc._make_launcher(device_type, True, False, True, True, (8, 16), False)
         assert launcher._options == options, device_type
         assert (launcher._constexprs["REQ_TILE"], launcher._constexprs["TOK_TILE"]) == (8, 16)

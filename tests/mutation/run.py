@@ -84,9 +84,9 @@ SAMPLE = [
         "in_prev = (prev >= 0) & (prev <= bound)",
     ),
     Key(
-        "zb_patch/zero_bubble/device.py::_subtract_rejected",  # the same, base="cpu"
-        "in_range = (prev >= 0) & (prev < bound)",
-        "in_range = (prev >= 0) & (prev <= bound)",
+        "zb_patch/kernels/reference.py::token_counts_reference",  # base "cpu" corrected as base "previous"
+        'if base == "cpu":',
+        'if base != "cpu":',
     ),
     Key(
         "zb_patch/zero_bubble/counts.py::backup_next_token_ids",  # the last column of a full row

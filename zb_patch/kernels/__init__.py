@@ -34,6 +34,7 @@ from ._checks import (
     TokenCountsLimits,
     check_slot_mapping_call,
     check_slot_mapping_config,
+    check_token_count_base,
     check_token_counts_buffers,
     check_token_counts_call,
 )
@@ -195,14 +196,16 @@ def update_token_counts(
     num_tokens: int = 0,
     num_positions: int | None = None,
     num_prev_reqs: int | None = None,
+    base: str = "previous",
     **launch_shape: Any,
 ) -> None:
     """Async spec-decode token-count correction + positions + seq_lens (one launch on device).
 
-    Semantics and the expected call: :mod:`zb_patch.kernels.token_counts`.  Every tensor and count
-    is checked on each call (``ValueError`` naming the argument); hot paths bind their buffers once
-    with :func:`token_counts_launcher` instead.
+    Semantics (``base``: ``"previous"`` or ``"cpu"``) and the expected call: :mod:`zb_patch.kernels.token_counts`.
+    Every tensor and count is checked on each call (``ValueError`` naming the argument); hot paths bind their
+    buffers once with :func:`token_counts_launcher` instead.
     """
+    check_token_count_base(base)
     limits = check_token_counts_buffers(
         num_computed_tokens=num_computed_tokens,
         seq_lens=seq_lens,
@@ -236,6 +239,7 @@ def update_token_counts(
         num_tokens=num_tokens,
         num_positions=num_positions,
         num_prev_reqs=num_prev_reqs,
+        base=base,
     )
     if uses_triton(limits.device):
         global _triton_update_token_counts
@@ -249,8 +253,8 @@ def update_token_counts(
 class _ReferenceTokenCounts:
     """CPU-tensor stand-in for :class:`~zb_patch.kernels.token_counts.TokenCountsLauncher`."""
 
-    def __init__(self, limits: TokenCountsLimits, **buffers: Any) -> None:
-        self.limits, self.buffers = limits, buffers
+    def __init__(self, limits: TokenCountsLimits, base: str, **buffers: Any) -> None:
+        self.limits, self.base, self.buffers = limits, base, buffers
 
     def __call__(
         self,
@@ -288,6 +292,7 @@ class _ReferenceTokenCounts:
             num_tokens=num_tokens,
             num_positions=num_positions,
             num_prev_reqs=num_prev_reqs,
+            base=self.base,
         )
 
 
@@ -302,10 +307,12 @@ def token_counts_launcher(
     req_indices: torch.Tensor | None = None,
     query_pos: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    base: str = "previous",
     **launch_shape: Any,
 ) -> Callable[..., None]:
     """The fused correction bound to persistent buffers: ``f(num_reqs, cpu_num_computed_tokens,
-    valid_sampled_token_count=None, *, num_tokens=0, num_positions=None, num_prev_reqs=None)``.
+    valid_sampled_token_count=None, *, num_tokens=0, num_positions=None, num_prev_reqs=None)``, correcting from
+    ``base`` (``"previous"``: the previous device counts, ``"cpu"``: this step's CPU counts).
 
     Triton on device tensors, the torch reference on CPU tensors; see
     :class:`zb_patch.kernels.token_counts.TokenCountsLauncher` for the expected call.  The buffers
@@ -323,11 +330,12 @@ def token_counts_launcher(
         positions=positions,
     )
     limits = check_token_counts_buffers(**buffers)
+    check_token_count_base(base)
     if uses_triton(limits.device):
         from .token_counts import TokenCountsLauncher
 
-        return TokenCountsLauncher(**buffers, **launch_shape)
-    return _ReferenceTokenCounts(limits, **buffers)
+        return TokenCountsLauncher(**buffers, base=base, **launch_shape)
+    return _ReferenceTokenCounts(limits, base, **buffers)
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing Triton only when asked for

@@ -245,6 +245,16 @@ def check_token_counts_buffers(
     return TokenCountsLimits(device, rows, rows_of, min(tokens, INT32_LIMIT), tokens_of, num_positions)
 
 
+TOKEN_COUNT_BASES = ("previous", "cpu")
+
+
+def check_token_count_base(base: Any) -> bool:
+    """The correction's ``base`` (:mod:`zb_patch.kernels.token_counts`); returns whether it is ``"cpu"``."""
+    if not isinstance(base, str) or base not in TOKEN_COUNT_BASES:
+        reject("base", base, "'previous' or 'cpu'")
+    return base == "cpu"
+
+
 def check_token_counts_call(
     limits: TokenCountsLimits,
     num_reqs: Any,

@@ -161,13 +161,16 @@ def token_counts_reference(
     num_tokens: int = 0,
     num_positions: int | None = None,
     num_prev_reqs: int | None = None,
+    base: str = "previous",
 ) -> None:
     """Reference for :func:`zb_patch.kernels.update_token_counts` (semantics: :mod:`zb_patch.kernels.token_counts`).
 
     Step 1 is vLLM's ``update_num_computed_tokens_for_batch_change`` (0.19-0.23) with the later
     hardening: a row participates when ``0 <= prev < num_prev`` (``num_prev`` defaults to the length of
     ``valid_sampled_token_count``, capped by the lengths of ``prev_num_draft_tokens`` and
-    ``num_computed_tokens``) and ``prev_num_draft_tokens[prev] > 0``.  Then, as vLLM's
+    ``num_computed_tokens``) and ``prev_num_draft_tokens[prev] > 0``; its new count is the previous
+    device count plus the valid count (``base="previous"``) or its CPU count minus the rejected drafts,
+    ``drafts + 1 - valid`` (``base="cpu"``).  Then, as vLLM's
     ``_prepare_inputs`` does with separate torch ops::
 
         positions[t] = num_computed_tokens[req_indices[t]] + query_pos[t]     t < num_tokens
@@ -196,7 +199,10 @@ def token_counts_reference(
             prev_computed = torch.zeros_like(cpu_vals)
             prev_drafts = torch.zeros_like(prev)
         participating = in_range & (prev_drafts > 0)
-        corrected = prev_computed + valid_counts.to(torch.int32)
+        if base == "cpu":
+            corrected = cpu_vals - (prev_drafts.to(torch.int32) + 1 - valid_counts.to(torch.int32))
+        else:
+            corrected = prev_computed + valid_counts.to(torch.int32)
         new_computed = torch.where(participating, corrected.to(num_computed_tokens.dtype), cpu_vals)
         if num_accepted_tokens is not None:
             acc = num_accepted_tokens[:n]

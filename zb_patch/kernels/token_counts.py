@@ -12,13 +12,23 @@ in the previous batch, ``-1`` if it is new)::
                              if participating[r] else cpu_num_computed_tokens[r]
     num_accepted_tokens[r] = valid_sampled_token_count[prev] if participating[r] (else unchanged)
 
-which is vLLM 0.19-0.23's ``update_num_computed_tokens_for_batch_change`` plus the hardening
+which is vLLM 0.19-0.23's ``update_num_computed_tokens_for_batch_change`` (``base="previous"``) plus the hardening
 upstream added later: a previous position outside the previous batch (``>= num_prev``, where
 ``num_prev`` defaults to ``len(valid_sampled_token_count)``, capped by the lengths of
 ``prev_num_draft_tokens`` and ``num_computed_tokens``) or an empty / absent count tensor makes the
 row non-participating instead of an out-of-bounds read.  ``num_computed_tokens_before`` is the
 tensor's content before the launch: rows are read at *previous* positions and written at current
 ones, in place, so a row's new value must not be visible to another row's read.
+
+``base="cpu"`` corrects this step's CPU counts instead of the previous device counts (the same
+participation; ``num_computed_tokens_before`` is not read)::
+
+    num_computed_tokens[r] = cpu_num_computed_tokens[r] - (prev_num_draft_tokens[prev] + 1
+                             - valid_sampled_token_count[prev])       if participating[r]
+
+the arithmetic of vLLM 0.19's deferred CPU correction and of vllm-ascend's CPU seq_lens correction.
+Both bases agree when each participating row's previous step scheduled exactly ``1 + drafts`` tokens;
+:class:`zb_patch.zero_bubble.CountCorrection` says which scheduler needs which.
 
 Fused in the same launch, as vLLM's ``_prepare_inputs`` does next with separate torch ops::
 
@@ -84,7 +94,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import INDEX_DTYPES, check_token_counts_buffers, check_token_counts_call
+from ._checks import INDEX_DTYPES, check_token_count_base, check_token_counts_buffers, check_token_counts_call
 from ._launch import FastLauncher, interpret_mode
 
 # Tile widths per device type (rows per request tile, tokens per position tile).
@@ -112,6 +122,7 @@ def _token_counts_kernel(
     num_tokens,
     num_positions,  # positions elements to write (tokens >= num_tokens get 0)
     CORRECT: tl.constexpr,
+    BASE_CPU: tl.constexpr,  # correct the CPU counts (base "cpu") instead of the previous device counts
     HAS_ACCEPTED: tl.constexpr,
     HAS_POSITIONS: tl.constexpr,
     REQ_TILE: tl.constexpr,
@@ -131,8 +142,12 @@ def _token_counts_kernel(
             drafts = tl.load(prev_drafts_ptr + prev32, mask=in_prev, other=0)
             part = in_prev & (drafts > 0)
             valid = tl.load(valid_count_ptr + prev32, mask=part, other=0)
-            before = tl.load(num_computed_ptr + prev32, mask=part, other=0)
-            new = tl.where(part, before + valid.to(tl.int32), new)
+            if BASE_CPU:
+                rejected = drafts + 1 - valid.to(tl.int32)
+                new = tl.where(part, new - rejected.to(new.dtype), new)
+            else:
+                before = tl.load(num_computed_ptr + prev32, mask=part, other=0)
+                new = tl.where(part, before + valid.to(tl.int32), new)
             if HAS_ACCEPTED:
                 tl.store(num_accepted_ptr + r, valid.to(num_accepted_ptr.dtype.element_ty), mask=part)
         tl.store(seq_lens_ptr + r, new.to(tl.int32), mask=in_batch)
@@ -179,17 +194,24 @@ class _TokenCountsLaunchers:
         self,
         device_type: str,
         correct: bool,
+        base_cpu: bool,
         has_accepted: bool,
         has_positions: bool,
         tiles: tuple[int, int] | None,
         direct: bool | None = None,
     ) -> FastLauncher:
         interp = interpret_mode()
-        key = (device_type, correct, has_accepted, has_positions, tiles, interp, direct)
+        key = (device_type, correct, base_cpu, has_accepted, has_positions, tiles, interp, direct)
         launcher = self._cache.get(key)
         if launcher is None:
             launcher = self._cache[key] = _make_launcher(
-                device_type, correct, has_accepted, has_positions, tiles or _default_tiles(device_type), direct
+                device_type,
+                correct,
+                base_cpu,
+                has_accepted,
+                has_positions,
+                tiles or _default_tiles(device_type),
+                direct,
             )
         return launcher
 
@@ -197,6 +219,7 @@ class _TokenCountsLaunchers:
 def _make_launcher(
     device_type: str,
     correct: bool,
+    base_cpu: bool,
     has_accepted: bool,
     has_positions: bool,
     tiles: tuple[int, int],
@@ -206,6 +229,7 @@ def _make_launcher(
         _token_counts_kernel,
         dict(
             CORRECT=correct,
+            BASE_CPU=correct and base_cpu,  # one variant without a correction
             HAS_ACCEPTED=has_accepted,
             HAS_POSITIONS=has_positions,
             REQ_TILE=tiles[0],
@@ -237,7 +261,8 @@ class TokenCountsLauncher:
                  num_tokens=total_num_scheduled_tokens)
 
     The buffers must not be reallocated while the launcher lives (their addresses are kept).
-    Semantics: :func:`zb_patch.kernels.update_token_counts`.
+    Semantics: :func:`zb_patch.kernels.update_token_counts`; ``base`` (``"previous"`` / ``"cpu"``): this
+    module's docstring.
     """
 
     def __init__(
@@ -252,9 +277,11 @@ class TokenCountsLauncher:
         req_indices: torch.Tensor | None = None,
         query_pos: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        base: str = "previous",
         tiles: tuple[int, int] | None = None,
         direct_launch: bool | None = None,
     ) -> None:
+        self._base_cpu = check_token_count_base(base)
         self.buffers = dict(
             num_computed_tokens=num_computed_tokens,
             seq_lens=seq_lens,
@@ -301,7 +328,7 @@ class TokenCountsLauncher:
         if launcher is None:
             has_acc = correct and self.buffers["num_accepted_tokens"] is not None
             launcher = self._launchers[correct] = _make_launcher(
-                self.device_type, correct, has_acc, self.has_positions, self._tiles, self._direct_flag
+                self.device_type, correct, self._base_cpu, has_acc, self.has_positions, self._tiles, self._direct_flag
             )
         return launcher
 
@@ -436,6 +463,7 @@ def launch_token_counts(
     num_tokens: int,
     num_positions: int,
     num_prev_reqs: int | None,
+    base: str = "previous",
     tiles: tuple[int, int] | None = None,
     direct_launch: bool | None = None,
 ) -> None:
@@ -452,8 +480,9 @@ def launch_token_counts(
         num_tokens = num_positions = 0
     dummy = num_computed_tokens
     has_accepted = correct and num_accepted_tokens is not None
+    base_cpu = correct and base == "cpu"
     launcher = _LAUNCHERS.get(
-        num_computed_tokens.device.type, correct, has_accepted, has_positions, tiles, direct_launch
+        num_computed_tokens.device.type, correct, base_cpu, has_accepted, has_positions, tiles, direct_launch
     )
     launcher.launch(
         1,

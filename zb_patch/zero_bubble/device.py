@@ -18,10 +18,9 @@ import torch
 
 from .. import kernels
 from ..kernels import slot_mapper
+from ..kernels._checks import TOKEN_COUNT_BASES as BASES
 
 __all__ = ["BASES", "CountCorrection", "slot_mapper"]
-
-BASES = ("previous", "cpu")
 
 
 class CountCorrection:
@@ -71,23 +70,17 @@ class CountCorrection:
         num_accepted_tokens: torch.Tensor | None = None,
         base: str = "previous",
     ) -> None:
-        if base not in BASES:
-            raise ValueError(f"base must be 'previous' or 'cpu', not {base!r}")
-        self.base = base
-        self.prev_positions = prev_positions
-        self.prev_num_draft_tokens = prev_num_draft_tokens
-        self.num_accepted_tokens = num_accepted_tokens
         self.launch = kernels.token_counts_launcher(
             num_computed_tokens=num_computed_tokens,
             seq_lens=seq_lens,
             num_scheduled_tokens=num_scheduled_tokens,
             prev_positions=prev_positions,
             prev_num_draft_tokens=prev_num_draft_tokens,
-            # base "cpu" writes the accepted counts itself (_subtract_rejected) and launches without a correction
-            num_accepted_tokens=num_accepted_tokens if base == "previous" else None,
+            num_accepted_tokens=num_accepted_tokens,
             req_indices=req_indices,
             query_pos=query_pos,
             positions=positions,
+            base=base,
         )
 
     def __call__(
@@ -100,47 +93,11 @@ class CountCorrection:
         num_positions: int | None = None,
         num_prev_reqs: int | None = None,
     ) -> None:
-        cpu, valid = cpu_num_computed_tokens, valid_sampled_token_count
-        if self.base == "cpu" and valid is not None:
-            cpu = _subtract_rejected(
-                cpu[:num_reqs],
-                self.num_accepted_tokens,
-                self.prev_positions,
-                valid,
-                self.prev_num_draft_tokens,
-                num_reqs,
-                num_prev_reqs,
-            )
-            valid = None
         self.launch(
-            num_reqs, cpu, valid, num_tokens=num_tokens, num_positions=num_positions, num_prev_reqs=num_prev_reqs
+            num_reqs,
+            cpu_num_computed_tokens,
+            valid_sampled_token_count,
+            num_tokens=num_tokens,
+            num_positions=num_positions,
+            num_prev_reqs=num_prev_reqs,
         )
-
-
-def _subtract_rejected(
-    cpu: torch.Tensor,
-    num_accepted_tokens: torch.Tensor | None,
-    prev_positions: torch.Tensor,
-    valid: torch.Tensor,
-    prev_drafts: torch.Tensor,
-    num_reqs: int,
-    num_prev_reqs: int | None,
-) -> torch.Tensor:
-    """``cpu - (drafts + 1 - valid)`` on participating rows (torch ops on the tensors' device)."""
-    bound = valid.numel() if num_prev_reqs is None else min(int(num_prev_reqs), valid.numel())
-    bound = min(bound, prev_drafts.numel())
-    prev = prev_positions[:num_reqs].to(torch.int64)
-    in_range = (prev >= 0) & (prev < bound)
-    gather = torch.where(in_range, prev, torch.zeros_like(prev))
-    if bound > 0:
-        drafts = prev_drafts[gather].to(torch.int64)
-        counts = valid[gather].to(torch.int64)
-    else:
-        drafts = torch.zeros_like(prev)
-        counts = torch.zeros_like(prev)
-    part = in_range & (drafts > 0)
-    rejected = torch.where(part, drafts + 1 - counts, torch.zeros_like(drafts))
-    if num_accepted_tokens is not None:
-        acc = num_accepted_tokens[:num_reqs]
-        acc.copy_(torch.where(part, counts.to(acc.dtype), acc))
-    return (cpu.to(torch.int64) - rejected).to(cpu.dtype)
