@@ -281,7 +281,8 @@ class TokenCountsLauncher:
         tiles: tuple[int, int] | None = None,
         direct_launch: bool | None = None,
     ) -> None:
-        self._base_cpu = check_token_count_base(base)
+        check_token_count_base(base)
+        self.base = base
         self.buffers = dict(
             num_computed_tokens=num_computed_tokens,
             seq_lens=seq_lens,
@@ -327,8 +328,9 @@ class TokenCountsLauncher:
         launcher = self._launchers.get(correct)
         if launcher is None:
             has_acc = correct and self.buffers["num_accepted_tokens"] is not None
+            base_cpu = self.base == "cpu"
             launcher = self._launchers[correct] = _make_launcher(
-                self.device_type, correct, self._base_cpu, has_acc, self.has_positions, self._tiles, self._direct_flag
+                self.device_type, correct, base_cpu, has_acc, self.has_positions, self._tiles, self._direct_flag
             )
         return launcher
 
