@@ -445,7 +445,7 @@ def test_computes_slot_mapping_only_for_the_first_kernel_block_size():
 def test_slot_mapper_is_built_once_per_block_table():
     from zb_patch.versions import npu_runner
 
-    b = npu_runner.Buffers(*[None] * 7)
+    b = npu_runner.Buffers(*[None] * 9)
     t1, t2 = _Table(), _Table()
     m1 = npu_runner.slot_mapper(b, t1)
     m2 = npu_runner.slot_mapper(b, t2)
@@ -484,7 +484,7 @@ def _update_states_runner(zb, prev_sampled, prev_rows, requests, **attrs):
     runner.valid_sampled_token_count_event = object()
     for name, value in attrs.items():
         setattr(runner, name, value)
-    buffers = npu_runner.Buffers(*[None] * 7)
+    buffers = npu_runner.Buffers(*[None] * 9)
     buffers.prev_drafts = _Host(8)
     runner.__dict__[zb.state_attr] = npu_runner.State(active=True, buffers=buffers)
     return runner, runner.__dict__[zb.state_attr]

@@ -71,16 +71,30 @@ def _zero_bubble() -> Any:
 
 
 @dataclass
+class Section:
+    """Elements of the staging buffer: the same range as a host (pinned numpy) and a device view."""
+
+    np: Any
+    gpu: Any
+
+
+@dataclass
 class Buffers:
-    """Device buffers and pinned staging buffers of one runner (allocated once, at activation)."""
+    """Device buffers and the pinned staging buffer of one runner (allocated once, at activation).
+
+    The staging buffer is one int32 ``CpuGpuBuffer`` in sections, in this order, so that a step uploads what it
+    reads with one host-to-device copy of a prefix: ``cpu_counts`` first (an exact step reads only it), the
+    per-request sections next, ``query_pos`` last (a corrected step's prefix ends at its ``total``-th token)."""
 
     num_computed: Any  # device int32 [max_num_reqs]: this step's exact counts (next step: previous rows)
-    prev_positions: Any  # CpuGpuBuffer int64 [max_num_reqs]: each row's index in the previous batch
-    prev_drafts: Any  # CpuGpuBuffer int32 [max_num_reqs]: drafts of step N at step N's rows
-    cpu_counts: Any  # CpuGpuBuffer int32 [max_num_reqs]: private snapshot of num_computed_tokens_cpu
-    num_scheduled: Any  # CpuGpuBuffer int32 [max_num_reqs]
-    req_indices: Any  # CpuGpuBuffer int64 [max_num_tokens]
-    query_pos: Any  # CpuGpuBuffer int64 [max_num_tokens]
+    staging: Any  # CpuGpuBuffer int32: the sections below, in this order
+    cpu_counts: Section  # [max_num_reqs]: private snapshot of num_computed_tokens_cpu
+    num_scheduled: Section  # [max_num_reqs]
+    prev_positions: Section  # [max_num_reqs]: each row's index in the previous batch
+    prev_drafts: Section  # [max_num_reqs]: drafts of step N at step N's rows
+    req_indices: Section  # [max_num_tokens]
+    query_pos: Section  # [max_num_tokens], at offset query_pos_at
+    query_pos_at: int
     counts: Any = None  # zero_bubble.CountCorrection bound to these buffers and the runner's (count_base: its base)
     slot_mappers: dict = field(default_factory=dict)  # id(block table) -> (table, launcher)
 
@@ -266,18 +280,25 @@ class ZeroBubble:
 
         max_reqs = runner.max_num_reqs
         max_tokens = runner.positions.gpu.shape[0]
-        mk = runner._make_buffer
+        rows = -(-max_reqs // 16) * 16  # every section starts 64-byte aligned, as a buffer of its own would
+        staging = runner._make_buffer(4 * rows + 2 * max_tokens, dtype=torch.int32)
+        staging.np.fill(0)  # prev_drafts is read before its first write
+        staging.gpu.fill_(0)
+
+        def section(start: int, length: int) -> Section:
+            return Section(staging.np[start : start + length], staging.gpu[start : start + length])
+
         b = Buffers(
             num_computed=torch.zeros(max_reqs, dtype=torch.int32, device=runner.device),
-            prev_positions=mk(max_reqs, dtype=torch.int64),
-            prev_drafts=mk(max_reqs, dtype=torch.int32),
-            cpu_counts=mk(max_reqs, dtype=torch.int32),
-            num_scheduled=mk(max_reqs, dtype=torch.int32),
-            req_indices=mk(max_tokens, dtype=torch.int64),
-            query_pos=mk(max_tokens, dtype=torch.int64),
+            staging=staging,
+            cpu_counts=section(0, max_reqs),
+            num_scheduled=section(rows, max_reqs),
+            prev_positions=section(2 * rows, max_reqs),
+            prev_drafts=section(3 * rows, max_reqs),
+            req_indices=section(4 * rows, max_tokens),
+            query_pos=section(4 * rows + max_tokens, max_tokens),
+            query_pos_at=4 * rows + max_tokens,
         )
-        b.prev_drafts.np.fill(0)
-        b.prev_drafts.gpu.fill_(0)
         from .. import zero_bubble
 
         b.counts = zero_bubble.CountCorrection(
@@ -380,30 +401,26 @@ class ZeroBubble:
             valid_gpu = torch.tensor(st.valid_host, dtype=torch.int64).to(runner.device, non_blocking=True)
         # private snapshot: the host correction changes num_computed_tokens_cpu in place right after
         b.cpu_counts.np[:n] = batch.num_computed_tokens_cpu[:n]
-        b.cpu_counts.copy_to_gpu(n)
-        b.num_scheduled.np[:n] = num_scheduled[:n]
-        b.num_scheduled.copy_to_gpu(n)
         if not correct:
             # Exact host counts: the release's positions / seq_lens / slot mapping are right; only keep the device
             # counts current for the next step.
+            b.staging.copy_to_gpu(n)  # cpu_counts[:n]
             b.num_computed[:n].copy_(b.cpu_counts.gpu[:n])
             return
         st.corrected_steps += 1
+        b.num_scheduled.np[:n] = num_scheduled[:n]
         zero_bubble.compute_prev_positions(batch.req_ids, batch.prev_req_id_to_index, n, b.prev_positions.np)
-        b.prev_positions.copy_to_gpu(n)
-        b.prev_drafts.copy_to_gpu(st.num_prev)
-        counts = np.asarray(num_scheduled[:n], dtype=np.int64)
+        counts = np.asarray(num_scheduled[:n], dtype=np.int32)
         starts = np.cumsum(counts) - counts
-        b.req_indices.np[:total] = np.repeat(np.arange(n, dtype=np.int64), counts)
-        b.query_pos.np[:total] = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-        b.req_indices.copy_to_gpu(total)
-        b.query_pos.copy_to_gpu(total)
+        b.req_indices.np[:total] = np.repeat(np.arange(n, dtype=np.int32), counts)
+        b.query_pos.np[:total] = np.arange(total, dtype=np.int32) - np.repeat(starts, counts)
+        b.staging.copy_to_gpu(b.query_pos_at + total)  # every section this step reads, prev_drafts included
         self._launch_corrections(runner, b, n, total, valid_gpu, st.num_prev)
 
     def _launch_corrections(self, runner: Any, b: Buffers, n: int, total: int, valid_gpu: Any, num_prev: int) -> None:
         """The device correction's launches (zb-patch's token-count and slot-mapping kernels) for ``n`` rows and
         ``total`` tokens whose inputs are queued in ``b``."""
-        b.counts(n, b.cpu_counts.gpu[:n], valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=num_prev)
+        b.counts(n, b.cpu_counts.gpu, valid_gpu, num_tokens=total, num_positions=total, num_prev_reqs=num_prev)
         query_start_loc = runner.query_start_loc.gpu[: n + 1]
         positions = runner.positions.gpu[:total]
         for table in runner.input_batch.block_table.block_tables:
