@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ._checks import (
+    TOKEN_COUNT_BASES,
     SlotMappingLimits,
     TokenCountsLimits,
     check_slot_mapping_call,
@@ -44,6 +45,7 @@ from .seq_lens_cpu import correct_optimistic_seq_lens_cpu
 
 __all__ = [
     "PAD_SLOT_ID",
+    "TOKEN_COUNT_BASES",
     "compute_slot_mapping",
     "correct_optimistic_seq_lens_cpu",
     "slot_mapper",

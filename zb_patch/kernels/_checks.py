@@ -248,11 +248,10 @@ def check_token_counts_buffers(
 TOKEN_COUNT_BASES = ("previous", "cpu")
 
 
-def check_token_count_base(base: Any) -> bool:
-    """The correction's ``base`` (:mod:`zb_patch.kernels.token_counts`); returns whether it is ``"cpu"``."""
+def check_token_count_base(base: Any) -> None:
+    """The correction's ``base``: ``"previous"`` or ``"cpu"`` (:mod:`zb_patch.kernels.token_counts`)."""
     if not isinstance(base, str) or base not in TOKEN_COUNT_BASES:
         reject("base", base, "'previous' or 'cpu'")
-    return base == "cpu"
 
 
 def check_token_counts_call(

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..kernels import TOKEN_COUNT_BASES as BASES
 from ..kernels import slot_mapper
-from ..kernels._checks import TOKEN_COUNT_BASES as BASES
 
 __all__ = ["BASES", "CountCorrection", "slot_mapper"]
 
