@@ -449,6 +449,50 @@ def test_every_entry_point_checks_the_base(dev):
         TokenCountsLauncher(**_runner_buffers(dev, max_reqs=4, max_tokens=8), base="host")
 
 
+def test_the_reference_launcher_keeps_its_base(monkeypatch):
+    """CPU tensors without the interpreter get the torch reference's launcher, which corrects from the base it was
+    built with (rows whose bases disagree: their previous step scheduled more than 1 + drafts)."""
+    monkeypatch.setattr(kernels, "interpret_mode", lambda: False)
+    results = {}
+    for base in ("previous", "cpu"):
+        b = _runner_buffers("cpu", max_reqs=4, max_tokens=8)
+        b["num_computed_tokens"][:2] = torch.tensor([10, 20], dtype=torch.int32)  # last step's device counts
+        b["prev_positions"][:2] = torch.tensor([1, 0])
+        b["prev_num_draft_tokens"][:2] = torch.tensor([2, 2], dtype=torch.int32)
+        launch = kernels.token_counts_launcher(**b, base=base)
+        assert type(launch).__name__ == "_ReferenceTokenCounts"
+        launch(2, torch.tensor([30, 40], dtype=torch.int32), torch.tensor([2, 3]))
+        results[base] = b["num_computed_tokens"][:2].tolist()
+    # previous: old[prev] + valid[prev] = [20 + 3, 10 + 2]; cpu: cpu - (drafts + 1 - valid[prev]) = [30 - 0, 40 - 1]
+    assert results == {"previous": [23, 12], "cpu": [30, 39]}
+
+
+@requires_kernels
+def test_functional_call_without_tokens_leaves_positions_alone(dev):
+    """num_tokens and num_positions left out of a functional call: no token, positions is not written."""
+    i32 = dict(dtype=torch.int32, device=dev)
+    nc, seq, pos = torch.zeros(2, **i32), torch.zeros(2, **i32), torch.full((4,), POISON, dtype=torch.int64, device=dev)
+    idx = torch.zeros(4, dtype=torch.int64, device=dev)
+    cpu, sched = torch.tensor([5, 6], **i32), torch.ones(2, **i32)
+    kernels.update_token_counts(
+        nc, None, None, None, None, cpu, sched, seq, num_reqs=2, req_indices=idx, query_pos=idx, positions=pos
+    )
+    assert seq.cpu().tolist() == [6, 7] and pos.cpu().tolist() == [POISON] * 4
+
+
+@requires_kernels
+def test_prepared_launcher_bounds_the_gather_by_its_buffers(dev):
+    """Valid counts longer than the bound prev_num_draft_tokens: a previous row past that buffer does not participate
+    (its CPU count is copied), one inside it is corrected."""
+    b = _runner_buffers(dev, max_reqs=4, max_tokens=8)
+    b["prev_num_draft_tokens"] = torch.tensor([2, 2], dtype=torch.int32, device=dev)
+    b["num_computed_tokens"][:] = torch.tensor([10, 20, 30, 40], dtype=torch.int32)
+    b["prev_positions"][:2] = torch.tensor([3, 0])
+    launch = kernels.token_counts_launcher(**b)
+    launch(2, torch.tensor([50, 60], dtype=torch.int32, device=dev), torch.full((4,), 2, device=dev))
+    assert b["num_computed_tokens"][:2].cpu().tolist() == [50, 12]
+
+
 def test_prepared_launcher_needs_all_position_buffers():
     b = _runner_buffers("cpu")
     b["query_pos"] = None

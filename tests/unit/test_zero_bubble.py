@@ -331,8 +331,8 @@ _CPU = [33, 12, 21, 50, 7]  # scheduler counts: optimistic (all drafts accepted)
 _EXACT = [33, 11, 21, 50, 7]
 
 
-def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num_prev=3, num_positions=12):
-    n, tokens = len(_CPU), len(_CPU) * 2
+def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num_prev=3, num_positions=12, tokens=True):
+    n = len(_CPU)
     nc = torch.tensor(_PREV_NC + [0, 0, 0], dtype=torch.int32)
     acc = torch.full((8,), -5, dtype=torch.int32)
     seq = torch.full((8,), -9, dtype=torch.int32)
@@ -353,9 +353,8 @@ def _correct(base, *, valid=_VALID, drafts=_PREV_DRAFTS, prev_pos=_PREV_POS, num
         n,
         torch.tensor(_CPU + [77], dtype=torch.int32),
         None if valid is None else torch.tensor(valid, dtype=torch.int64),
-        num_tokens=tokens,
-        num_positions=num_positions,
         num_prev_reqs=num_prev,
+        **({"num_tokens": n * 2, "num_positions": num_positions} if tokens else {}),
     )
     return nc[:n].tolist(), acc.tolist(), seq.tolist(), pos.tolist()
 
@@ -380,6 +379,13 @@ def test_correct_counts_without_previous_counts(base):
     assert _correct(base, valid=[], drafts=[], num_prev=None)[0] == _CPU
     assert _correct(base, valid=None, drafts=None, prev_pos=None, num_prev=None)[0] == _CPU
     assert _correct(base, num_prev=None)[0][:3] == _EXACT[:3]  # num_prev defaults to the count tensor's length
+
+
+@pytest.mark.parametrize("base", ["previous", "cpu"])
+def test_correct_counts_without_tokens_leaves_positions_alone(base):
+    """num_tokens and num_positions left out: no token, so positions is not written; the counts and seq_lens are."""
+    nc, _, seq, pos = _correct(base, tokens=False)
+    assert nc == _EXACT and seq[:5] == [c + 2 for c in _EXACT] and pos == [-9] * 16
 
 
 def test_deferred_corrections_single_previous_row_and_dtype():

@@ -199,10 +199,10 @@ def token_counts_reference(
             prev_computed = torch.zeros_like(cpu_vals)
             prev_drafts = torch.zeros_like(prev)
         participating = in_range & (prev_drafts > 0)
-        if base == "cpu":
-            corrected = cpu_vals - (prev_drafts.to(torch.int32) + 1 - valid_counts.to(torch.int32))
-        else:
+        if base == "previous":
             corrected = prev_computed + valid_counts.to(torch.int32)
+        else:  # "cpu"
+            corrected = cpu_vals - (prev_drafts + 1 - valid_counts)
         new_computed = torch.where(participating, corrected.to(num_computed_tokens.dtype), cpu_vals)
         if num_accepted_tokens is not None:
             acc = num_accepted_tokens[:n]

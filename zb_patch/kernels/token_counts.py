@@ -465,7 +465,7 @@ def launch_token_counts(
     num_tokens: int,
     num_positions: int,
     num_prev_reqs: int | None,
-    base: str = "previous",
+    base: str,
     tiles: tuple[int, int] | None = None,
     direct_launch: bool | None = None,
 ) -> None:
