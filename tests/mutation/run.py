@@ -84,9 +84,9 @@ SAMPLE = [
         "in_prev = (prev >= 0) & (prev <= bound)",
     ),
     Key(
-        "zb_patch/kernels/reference.py::token_counts_reference",  # base "cpu" corrected as base "previous"
-        'if base == "cpu":',
-        'if base != "cpu":',
+        _RUNNER + "ZeroBubble.device_correction",  # the step's one upload stops short of query_pos
+        "b.staging.copy_to_gpu(b.query_pos_at + total)  # every section this step reads, prev_drafts included",
+        "b.staging.copy_to_gpu(b.query_pos_at - total)  # every section this step reads, prev_drafts included",
     ),
     Key(
         "zb_patch/zero_bubble/counts.py::backup_next_token_ids",  # the last column of a full row
