@@ -282,8 +282,6 @@ class ZeroBubble:
         max_tokens = runner.positions.gpu.shape[0]
         rows = -(-max_reqs // 16) * 16  # every section starts 64-byte aligned, as a buffer of its own would
         staging = runner._make_buffer(4 * rows + 2 * max_tokens, dtype=torch.int32)
-        staging.np.fill(0)  # prev_drafts is read before its first write
-        staging.gpu.fill_(0)
 
         def section(start: int, length: int) -> Section:
             return Section(staging.np[start : start + length], staging.gpu[start : start + length])
