@@ -284,6 +284,25 @@ def test_parity_on_triton_kernels(H, release, ZB, sess):
     assert all(type(m).__name__ == "SlotMappingLauncher" for _, m in buffers.slot_mappers.values())
 
 
+def test_staging_sections_are_disjoint_aligned_and_fill_the_buffer(H, ZB, sess):
+    """The one pinned staging buffer: its six sections in order, each starting 16-element (64-byte) aligned, none
+    overlapping the next, the last ending where the buffer ends; the upload's query_pos offset is that section's."""
+    vc = H.build_config(sess, _shape(2))
+    runner = H.make_runner(vc, H.kv_cache_config(vc, _shape(2)))
+    b = ZB.state_of(runner).buffers
+    base = b.staging.np.__array_interface__["data"][0]
+    names = ("cpu_counts", "num_scheduled", "prev_positions", "prev_drafts", "req_indices", "query_pos")
+    spans = []
+    for name in names:
+        section = getattr(b, name)
+        start = (section.np.__array_interface__["data"][0] - base) // section.np.itemsize
+        assert start % 16 == 0 and section.gpu.data_ptr() - b.staging.gpu.data_ptr() == start * 4, name
+        spans.append((start, start + section.np.shape[0]))
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert spans[-1][1] == b.staging.np.shape[0] and b.query_pos_at == spans[-1][0]
+    assert [s[1] - s[0] for s in spans] == [runner.max_num_reqs] * 4 + [runner.positions.gpu.shape[0]] * 2
+
+
 def test_parity_without_batch_reordering(H, release, sess):
     res = H.parity(sess, _shape(2), 700, seed=5, release=release, reorder=False)
     assert res["divergences"] == 0, res["examples"]
