@@ -341,6 +341,14 @@ def prepare(work: Path, tests: list[str] | None, only: list[str] | None = None) 
     return mutmut
 
 
+def ran_other_killers(group: str) -> bool:
+    """Whether the group's work directory holds results of another killer selection than GROUPS gives it (a run
+    before the group's killers changed): mutmut keeps results whose function did not change, so such a directory's
+    survivors say nothing about the group's killers."""
+    config = tomllib.loads((ROOT / ".mutation" / f"plan-{group}" / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return config["pytest_add_cli_args_test_selection"] != [*GROUPS[group].tests, *KILLER_FILTER]
+
+
 def statuses(work: Path) -> dict[str, str]:
     """Every mutant's status from mutmut's ``mutants/**/*.py.meta`` files."""
     from mutmut.stats import status_by_exit_code
@@ -559,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
         args.tests = list(group.tests)
     if args.combine_groups:
         args.combine = [f"plan-{name}" for name in GROUPS if (ROOT / ".mutation" / f"plan-{name}").is_dir()]
+        other = [env for env in args.combine if ran_other_killers(env.removeprefix("plan-"))]
+        if other:
+            raise SystemExit(f"{', '.join(other)}: ran other killers than GROUPS names; rerun with --group")
 
     work = ROOT / ".mutation" / args.env
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]

@@ -41,6 +41,7 @@ Cost on the 2-core CI box: ~1 minute after the vLLM import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -284,11 +285,14 @@ def test_parity_on_triton_kernels(H, release, ZB, sess):
     assert all(type(m).__name__ == "SlotMappingLauncher" for _, m in buffers.slot_mappers.values())
 
 
-def test_staging_sections_are_disjoint_aligned_and_fill_the_buffer(H, ZB, sess):
+@pytest.mark.parametrize("max_num_seqs", [8, 17])  # 17: a section of more than one 16-row block
+def test_staging_sections_are_disjoint_aligned_and_fill_the_buffer(H, ZB, sess, max_num_seqs):
     """The one pinned staging buffer: its six sections in order, each starting 16-element (64-byte) aligned, none
     overlapping the next, the last ending where the buffer ends; the upload's query_pos offset is that section's."""
-    vc = H.build_config(sess, _shape(2))
-    runner = H.make_runner(vc, H.kv_cache_config(vc, _shape(2)))
+    shape = dataclasses.replace(_shape(2), max_num_seqs=max_num_seqs)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    assert runner.max_num_reqs == max_num_seqs
     b = ZB.state_of(runner).buffers
     base = b.staging.np.__array_interface__["data"][0]
     names = ("cpu_counts", "num_scheduled", "prev_positions", "prev_drafts", "req_indices", "query_pos")

@@ -280,8 +280,9 @@ class ZeroBubble:
 
         max_reqs = runner.max_num_reqs
         max_tokens = runner.positions.gpu.shape[0]
-        rows = -(-max_reqs // 16) * 16  # every section starts 64-byte aligned, as a buffer of its own would
-        staging = runner._make_buffer(4 * rows + 2 * max_tokens, dtype=torch.int32)
+        # every section starts 64-byte aligned, as a buffer of its own would
+        rows, tokens = (-(-n // 16) * 16 for n in (max_reqs, max_tokens))
+        staging = runner._make_buffer(4 * rows + tokens + max_tokens, dtype=torch.int32)
 
         def section(start: int, length: int) -> Section:
             return Section(staging.np[start : start + length], staging.gpu[start : start + length])
@@ -294,8 +295,8 @@ class ZeroBubble:
             prev_positions=section(2 * rows, max_reqs),
             prev_drafts=section(3 * rows, max_reqs),
             req_indices=section(4 * rows, max_tokens),
-            query_pos=section(4 * rows + max_tokens, max_tokens),
-            query_pos_at=4 * rows + max_tokens,
+            query_pos=section(4 * rows + tokens, max_tokens),
+            query_pos_at=4 * rows + tokens,
         )
         from .. import zero_bubble
 
