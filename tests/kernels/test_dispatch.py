@@ -159,6 +159,13 @@ def test_direct_launch_is_cuda_triton_3_3_or_later_only(monkeypatch):
     for off in ("0", ""):
         monkeypatch.setenv("ZB_PATCH_KERNELS_NO_DIRECT_LAUNCH", off)
         assert _launch._direct_launch_supported("cuda") is knobs_present
+    # a Triton >= 3.3 without triton.knobs (where 3.4+ keep the launch hooks): no direct launch
+    import triton
+
+    monkeypatch.setattr(_launch, "_triton_version", lambda: (3, 3))
+    monkeypatch.delattr(triton, "knobs", raising=False)
+    monkeypatch.setitem(sys.modules, "triton.knobs", None)  # makes `from triton import knobs` raise ImportError
+    assert not _launch._direct_launch_supported("cuda")
     monkeypatch.setattr(_launch, "_interpret", True)
     assert not _launch._direct_launch_supported("cuda")
 

@@ -385,6 +385,12 @@ def test_launch_shape_defaults_and_overrides(dev):
     one = sm.SlotMappingLauncher(eight_rows, out, block_size=32, max_num_tokens=1000, tile=64, max_programs=1)
     c = one._launcher._constexprs
     assert (one.num_programs, c["WINDOW"], c["REQ_PAD"]) == (1, 4, 16)  # 64 // 32 + 2 blocks; 8 + 1 starts
+    # a device other than CUDA and CPU (the NPU's defaults; torch's meta device holds no data, nothing is launched):
+    # the block-table window, the contiguous-only guess, no warps option
+    npu_like = sm.SlotMappingLauncher(bt.to("meta"), out.to("meta"), block_size=16, max_num_tokens=1000)
+    c = npu_like._launcher._constexprs
+    assert (npu_like.windowed, npu_like.uniform_guess, c["WINDOWED"], c["UNIFORM_GUESS"]) == (True, False, True, False)
+    assert npu_like._launcher._options == {}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -134,8 +134,8 @@ class FastLauncher:
         direct: bool | None = None,
     ) -> None:
         self._kernel = kernel
-        order = list(getattr(kernel, "arg_names", None) or constexprs)  # the launcher wants signature order
-        self._constexprs = {name: constexprs[name] for name in order if name in constexprs}
+        # the launcher wants signature order
+        self._constexprs = {name: constexprs[name] for name in kernel.arg_names if name in constexprs}
         if len(self._constexprs) != len(constexprs):
             raise ValueError(f"unknown constexprs {sorted(set(constexprs) - set(self._constexprs))}")
         self._constexpr_values = tuple(self._constexprs.values())

@@ -383,7 +383,6 @@ class TokenCountsLauncher:
             num_reqs, num_tokens, num_positions = check_token_counts_call(
                 self._limits, num_reqs, cpu, valid, num_tokens, num_positions_arg, num_prev_reqs
             )
-            cpu_dtype = cpu.dtype
         correct = valid is not None and self.can_correct
         if correct:
             num_prev = valid.numel()
