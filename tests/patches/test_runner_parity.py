@@ -118,6 +118,7 @@ def _check_waits(res):
     assert p["max_before_prep_per_step"] == 0, p
     assert set(p["waits"]) <= {"prepare_inputs:after"}, p["waits"]
     assert p["max_waits_per_step"] <= 1, p
+    assert p["zb"]["steps"] == p["steps"], p["zb"]  # its step count: one per engine step, all of them active
     zb = p["zb"]
     assert zb["active"] and zb["fallback_uploads"] == 0, zb
     assert zb["corrected_steps"] > 0 and p["waits"]["prepare_inputs:after"] == zb["corrected_steps"]
