@@ -100,3 +100,21 @@ def test_mla_metadata_is_left_to_the_release(entered):
     with wrapped({"layer.0": metadata}, None, is_draft_model=True):
         pass
     assert seen == [{"layer.0": ([40], [4])}]
+
+
+@pytest.mark.parametrize(
+    "seq_lens",
+    [
+        pytest.param(None, id="no-host-lengths"),  # the dataclass default
+        pytest.param(torch.tensor([41, 18], device="meta"), id="lengths-off-the-host"),  # reading would fail
+    ],
+)
+def test_metadata_without_host_lengths_is_left_as_it_is(entered, seq_lens):
+    """Dense metadata whose seq_lens are no host tensor (none set, or on another device: reading them there would
+    wait for it) is not read and keeps its lists."""
+    wrapped, seen = entered
+    metadata = _dense([40, 17], [4, 4])
+    metadata.seq_lens = seq_lens
+    with wrapped({"layer.0": metadata}, None, is_draft_model=True):
+        pass
+    assert seen == [{"layer.0": ([40, 17], [4, 8])}]

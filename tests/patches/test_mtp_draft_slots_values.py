@@ -64,7 +64,13 @@ def _metadata():
 def _draft_pass(model_for_the_pass) -> list[list[int]]:
     """The release's k draft-model calls of one ``_propose`` (eager, no CP) around ``model_for_the_pass(model)``;
     returns the slots the model saw at each call."""
-    from vllm.forward_context import ForwardContext, override_forward_context
+    return _draft_pass_around(lambda model, draft_calls: draft_calls(model_for_the_pass(model)))
+
+
+def _draft_pass_around(around, k: int = K) -> list[list[int]]:
+    """As :func:`_draft_pass`, the k calls made by ``around(model, draft_calls)`` (``draft_calls(called)`` plays them
+    on ``called``)."""
+    from vllm.forward_context import ForwardContext
 
     seen = []
     metadata = _metadata()
@@ -75,10 +81,17 @@ def _draft_pass(model_for_the_pass) -> list[list[int]]:
         return hidden_states
 
     context = ForwardContext(no_compile_layers={}, attn_metadata={"mtp.attn": metadata}, virtual_engine=0)
-    called = model_for_the_pass(model)
+    around(model, lambda called: _draft_calls(called, context, metadata, k))
+    return seen
+
+
+def _draft_calls(called, context, metadata, k: int) -> None:
+    from vllm.forward_context import override_forward_context
+
+    n = len(FIRST)
     positions = torch.tensor(FIRST, dtype=torch.int64)
     with override_forward_context(context):
-        for step in range(K):
+        for step in range(k):
             if step > 0:  # mtp_proposer.py:486-512: positions on by one, clamped past the limit; slots += 1, masked
                 positions = positions + 1
                 exceeds = positions >= MAX_MODEL_LEN
@@ -88,7 +101,6 @@ def _draft_pass(model_for_the_pass) -> list[list[int]]:
             else:
                 model_positions = positions
             called(input_ids=torch.zeros(n, dtype=torch.int64), positions=model_positions, hidden_states=None)
-    return seen
 
 
 def _patched(model):
@@ -121,3 +133,56 @@ def test_the_release_alone_gives_other_slots():
     assert wrong and all(
         (FIRST[r] + s) % BLOCK_SIZE == 0 or seen[s - 1][r] != expected_slots(s - 1)[r] for s, r in wrong
     )
+
+
+@pytest.mark.parametrize(
+    "k, pcp, dcp, shared_expert_dp, fixed",
+    [
+        pytest.param(2, 1, 1, False, True, id="k2"),
+        pytest.param(K, 1, 1, False, True, id="k4"),
+        pytest.param(K, 2, 1, False, False, id="pcp2"),
+        pytest.param(K, 1, 2, False, False, id="dcp2"),
+        pytest.param(K, 1, 1, True, False, id="shared-expert-dp"),
+    ],
+)
+def test_the_wrapped_propose_gives_own_slots_where_the_release_adds_one(k, pcp, dcp, shared_expert_dp, fixed):
+    """``make_mtp_propose`` around a stand-in for the release's ``_propose`` (its k draft-model calls on
+    ``drafter.model``, played as :func:`_draft_pass` plays them), called as the release's runner calls it (keywords):
+    for k >= 2 without context parallelism or shared-expert DP the model sees each position's own slot; with PCP /
+    DCP or shared-expert DP the slots are the release's own (``+= 1``); the drafter's model is its own again after.
+    The drafter is the release's MtpProposer class with the attributes its __init__ sets (no model loaded)."""
+    import functools
+    import types
+
+    from test_readded_request_drafts import _batch_of
+    from vllm_ascend.spec_decode.mtp_proposer import MtpProposer
+
+    drafter = MtpProposer.__new__(MtpProposer)
+    drafter.num_speculative_tokens, drafter.pcp_size, drafter.dcp_size = k, pcp, dcp
+    drafter.enable_shared_expert_dp = shared_expert_dp
+    drafter.runner = types.SimpleNamespace(input_batch=_batch_of({}))  # the runner's block tables: BLOCK_SIZE
+    assert drafter.runner.input_batch.block_table.block_tables[0].block_size == BLOCK_SIZE
+
+    def around(model, draft_calls):
+        @functools.wraps(MtpProposer._propose)  # the release's signature, which the wrapper binds
+        def release_propose(self, **kwargs):
+            draft_calls(lambda **inputs: self.model(**inputs))
+
+        drafter.model = model
+        mtp_draft_slots.make_mtp_propose(release_propose)(
+            drafter,
+            target_token_ids=torch.zeros(len(FIRST), dtype=torch.int64),
+            target_positions=torch.tensor(FIRST),
+            target_hidden_states=None,
+            next_token_ids=torch.zeros(len(FIRST), dtype=torch.int64),
+            last_token_indices=None,
+            common_attn_metadata=types.SimpleNamespace(block_table_tensor=torch.tensor(BLOCKS, dtype=torch.int32)),
+            sampling_metadata=None,
+        )
+        assert drafter.__dict__["model"] is model
+
+    seen = _draft_pass_around(around, k)
+    if fixed:
+        assert seen == [expected_slots(step) for step in range(k)]
+    else:
+        assert seen == _draft_pass(lambda model: model)[:k] != [expected_slots(step) for step in range(k)]

@@ -38,3 +38,68 @@ def test_readded_rows_get_their_scheduled_drafts_on_013(H, release, sess, monkey
     assert rec.returns and all(r["ids"] == r["scheduled"] for r in rec.returns), rec.returns
     readded = sum(r["readded"] for r in rec.returns)
     assert readded > 0 and res.runner.__dict__.get("_zb_patch_readded_drafts", 0) == readded, rec.returns
+
+
+def _batch_of(requests):
+    """The release's NPUInputBatch holding ``requests`` ({req_id: prompt}), as the runner adds them (no drafts)."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+    from vllm_ascend.worker.npu_input_batch import NPUInputBatch
+
+    batch = NPUInputBatch(
+        max_num_reqs=8,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        device=torch.device("cpu"),
+        pin_memory=False,
+        vocab_size=100,
+        block_sizes=[16],
+        kernel_block_sizes=[[16]],
+        is_spec_decode=True,
+        num_speculative_tokens=2,
+    )
+    for rid, prompt in requests.items():
+        batch.add_request(
+            CachedRequestState(
+                req_id=rid,
+                prompt_token_ids=prompt,
+                mm_features=[],
+                sampling_params=SamplingParams(temperature=0.0),
+                generator=None,
+                block_ids=([0],),
+                num_computed_tokens=0,
+                output_token_ids=[],
+            )
+        )
+    return batch
+
+
+def test_write_readded_drafts_fills_every_readded_row_only(cpu_worker):
+    """Rows with empty spec_token_ids and scheduled drafts get them after their tokens (token_ids_cpu, num_tokens,
+    spec_token_ids); a row that stayed (drafts written by the release), a request with no drafts and one not in the
+    batch are skipped, whatever their order; the runner's counter adds up the rows over calls."""
+    import types
+
+    from zb_patch.versions.fixes import readded_request_drafts as fix
+
+    batch = _batch_of({"stayed": [1, 2, 3], "a": [4, 5], "none": [6], "b": [7, 8, 9, 10], "c": [11]})
+    stayed = batch.req_id_to_index["stayed"]
+    batch.spec_token_ids[stayed].extend([20, 21])  # the release's path of a row that stayed in the batch
+    runner = types.SimpleNamespace(input_batch=batch)
+    so = types.SimpleNamespace(
+        scheduled_spec_decode_tokens={"stayed": [20, 21], "gone": [30], "a": [40, 41], "none": [], "b": [50]}
+    )
+    fix.write_readded_drafts(runner, so)
+    fix.write_readded_drafts(runner, types.SimpleNamespace(scheduled_spec_decode_tokens={"c": [60, 61]}))
+
+    def row(rid):
+        i = batch.req_id_to_index[rid]
+        return batch.token_ids_cpu[i, : batch.num_tokens[i]].tolist(), batch.spec_token_ids[i]
+
+    assert row("a") == ([4, 5, 40, 41], [40, 41])
+    assert row("b") == ([7, 8, 9, 10, 50], [50])
+    assert row("c") == ([11, 60, 61], [60, 61])
+    assert row("stayed") == ([1, 2, 3], [20, 21])  # left to the release
+    assert row("none") == ([6], [])
+    assert runner.__dict__[fix.READDED_ATTR] == 3

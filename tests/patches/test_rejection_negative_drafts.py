@@ -235,3 +235,120 @@ def test_mixed_batch(H, release, cpu_worker, k, fixed):
         assert [got[i] for i in (0, 3, 4, 5)] == [rows[i][3] for i in (0, 3, 4, 5)]
         assert got[2] == [0] + [P] * k  # greedy: a -1 never equals the argmax
         assert got[1] == [3] + [P] * (k - 1) + [BONUS]  # the -1 drafts "accepted", then the bonus token
+
+
+def _sampled(H, release, requests, *, all_greedy=False, draft_probs=None, generators=None, fixed=True):
+    """``requests``: (drafts, target distribution per draft as {token: probability}, temperature) per request, drafts
+    of any count. The patched binding's output rows, with the fix (or, ``fixed=False``, without any patch: the
+    release's own output) on the release's torch path; target_probs is checked to be handed back unchanged."""
+    import torch
+    import vllm.v1.sample.rejection_sampler as vllm_rejection
+
+    drafts = torch.tensor([t for r in requests for t in r[0]], dtype=torch.int32)
+    target = torch.zeros(len(drafts), VOCAB)
+    for i, dist in enumerate(dist for r in requests for dist in r[1]):
+        for token, prob in dist.items():
+            target[i, token] = prob
+    handed = target.clone()
+    counts = [len(r[0]) for r in requests]
+    # as vLLM's InputBatch makes it: no temperature tensor for an all-greedy batch
+    temperatures = None if all_greedy else torch.tensor([r[2] for r in requests])
+    sampling = types.SimpleNamespace(
+        all_greedy=all_greedy,
+        all_random=not all_greedy and all(r[2] > 0 for r in requests),
+        temperature=temperatures,
+        generators=generators or {},
+    )
+    if fixed:
+        _applied(release, _zero_bubble(H, release))
+    try:
+        with _release_torch_path():
+            out = vllm_rejection.rejection_sample(
+                drafts,
+                counts,
+                max(counts),
+                torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32),
+                draft_probs,
+                target,
+                torch.full((len(requests), 1), BONUS, dtype=torch.int32),
+                sampling,
+            )
+    finally:
+        release.ADAPTER.patch_set.unpatch()
+    assert torch.equal(target, handed)
+    return out.tolist()
+
+
+def test_all_greedy_batch_is_the_release_s_own_output(H, release, cpu_worker):
+    """A batch of greedy requests only goes to the release as it is: the same rows as the release alone (its greedy
+    path compares a draft with the target's argmax, which a -1 never equals)."""
+    requests = [
+        ([3, 4], [{3: 1.0}, {4: 1.0}], 0.0),  # real drafts the target agrees with: both + bonus
+        ([5, P, 6], [{5: 1.0}, {0: 1.0}, {6: 1.0}], 0.0),  # a placeholder at 1, the target's argmax 0 there
+        ([P], [{0: 0.6, 4: 0.4}], 0.0),
+    ]
+    released = _sampled(H, release, requests, all_greedy=True, fixed=False)
+    assert released == [[3, 4, BONUS, P], [5, 0, P, P], [0, P, P, P]]
+    assert _sampled(H, release, requests, all_greedy=True) == released
+
+
+@pytest.mark.parametrize(
+    "requests, rows",
+    [
+        pytest.param([([P], [{LAST: 1.0}], 1.0)], [[LAST, P]], id="one-request-one-placeholder"),
+        pytest.param(
+            [
+                # a placeholder after a real draft, first in the batch; fewer drafts than the longest request
+                ([3, P], [{3: 1.0}, {0: 1.0, 7: 1e-30}], 1.0),
+                ([5, 6, 7], [{5: 1.0}, {6: 1.0}, {7: 1.0}], 1.0),  # real drafts: all + bonus
+                ([0, 0], [{0: 1.0}, {0: 1.0}], 1.0),  # real drafts of token 0 (where a placeholder is clamped to)
+                ([P], [{0: 0.6, 4: 0.4}], 0.0),  # greedy: the argmax at the placeholder, nothing after it
+                ([P], [{LAST: 1.0}], 1.0),  # last in the batch, one draft of three
+            ],
+            [[3, 0, P, P], [5, 6, 7, BONUS], [0, 0, BONUS, P], [0, P, P, P], [LAST, P, P, P]],
+            id="uneven-drafts",
+        ),
+    ],
+)
+def test_placeholder_rows_of_uneven_batches(H, release, cpu_worker, requests, rows):
+    """Batches whose requests have different draft counts (the release's [batch, max_spec_len] grid has positions
+    past a request's drafts, clamped into the next request's): every row is #10043's, the others' drafts untouched."""
+    assert _sampled(H, release, requests) == rows
+
+
+def test_with_draft_probs_the_release_s_recovered_token_is_kept(H, release, cpu_worker):
+    """Draft probabilities given (a draft model's): a real draft whose draft probability equals its target
+    probability is accepted whatever the uniform draw (ratio 1), here one of 1e-6 (rejected as an n-gram draft);
+    at a placeholder the token is the release's recovered one, a sample of max(target - draft, 0)."""
+    import torch
+
+    requests = [
+        ([3, 4], [{3: 1e-6, 8: 1.0 - 1e-6}, {4: 1e-6, 8: 1.0 - 1e-6}], 1.0),
+        ([P, P], [{LAST: 1.0}, {LAST: 1.0}], 1.0),
+    ]
+    draft_probs = torch.zeros(4, VOCAB)
+    draft_probs[0, 3] = draft_probs[1, 4] = 1e-6
+    draft_probs[0, 9] = draft_probs[1, 9] = 1.0 - 1e-6
+    draft_probs[2:, 2] = draft_probs[2:, LAST] = 0.5
+    generators = {0: torch.Generator().manual_seed(0)}
+    rows = _sampled(H, release, requests, draft_probs=draft_probs, generators=generators)
+    assert rows == [[3, 4, BONUS], [LAST, P, P]]
+
+
+def test_placeholder_token_follows_the_target_distribution(H, release, cpu_worker):
+    """The token at a reached placeholder is a sample of the target distribution there: 2000 requests with one
+    placeholder each, the target 0.6 on one token and 0.1 on four others; each token's count is within 5 standard
+    deviations of 2000 * p (seeded; an exponential race scored p * E instead of p / E gives the 0.6 token 0.72)."""
+    import math
+
+    import torch
+
+    dist = {2: 0.6, 5: 0.1, 7: 0.1, 9: 0.1, 11: 0.1}
+    n = 2000
+    torch.manual_seed(1234)
+    rows = _sampled(H, release, [([P], [dist], 1.0)] * n)
+    assert all(row[1] == P for row in rows)
+    counts = {t: sum(row[0] == t for row in rows) for t in dist}
+    assert sum(counts.values()) == n, counts
+    for token, p in dist.items():
+        assert abs(counts[token] - n * p) <= 5 * math.sqrt(n * p * (1 - p)), counts
