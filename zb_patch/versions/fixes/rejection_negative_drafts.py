@@ -33,7 +33,8 @@ def make_rejection_sample(original: Callable) -> Callable:
     3. the release's recovered token at ``p`` leaves token 0 out (the n-gram / MTP path zeroes the draft's column), so
        where ``p`` was reached it is replaced by a sample of the target distribution at ``p`` drawn before step 2
        (exponential race, ``argmax(probs / q)``, as the release samples; from the default generator, also for a seeded
-       request); with ``draft_probs`` the release's recovered token does not depend on the draft and is kept;
+       request); with ``draft_probs`` (which vllm-ascend 0.13's runner never passes: it hands the sampler None) the
+       release's recovered token is kept, a sample of ``max(target - draft, 0)`` without token 0 at the placeholder;
     4. every token after ``p`` is set to the placeholder (greedy rows too: the clamped draft may have matched).
     """
     import torch
