@@ -495,13 +495,13 @@ def test_prepared_launcher_bounds_the_gather_by_its_buffers(dev):
 
 
 @pytest.mark.parametrize("direct_launch", [None, False])
-def test_prepared_launcher_keeps_direct_launch_off_when_asked(monkeypatch, direct_launch):
+def test_prepared_launcher_keeps_direct_launch_off_when_asked(dev, monkeypatch, direct_launch):
     """``direct_launch=False`` reaches every kernel variant the prepared launcher builds, where the device would
-    allow the direct launch (here: as if it did); the default leaves it to the device."""
+    allow the direct launch (as if it did, also under the interpreter); the default leaves it to the device."""
     from zb_patch.kernels import _launch
 
     monkeypatch.setattr(_launch, "_direct_launch_supported", lambda device_type: True)
-    launch = kernels.token_counts_launcher(**_runner_buffers("cpu"), direct_launch=direct_launch)
+    launch = kernels.token_counts_launcher(**_runner_buffers(dev), direct_launch=direct_launch)
     assert [launch._launcher(correct).direct_supported for correct in (True, False)] == [direct_launch is None] * 2
 
 
