@@ -105,6 +105,7 @@ _PATCH_TESTS_018 = (
     "tests/patches/test_draft_placeholders_after_metadata.py",
     "tests/patches/test_draft_sample_indices_past_batch.py",
     "tests/patches/test_draft_seq_lens_values.py",
+    "tests/patches/test_exact_counts_after_early_output.py",
     "tests/patches/test_fix_patches.py",
     "tests/patches/test_graph_modes.py",
     "tests/patches/test_mla_draft_rope_rows.py",
