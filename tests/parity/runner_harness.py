@@ -784,6 +784,9 @@ class Run:
     requests: int = 0
     preempted_ids: set = field(default_factory=set)  # preempted, not yet scheduled again
     skipped: set = field(default_factory=set)  # left out of a step while holding drafts, not yet scheduled again
+    # every `early`-th step's output is processed before the next step is scheduled (0: never), as vLLM 0.13 / 0.18's
+    # engine core does when the step's output is already there when it asks: the next step's counts are then exact
+    early: int = 0
 
     def add(self, specs: list[RequestSpec]) -> None:
         for s in specs:
@@ -814,6 +817,10 @@ class Run:
             executed = self.driver.execute_model(so, self.step)
             out = self.driver.sample_tokens(so) if executed else None
             self.queue.appendleft((out, so))
+            if self.early and self.step % self.early == 0:
+                while self.queue:
+                    self._finish_one(abort_after)
+                return
             if len(self.queue) < 2:
                 return
         elif not self.queue:
@@ -1003,6 +1010,21 @@ class RunResult:
         return {k: getattr(self, k) for k in keys}
 
 
+@dataclass
+class WorkerOf:
+    """The worker as a wrapper of ``NPUWorker.execute_model`` reads it: its model runner."""
+
+    model_runner: Any
+
+
+def _route_through_worker(driver: Driver, worker_patch: Any) -> None:
+    """The driver's step through ``worker_patch``'s wrapper of ``NPUWorker.execute_model``, around the runner's."""
+    step = driver._execute
+    worker = WorkerOf(driver.runner)
+    wrapped = worker_patch.make(lambda w, so: step(w.model_runner, so))
+    driver._execute = lambda runner, so: wrapped(worker, so)
+
+
 def run_mode(
     sess: Session,
     shape: EngineShape,
@@ -1016,10 +1038,12 @@ def run_mode(
     method: str = "eagle",
     runner_hook: Any = None,
     disabled: tuple[str, ...] = (),
+    early: int = 0,
 ) -> RunResult:
     """One run. ``release``: the release's harness module (``Driver``, ``ADAPTER``, ``ZERO_BUBBLE``). ``patched``:
     the adapter is applied, less the patch ids in ``disabled`` (as ``ZB_PATCH_DISABLE`` does: a disabled member
-    of a group disables its group)."""
+    of a group disables its group). ``early``: :attr:`Run.early`. An applied patch of ``NPUWorker.execute_model``
+    (it reads the worker's runner only) wraps the driver's step, as the worker's call wraps the runner's."""
     from zb_patch import registry as R
 
     adapter = release.ADAPTER
@@ -1030,7 +1054,7 @@ def run_mode(
     mla = vc.model_config.use_mla
     rope = mla_harness.mla_session(vc) if mla else contextlib.nullcontext()
     with phase_spy(release.Driver, driver_ref), rope:
-        execute_patch = sample_patch = None
+        execute_patch = sample_patch = worker_patch = None
         applied: set[str] = set()
         if patched:
             report = adapter.patch_set.apply(disabled=disabled)
@@ -1042,14 +1066,17 @@ def run_mode(
                 next((p for p in live if p.target.endswith(f"NPUModelRunner.{m}")), None)
                 for m in ("execute_model", "sample_tokens")
             )
+            worker_patch = next((p for p in live if p.target.endswith("NPUWorker.execute_model")), None)
         try:
             runner = make_runner(vc, kvc, reorder=reorder)
             if runner_hook is not None:
                 runner_hook(runner)
             driver = release.Driver(runner, shape, seed=seed, execute_patch=execute_patch, sample_patch=sample_patch)
             driver.applied = applied
+            if worker_patch is not None:
+                _route_through_worker(driver, worker_patch)
             driver_ref.append(driver)
-            run = Run(make_scheduler(vc, kvc, shape), driver, shape)
+            run = Run(make_scheduler(vc, kvc, shape), driver, shape, early=early)
             drive(run, specs, iterations)
         finally:
             if patched:
@@ -1235,12 +1262,13 @@ def parity(
     method: str = "eagle",
     runner_hook: Any = None,
     fixes: bool = True,
+    early: int = 0,
 ) -> dict:
     """The same seeded workload in the release's classic async form ("unpatched"), then with zero-bubble
     ("patched"); ``runner_hook`` runs on the patched run's runner only. ``fixes``: both runs carry the adapter's
     fixes of the release's own defects (the unpatched run applies only those: ``ZB_PATCH_DISABLE=<the zero-bubble
     group>``), so zero-bubble is held to classic async with the same fixes; False: the unpatched run is the bare
-    release and the patched run leaves the fixes out."""
+    release and the patched run leaves the fixes out. ``early``: :attr:`Run.early`, both runs."""
     specs = make_workload(seed, shape, iterations)
     zb_ids, fix_ids = zero_bubble_and_fix_ids(release.ADAPTER)
     ctx = contextlib.nullcontext() if triton else reference_kernels()
@@ -1256,6 +1284,7 @@ def parity(
             disabled=zb_ids[:1],
             reorder=reorder,
             method=method,
+            early=early,
         )
         got = run_mode(
             sess,
@@ -1269,6 +1298,7 @@ def parity(
             reorder=reorder,
             method=method,
             runner_hook=runner_hook,
+            early=early,
         )
     kinds: dict[str, int] = {}
     diffs, examples, first = compare(ref, got, kinds=kinds)

@@ -271,6 +271,42 @@ def test_parity_scheduler_edge_cases(H, release, sess):
     assert all(edges[e] for e in H.EDGE_CASES), edges
 
 
+def test_parity_with_outputs_processed_before_the_next_step(H, release, sess, monkeypatch):
+    """Every third step's output processed before the next step is scheduled (vLLM 0.13 / 0.18's engine core does
+    that when the output is already there): the next step's counts from the scheduler already have the rejected
+    drafts subtracted. Zero-bubble (its own test of exact counts) stays identical to classic async with the adapter's
+    fix exact-counts-after-early-output, which found such rows (classic async without it subtracts them a second
+    time: tests/engine/test_engine.py forces that in the engine)."""
+    from zb_patch.check.selftest.workload import make_workload
+    from zb_patch.versions.fixes import exact_counts_after_early_output as exact_counts
+
+    found = []
+    already_exact = exact_counts.already_exact
+
+    def spy(*args):  # the fix's own call of it (zero-bubble holds its own reference)
+        found.append(already_exact(*args))
+        return found[-1]
+
+    monkeypatch.setattr(exact_counts, "already_exact", spy)
+    shape, iterations, seed = _shape(2), 300, 3
+    specs = make_workload(seed, shape, iterations)
+    zb_ids, _ = H.zero_bubble_and_fix_ids(release.ADAPTER)
+
+    def run(disabled):
+        return H.run_mode(
+            sess, shape, specs, iterations, release=release, seed=seed, patched=True, disabled=disabled, early=3
+        )
+
+    with H.reference_kernels():
+        fix = run(zb_ids[:1])
+        fix_found = sum(bool(rows) for rows in found)
+        zb = run(())
+    diffs, examples, _ = H.compare(fix, zb)
+    assert diffs == 0, examples
+    assert zb.zb["active"] and zb.zb["steps"] == zb.steps and zb.zb["corrected_steps"] > 0, zb.zb
+    assert fix_found > 0, "no step had rows whose count was already exact"
+
+
 def test_parity_on_triton_kernels(H, release, ZB, sess):
     from zb_patch.kernels._launch import interpret_mode
 

@@ -6,7 +6,7 @@ leaving other wrappers and configurations to the release, and full-replay-ordere
 ACLGraphWrapper, runner and update functions is tested in tests/patches/test_graph_modes.py."""
 
 import sys
-from types import SimpleNamespace
+from types import FunctionType, SimpleNamespace
 
 import pytest
 
@@ -77,6 +77,41 @@ def test_once_per_forward_torch_runs_the_first_drain_of_each_target_forward(forw
     assert calls == ["stream.synchronize"] * 3
     assert GR.DRAINS["once"] - once == 3 and GR.DRAINS["skipped"] - skipped == 3 * 3 + 3 * 8
     assert proxy.Tensor == "tensor class" and proxy.npu.NPUGraph == "graph class"
+
+
+def test_hooked_npu_passes_the_drains_and_streams_their_arguments(forward_contexts):
+    """vllm-ascend 0.13.0 drains with ``torch.npu.synchronize()``: the first drain of a target forward runs the real
+    one with the device it was given; ``current_stream``'s arguments reach ``torch.npu``'s."""
+    calls = []
+    torch = _fake_torch(calls)
+    stream = torch.npu.current_stream()
+    torch.npu.synchronize = lambda device=None: calls.append(("synchronize", device))
+    torch.npu.current_stream = lambda *args, **kwargs: calls.append(("current_stream", args, kwargs)) or stream
+    proxy = GR.OncePerForwardTorch(torch)
+    forward_contexts()
+    proxy.npu.synchronize("npu:1")
+    proxy.npu.synchronize("npu:1")  # the same forward: skipped
+    assert proxy.npu.current_stream(1, device="npu:1").query() is True
+    assert calls == [("synchronize", "npu:1"), ("current_stream", (1,), {"device": "npu:1"})]
+
+
+def _release_call(wrapper):  # ACLGraphWrapper.__call__'s drain as its module makes it (`torch`: the module's global)
+    torch.npu.current_stream().synchronize()  # noqa: F821
+    return torch  # noqa: F821
+
+
+def test_piecewise_replay_runs_the_release_with_the_stand_in_torch(forward_contexts):
+    calls = []
+    torch = _fake_torch(calls)
+    original = FunctionType(_release_call.__code__, {"torch": torch})
+    call = GR.make_call(GR.OncePerForwardTorch)(original)
+    wrapper = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), vllm_config=_config(True, True))
+    forward_contexts()
+    sys.modules["vllm.forward_context"].get_forward_context().cudagraph_runtime_mode = SimpleNamespace(name="PIECEWISE")
+    seen = [call(wrapper), call(wrapper)]  # two pieces of one target forward
+    assert all(type(t) is GR.OncePerForwardTorch for t in seen) and seen[0] is seen[1]
+    assert calls == ["stream.synchronize"]  # the first piece's drain only
+    assert original.__globals__["torch"] is torch  # restored after each call
 
 
 class _Recorder:
