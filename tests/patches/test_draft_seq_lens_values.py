@@ -246,3 +246,27 @@ def test_without_seq_lens_cpu_the_internal_host_copy_gets_10112_s_lengths(target
     assert [s[0] for s in seen] == expected
     assert [s[1] for s in seen] == [None] * (K - 1)
     assert [s[2] for s in seen] == expected
+
+
+def test_a_call_without_attn_group_is_the_release_s_own(target):
+    """No attention group to stand in for: the call reaches the release's body as it was made (draft step by
+    position, the rest by name), and the release refuses it as it does unpatched."""
+    patch, original, applies = target
+    if not applies:
+        pytest.skip(f"vllm-ascend {RELEASE} carries the fix: nothing is wrapped")
+    from vllm.config import CUDAGraphMode
+
+    common = _first_step_metadata()
+    kwargs = dict(
+        old_common_metadata=common,
+        batch_size=len(FIRST),
+        input_batch_size=len(FIRST),
+        used_update_positions=common.positions.clone(),
+        aclgraph_runtime_mode=CUDAGraphMode.NONE,
+        attn_group=None,
+    )
+    if "old_attn_metadata" in inspect.signature(original).parameters:
+        kwargs["old_attn_metadata"] = None
+    for fn in (original, patch.make(original)):
+        with pytest.raises(AssertionError, match="requires attn_group"):
+            fn(_proposer(), 1, **kwargs)
