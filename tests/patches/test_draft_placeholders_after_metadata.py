@@ -156,3 +156,77 @@ def test_with_the_fix_the_sampler_rejects_the_placeholder(H, release, sess, monk
     assert res.negative_input_ids == 0
     regathered = res.runner.__dict__.get("_zb_patch_placeholder_drafts", 0)
     assert (regathered > 0) == (mode == "fix+zero-bubble" and FAMILY == "0.13"), regathered
+
+
+def _handshake(H, release, sess):
+    """(runner, the release's ``_calc_spec_decode_metadata`` as the fix wraps it, ``plant_and_clamp``): vllm-ascend
+    0.13's zero-bubble side of the handshake on this release's real runner: ids with -1 drafts are written, kept by
+    ``keep_ids_before_clamp`` and clamped at 0 before the metadata is built."""
+    import torch
+
+    from zb_patch import registry as R
+    from zb_patch.check.selftest.compat import EngineShape
+    from zb_patch.versions.fixes import draft_placeholders_after_metadata as fix
+
+    shape = EngineShape(num_spec_tokens=K)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    (spec,) = [p for p in release.ADAPTER.patch_set.patches if p.id == FIX]
+    calc = spec.make(R.resolve(spec.target, import_missing=True).original)  # the release's own body, wrapped
+    ids = runner.input_ids.gpu
+
+    def plant_and_clamp():
+        ids[:5] = torch.tensor([5, -1, 7, 9, -1], dtype=ids.dtype)  # row 0: drafts [-1, 7]; row 1: draft [-1]
+        fix.keep_ids_before_clamp(runner, 5)
+        ids[:5].clamp_(min=0)  # zero-bubble's clamp, before the metadata
+
+    return runner, calc, plant_and_clamp
+
+
+# two rows: 1 + 2 drafts and 1 + 1 draft
+NUM_DRAFT_TOKENS, CU_NUM_SCHEDULED = [2, 1], [3, 5]
+
+
+def test_ids_kept_before_the_clamp_feed_one_metadata_build(H, release, sess):
+    """The handshake (``keep_ids_before_clamp``, the clamp, the wrapped ``_calc_spec_decode_metadata``,
+    ``drop_ids_before_clamp`` after ``_prepare_inputs``): the metadata gathers its drafts from the ids as they were
+    before the clamp (a -1 stays -1), consumes them and counts the re-gather; dropped unread, they feed no later
+    build."""
+    import numpy as np
+
+    from zb_patch.versions.fixes import draft_placeholders_after_metadata as fix
+
+    runner, calc, plant_and_clamp = _handshake(H, release, sess)
+    num_draft_tokens, cu = np.array(NUM_DRAFT_TOKENS, dtype=np.int32), np.array(CU_NUM_SCHEDULED, dtype=np.int32)
+    for built in (1, 2):
+        plant_and_clamp()
+        meta = calc(runner, num_draft_tokens, cu, None)
+        assert meta.draft_token_ids.tolist() == [-1, 7, -1]
+        assert fix.IDS_BEFORE_CLAMP_ATTR not in runner.__dict__  # consumed
+        assert runner.__dict__[fix.PLACEHOLDER_DRAFTS_ATTR] == built
+        fix.drop_ids_before_clamp(runner)  # nothing left to drop: a no-op
+        assert runner.input_ids.gpu[:5].tolist() == [5, 0, 7, 9, 0]
+
+    plant_and_clamp()
+    fix.drop_ids_before_clamp(runner)  # _prepare_inputs returned without building the metadata
+    assert fix.IDS_BEFORE_CLAMP_ATTR not in runner.__dict__
+    meta = calc(runner, num_draft_tokens, cu, None)
+    assert meta.draft_token_ids.tolist() == [0, 7, 0]  # the clamped ids: no stale copy read
+    assert runner.__dict__[fix.PLACEHOLDER_DRAFTS_ATTR] == 2
+
+
+def test_with_prefill_context_parallelism_the_release_s_drafts_stay(H, release, sess):
+    """pcp_size > 1: the release replaces the logits indices after its gather, so the fix leaves the drafts as the
+    release gathered them (from the clamped ids) and re-gathers nothing; the kept ids are consumed all the same."""
+    import numpy as np
+
+    from zb_patch.versions.fixes import draft_placeholders_after_metadata as fix
+
+    runner, calc, plant_and_clamp = _handshake(H, release, sess)
+    runner.pcp_size = 2
+    plant_and_clamp()
+    num_draft_tokens, cu = np.array(NUM_DRAFT_TOKENS, dtype=np.int32), np.array(CU_NUM_SCHEDULED, dtype=np.int32)
+    meta = calc(runner, num_draft_tokens, cu, np.array([1, 1], dtype=np.int32))
+    assert meta.draft_token_ids.tolist() == [0, 7, 0]
+    assert fix.IDS_BEFORE_CLAMP_ATTR not in runner.__dict__
+    assert fix.PLACEHOLDER_DRAFTS_ATTR not in runner.__dict__

@@ -89,7 +89,14 @@ class _Builder:
     def _record(self, args, kwargs):
         common = kwargs.get("common_attn_metadata") or next(a for a in args if hasattr(a, "seq_lens_cpu"))
         rows = len(FIRST)
-        self.seen.append((common.seq_lens[:rows].tolist(), common.seq_lens_cpu[:rows].tolist()))
+        host, internal = common.seq_lens_cpu, common._seq_lens_cpu
+        self.seen.append(
+            (
+                common.seq_lens[:rows].tolist(),
+                None if host is None else host[:rows].tolist(),
+                None if internal is None else internal[:rows].tolist(),
+            )
+        )
         return types.SimpleNamespace(kind="draft attention metadata")
 
     def build_for_drafting(self, *args, **kwargs):
@@ -107,17 +114,20 @@ class _Group:
         return _Builder(self.seen)
 
 
-def _first_step_metadata():
+def _first_step_metadata(internal_host_copy=False, host_copy=True):
+    """``internal_host_copy``: vLLM's ``_seq_lens_cpu`` set as well, as 0.19.1rc1's runner sets it (its attention
+    builders prefer it); None otherwise (0.18.0 never sets it). ``host_copy=False``: no ``seq_lens_cpu``, as
+    0.19.1rc1's runner builds the metadata under async scheduling with drafts (``use_async_spec_decode``)."""
     from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
 
     n = len(FIRST)
     lengths = torch.tensor(FIRST, dtype=torch.int32)
     blocks = MAX_MODEL_LEN // BLOCK_SIZE + 1
-    return AscendCommonAttentionMetadata(
+    metadata = AscendCommonAttentionMetadata(
         query_start_loc=torch.arange(n + 1, dtype=torch.int32),
         query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
         seq_lens=lengths.clone(),
-        seq_lens_cpu=lengths.clone(),
+        seq_lens_cpu=lengths.clone() if host_copy else None,
         num_computed_tokens_cpu=lengths.clone() - 1,
         num_reqs=n,
         num_actual_tokens=n,
@@ -127,6 +137,9 @@ def _first_step_metadata():
         slot_mapping=torch.zeros(n, dtype=torch.int64),
         positions=(lengths - 1).to(torch.int64),
     )
+    if internal_host_copy:
+        metadata._seq_lens_cpu = lengths.clone()
+    return metadata
 
 
 def _proposer():
@@ -153,14 +166,14 @@ def _proposer():
     )
 
 
-def _draft_steps(fn) -> list[tuple[list[int], list[int]]]:
+def _draft_steps(fn, internal_host_copy=False, host_copy=True) -> list[tuple[list[int], list[int], list[int] | None]]:
     """Draft steps 1 .. K-1 as ``_propose`` runs them: each step's common metadata is the next step's old one; what
-    the builder was handed at each step, (device lengths, host lengths)."""
+    the builder was handed at each step, (device lengths, host lengths, ``_seq_lens_cpu`` or None)."""
     from vllm.config import CUDAGraphMode
 
     params = list(inspect.signature(fn).parameters)
     group, proposer = _Group(), _proposer()
-    common = _first_step_metadata()
+    common = _first_step_metadata(internal_host_copy, host_copy)
     positions = common.positions.clone()
     for step in range(1, K):
         kwargs = {
@@ -180,7 +193,7 @@ def _draft_steps(fn) -> list[tuple[list[int], list[int]]]:
 
 def _check(seen, expected):
     assert len(seen) == K - 1
-    for step, ((device, host), want) in enumerate(zip(seen, expected), start=1):
+    for step, ((device, host, _), want) in enumerate(zip(seen, expected), start=1):
         assert device == want, f"draft step {step}: device lengths {device}, #10112's {want}"
         assert host == want, f"draft step {step}: host lengths {host}, #10112's {want}"
 
@@ -206,3 +219,54 @@ def test_the_release_without_the_patch_gets_other_values(target):
         _check(seen, expected_lengths(FIRST, K - 1, MAX_MODEL_LEN))
     row = FIRST.index(MAX_MODEL_LEN - 1)
     assert seen[0][1][row] == 1  # the host mask `>=`: a length of max_model_len set to 1
+
+
+def test_the_internal_host_copy_gets_10112_s_lengths_too(target):
+    """Where the first step's metadata carries vLLM's ``_seq_lens_cpu`` (0.19.1rc1's runner sets it and its attention
+    builders read it before ``seq_lens_cpu``; 0.18.0's class has the field, nothing sets it), the builder is handed
+    #10112's lengths there as well."""
+    patch, original, applies = target
+    fn = patch.make(original) if applies else original
+    seen = _draft_steps(fn, internal_host_copy=True)
+    expected = expected_lengths(FIRST, K - 1, MAX_MODEL_LEN)
+    _check(seen, expected)
+    for step, ((_, _, internal), want) in enumerate(zip(seen, expected), start=1):
+        assert internal == want, f"draft step {step}: _seq_lens_cpu {internal}, #10112's {want}"
+
+
+def test_without_seq_lens_cpu_the_internal_host_copy_gets_10112_s_lengths(target):
+    """0.19.1rc1 under async scheduling with drafts: the metadata has no ``seq_lens_cpu``, only ``_seq_lens_cpu``;
+    the builder is handed #10112's lengths there and on the device, and still no ``seq_lens_cpu``."""
+    if FAMILY == "0.18":
+        pytest.skip("vllm-ascend 0.18.0's runner always sets seq_lens_cpu (its proposer clones it unconditionally)")
+    patch, original, applies = target
+    fn = patch.make(original) if applies else original
+    seen = _draft_steps(fn, internal_host_copy=True, host_copy=False)
+    expected = expected_lengths(FIRST, K - 1, MAX_MODEL_LEN)
+    assert [s[0] for s in seen] == expected
+    assert [s[1] for s in seen] == [None] * (K - 1)
+    assert [s[2] for s in seen] == expected
+
+
+def test_a_call_without_attn_group_is_the_release_s_own(target):
+    """No attention group to stand in for: the call reaches the release's body as it was made (draft step by
+    position, the rest by name), and the release refuses it as it does unpatched."""
+    patch, original, applies = target
+    if not applies:
+        pytest.skip(f"vllm-ascend {RELEASE} carries the fix: nothing is wrapped")
+    from vllm.config import CUDAGraphMode
+
+    common = _first_step_metadata()
+    kwargs = dict(
+        old_common_metadata=common,
+        batch_size=len(FIRST),
+        input_batch_size=len(FIRST),
+        used_update_positions=common.positions.clone(),
+        aclgraph_runtime_mode=CUDAGraphMode.NONE,
+        attn_group=None,
+    )
+    if "old_attn_metadata" in inspect.signature(original).parameters:
+        kwargs["old_attn_metadata"] = None
+    for fn in (original, patch.make(original)):
+        with pytest.raises(AssertionError, match="requires attn_group"):
+            fn(_proposer(), 1, **kwargs)

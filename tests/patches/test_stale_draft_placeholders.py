@@ -199,3 +199,81 @@ def test_remove_request_records_the_row_of_a_sampled_request(H, sess):
     assert remove(batch, "a") == 2 and remove(batch, "c") == 3 and remove(batch, "b") == 4
     assert batch.__dict__[fix.LEFT_ROWS_ATTR] == {"a": 3, "b": 0}
     assert removed == [(batch, "a"), (batch, "a"), (batch, "c"), (batch, "b")]
+
+
+def _runner_with_requests(H, sess, req_ids, num_spec_tokens=2):
+    """A real runner whose persistent batch holds ``req_ids`` (rows in that order), each a real
+    ``CachedRequestState`` in ``runner.requests``."""
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    shape = EngineShape(num_spec_tokens=num_spec_tokens)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    for req_id in req_ids:
+        state = CachedRequestState(
+            req_id=req_id,
+            prompt_token_ids=[1, 2, 3],
+            mm_features=[],
+            sampling_params=SamplingParams(temperature=0.0),
+            generator=None,
+            block_ids=([0],),
+            num_computed_tokens=3,
+            output_token_ids=[],
+        )
+        runner.requests[req_id] = state
+        runner.input_batch.add_request(state)
+    assert list(runner.input_batch.req_id_to_index) == list(req_ids)
+    return runner
+
+
+def test_leaving_drafts_are_kept_for_live_requests_at_the_proposal_s_row_width(H, sess):
+    """Before the release's body: each recorded leaving row whose request is still alive gets its row of the last
+    proposal kept, a finished one (listed first) nothing; the row width is the proposal's own, which vLLM 0.24+
+    lets differ from num_spec_tokens (it reads prev_num_spec_tokens = _draft_token_ids.shape[1])."""
+    import torch
+
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    runner = _runner_with_requests(H, sess, ["alive"], num_spec_tokens=3)
+    runner._draft_token_ids = torch.tensor([[10, 11], [20, 21], [30, 31]], dtype=torch.int32)  # width 2 < 3
+    runner.input_batch.__dict__[fix.LEFT_ROWS_ATTR] = {"finished": 0, "alive": 2}
+    st = fix.SavedDrafts()
+    fix.keep_leaving_drafts(runner, st)
+    assert {r: d.tolist() for r, d in st.drafts.items()} == {"alive": [30, 31]}
+    assert st.saved == 1
+    assert fix.LEFT_ROWS_ATTR not in runner.input_batch.__dict__  # read once
+    runner._draft_token_ids[2] = -5  # a copy: the runner reuses its draft tensor
+    assert st.drafts["alive"].tolist() == [30, 31]
+
+
+def test_returning_rows_are_filled_and_the_kept_drafts_forgotten(H, sess):
+    """After the release's body: a row back with scheduled drafts gets its kept drafts, also behind a new request
+    without drafts and a row back with none kept (counted, its ids left as they are); the kept drafts of a request
+    sampled last step (fresher ones were scattered) and of a finished one are forgotten, also in a step that
+    schedules no drafts at all."""
+    import numpy as np
+    import torch
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from zb_patch.versions.fixes import stale_draft_placeholders as fix
+
+    runner = _runner_with_requests(H, sess, ["new", "lost", "back", "stay"])
+    batch = runner.input_batch
+    batch.prev_req_id_to_index = {"stay": 0}
+    so = SchedulerOutput.make_empty()
+    so.scheduled_spec_decode_tokens = {"lost": [-1, -1], "back": [-1, -1], "stay": [-1, -1]}
+    cu_num_tokens = np.array([5, 8, 11, 14], dtype=np.int32)  # new: a 5-token prompt, the others 1 + 2 drafts
+    ids = runner.input_ids.gpu
+    ids[:14] = torch.tensor([1, 2, 3, 4, 5, 6, -1, -1, 6, -1, -1, 9, 44, 45], dtype=ids.dtype)
+    st = fix.SavedDrafts(drafts={n: torch.tensor(v) for n, v in (("back", [7, 8]), ("stay", [0, 0]), ("gone", [3, 3]))})
+    fix.fill_returning_drafts(runner, st, so, cu_num_tokens)
+    assert ids[:14].tolist() == [1, 2, 3, 4, 5, 6, -1, -1, 6, 7, 8, 9, 44, 45]
+    assert (st.filled, st.filled_tokens, st.unknown, st.drafts) == (1, 2, 1, {})
+
+    # a step of prompts only (no drafts scheduled): kept drafts of a sampled or finished request still go
+    so.scheduled_spec_decode_tokens = {}
+    st = fix.SavedDrafts(drafts={"stay": torch.tensor([0, 0]), "gone": torch.tensor([3, 3])})
+    fix.fill_returning_drafts(runner, st, so, cu_num_tokens)
+    assert ids[:14].tolist() == [1, 2, 3, 4, 5, 6, -1, -1, 6, 7, 8, 9, 44, 45]
+    assert (st.filled, st.unknown, st.drafts) == (0, 0, {})

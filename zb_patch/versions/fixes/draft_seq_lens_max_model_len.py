@@ -53,41 +53,26 @@ def make_attn_update_stack_num_spec_norm(original: Callable) -> Callable:
 
 
 class _MaskedLengthsGroup:
-    """The attention group handed to one ``attn_update_stack_num_spec_norm`` call: its metadata builder masks the
-    draft rows' lengths before building (see :func:`make_attn_update_stack_num_spec_norm`); everything else is the
-    group's."""
+    """The attention group handed to one ``attn_update_stack_num_spec_norm`` call. The release's body (fingerprinted:
+    0.18.0, 0.19.1rc1) asks it for nothing but ``get_metadata_builder()`` and calls nothing of that builder but
+    ``build_for_drafting(common_attn_metadata=..., draft_index=...)``, which masks the draft rows' lengths before
+    building (see :func:`make_attn_update_stack_num_spec_norm`)."""
 
     def __init__(self, group: Any, previous: Any, rows: int, max_model_len: int) -> None:
         self._zb_group, self._zb_previous, self._zb_rows, self._zb_max = group, previous, rows, max_model_len
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._zb_group, name)
-
-    def get_metadata_builder(self, *args: Any, **kwargs: Any) -> Any:
-        return _MaskedLengthsBuilder(self._zb_group.get_metadata_builder(*args, **kwargs), self)
+    def get_metadata_builder(self) -> _MaskedLengthsBuilder:
+        return _MaskedLengthsBuilder(self._zb_group.get_metadata_builder(), self)
 
 
 class _MaskedLengthsBuilder:
     def __init__(self, builder: Any, group: _MaskedLengthsGroup) -> None:
         self._zb_builder, self._zb_group = builder, group
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._zb_builder, name)
-
-    def build_for_drafting(self, *args: Any, **kwargs: Any) -> Any:
-        self._zb_mask(args, kwargs)
-        return self._zb_builder.build_for_drafting(*args, **kwargs)
-
-    def build(self, *args: Any, **kwargs: Any) -> Any:  # vllm-ascend 0.20.2rc1 builds draft steps with build()
-        self._zb_mask(args, kwargs)
-        return self._zb_builder.build(*args, **kwargs)
-
-    def _zb_mask(self, args: tuple, kwargs: dict) -> None:
-        common = kwargs.get("common_attn_metadata")
-        if common is None:  # positional: (common, ...) or (draft_step / prefix length, common, ...)
-            common = next(a for a in args if hasattr(a, "seq_lens_cpu"))
+    def build_for_drafting(self, common_attn_metadata: Any, **kwargs: Any) -> Any:
         group = self._zb_group
-        mask_draft_lengths(common, group._zb_previous, group._zb_rows, group._zb_max)
+        mask_draft_lengths(common_attn_metadata, group._zb_previous, group._zb_rows, group._zb_max)
+        return self._zb_builder.build_for_drafting(common_attn_metadata=common_attn_metadata, **kwargs)
 
 
 def mask_draft_lengths(common: Any, previous: Any, rows: int, max_model_len: int) -> None:
