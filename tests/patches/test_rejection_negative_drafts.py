@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import types
 
 import pytest
 
@@ -58,6 +57,34 @@ def _release_torch_path():
         for name in ("tensor", "arange", "full", "ones"):
             mp.setattr(torch, name, unpinned(getattr(torch, name)))
         yield
+
+
+def _sampling_metadata(temperature, *, all_greedy, all_random, generators):
+    """vLLM's SamplingMetadata for a batch without penalties, logprobs or logits processors (what the rejection path
+    reads: the temperatures, the greedy / random flags and the per-request generators)."""
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    zeros = torch.zeros(0)  # no_penalties: never read
+    return SamplingMetadata(
+        temperature=temperature,
+        all_greedy=all_greedy,
+        all_random=all_random,
+        top_p=None,
+        top_k=None,
+        generators=generators,
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=zeros,
+        presence_penalties=zeros,
+        repetition_penalties=zeros + 1,
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+    )
 
 
 def _applied(release, disabled):
@@ -204,10 +231,10 @@ def test_mixed_batch(H, release, cpu_worker, k, fixed):
         for token, prob in dist.items():
             target[i, token] = prob
     handed = target.clone()
-    sampling = types.SimpleNamespace(
+    sampling = _sampling_metadata(
+        torch.tensor([r[2] for r in rows]),
         all_greedy=False,
         all_random=False,
-        temperature=torch.tensor([r[2] for r in rows]),
         generators={4: torch.Generator().manual_seed(_seed_past_the_first_draft(k))},
     )
     disabled = _zero_bubble(H, release) + (() if fixed else (FIX,))
@@ -253,10 +280,10 @@ def _sampled(H, release, requests, *, all_greedy=False, draft_probs=None, genera
     counts = [len(r[0]) for r in requests]
     # as vLLM's InputBatch makes it: no temperature tensor for an all-greedy batch
     temperatures = None if all_greedy else torch.tensor([r[2] for r in requests])
-    sampling = types.SimpleNamespace(
+    sampling = _sampling_metadata(
+        temperatures,
         all_greedy=all_greedy,
         all_random=not all_greedy and all(r[2] > 0 for r in requests),
-        temperature=temperatures,
         generators=generators or {},
     )
     if fixed:
