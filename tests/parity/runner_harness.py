@@ -534,6 +534,8 @@ class Driver:
         self._execute = execute_patch.make(body) if execute_patch is not None else body
 
         def sample_body(runner: Any, so: Any) -> PendingOutput | None:
+            if runner is not self.runner:  # the release's body is a method of the runner it is called on
+                raise RuntimeError(f"sample_tokens called on {runner!r}, not the driver's runner")
             return self.sample_tokens_body(so)
 
         self._sample_tokens = sample_patch.make(sample_body) if sample_patch is not None else sample_body
