@@ -37,10 +37,11 @@ def _backend_selection_left_as_found():
     selector._cached_get_attn_backend.cache_clear()
 
 
-def _runner_after_graph_setup(vllm_config, check_and_update):
-    """A runner built for FULL_DECODE_ONLY with ``SIZES`` (vLLM's CPU platform of tests/patches/conftest.py turns
-    graphs off in the config; they are set back as an NPU host has them), then the runner's graph-mode resolution as
-    ``initialize_kv_cache`` calls it (one full-attention KV-cache group on the release's attention backend)."""
+def _runner_after_graph_setup(vllm_config, check_and_update, mode="FULL_DECODE_ONLY"):
+    """A runner built for ``mode`` (FULL_DECODE_ONLY) with ``SIZES`` (vLLM's CPU platform of
+    tests/patches/conftest.py turns graphs off in the config; they are set back as an NPU host has them), then the
+    runner's graph-mode resolution as ``initialize_kv_cache`` calls it (one full-attention KV-cache group on the
+    release's attention backend)."""
     from vllm.config import CUDAGraphMode, set_current_vllm_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
@@ -48,7 +49,7 @@ def _runner_after_graph_setup(vllm_config, check_and_update):
 
     cc = vllm_config.compilation_config
     cc.cudagraph_mode, cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = (
-        CUDAGraphMode.FULL_DECODE_ONLY,
+        CUDAGraphMode[mode],
         list(SIZES),
         max(SIZES),
     )
@@ -89,3 +90,16 @@ def test_with_the_fix_the_lookup_follows_the_dispatcher(vllm_config):
     assert runner.cudagraph_batch_sizes == [3, 6, 9]
     # up to the largest graph: padded to a captured size; past it: no padding (the dispatcher runs those eagerly)
     assert [_draft_padding(runner, n) for n in range(1, 17)] == [3, 3, 3, 6, 6, 6, 9, 9, 9, *range(10, 17)]
+
+
+def test_with_graphs_off_the_fix_leaves_no_sizes_as_the_constructor_does(vllm_config):
+    """Graph mode NONE (eager) with capture sizes still configured: the release's constructor keeps no sizes, and the
+    fix's recomputation by the constructor's rule keeps none either (the drafter then never pads)."""
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    fixed = cudagraph_batch_sizes_after_rounding.make_check_and_update_cudagraph_mode(
+        NPUModelRunner._check_and_update_cudagraph_mode
+    )
+    released = _runner_after_graph_setup(vllm_config, NPUModelRunner._check_and_update_cudagraph_mode, mode="NONE")
+    assert vllm_config.compilation_config.cudagraph_capture_sizes and released.cudagraph_batch_sizes == []
+    assert _runner_after_graph_setup(vllm_config, fixed, mode="NONE").cudagraph_batch_sizes == []

@@ -103,3 +103,65 @@ def test_a_call_without_decode_rows_at_position_0_still_gives_each_build_its_own
         assert torch.equal(cos[:, 0, 0], module._cos_cache[positions]) and torch.equal(
             sin[:, 0, 0], module._sin_cache[positions]
         )
+
+
+def test_a_proposer_call_inside_another_gives_the_outer_one_back_its_rows(rope):
+    """A proposer call made while another runs (``dummy_run`` from within ``_propose``): its builds take its own
+    proposer's rows, and once it returns the outer call's next build is the outer call's next position, in the outer
+    proposer's buffers (held under the patch's attribute)."""
+    module, get_cos_and_sin_mla = rope
+    inner_proposer, inner = _propose(lambda: get_cos_and_sin_mla(torch.tensor([7]), use_cache=True))
+    built = []
+
+    def build_positions():
+        built.append(get_cos_and_sin_mla(torch.tensor([1, 2]), use_cache=True))
+        inner()
+        built.append(get_cos_and_sin_mla(torch.tensor([3, 4]), use_cache=True))
+
+    outer_proposer, outer = _propose(build_positions)
+    outer()
+    rows = getattr(outer_proposer, mla_draft_rope_rows.ROPE_ROWS_ATTR)
+    assert [(_ptr(cos), _ptr(sin)) for cos, sin in built] == [(_ptr(c), _ptr(s)) for c, s in rows[:2]]
+    assert len(rows) == 2 and len(getattr(inner_proposer, mla_draft_rope_rows.ROPE_ROWS_ATTR)) == 1
+    assert torch.equal(built[1][0][:, 0, 0], module._cos_cache[torch.tensor([3, 4])])
+    # after the outer call: the release's answer again
+    cos, _ = get_cos_and_sin_mla(torch.tensor([5]), use_cache=True)
+    assert _ptr(cos) == _ptr(module._cos_mla)
+
+
+def test_prefill_rows_leave_the_shared_decode_buffer_alone(rope):
+    """Without ``use_cache`` (prefill rows) the release computes fresh rows and leaves its decode buffer as it was,
+    inside a proposer call and outside one."""
+    module, get_cos_and_sin_mla = rope
+    positions = torch.tensor([5, 6])
+    before = module._cos_mla.clone(), module._sin_mla.clone()
+    built = [get_cos_and_sin_mla(positions)]
+    _, propose = _propose(lambda: built.append(get_cos_and_sin_mla(positions)))
+    propose()
+    for cos, sin in built:
+        assert _ptr(cos) != _ptr(module._cos_mla) and _ptr(sin) != _ptr(module._sin_mla)
+        assert torch.equal(cos[:, 0, 0], module._cos_cache[positions])
+    assert torch.equal(module._cos_mla, before[0]) and torch.equal(module._sin_mla, before[1])
+
+
+def test_a_thread_that_never_drafted_gets_the_release_s_rows_and_can_draft(rope):
+    """The call in progress is per thread: on a fresh thread (an executor's worker thread) a target build is the
+    release's and a proposer call works from scratch."""
+    import threading
+
+    module, get_cos_and_sin_mla = rope
+    seen, errors = [], []
+
+    def work():
+        try:
+            seen.append(get_cos_and_sin_mla(torch.tensor([5]), use_cache=True))
+            _, propose = _propose(lambda: seen.append(get_cos_and_sin_mla(torch.tensor([6]), use_cache=True)))
+            propose()
+        except Exception as e:  # noqa: BLE001 -- reported below, in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert _ptr(seen[0][0]) == _ptr(module._cos_mla) and _ptr(seen[1][0]) != _ptr(module._cos_mla)

@@ -552,3 +552,58 @@ def test_only_rows_whose_count_already_lost_the_rejected_drafts(H, sess):
     so.scheduled_cached_reqs.num_computed_tokens = [c[4] for c in cases.values()]
 
     assert already_exact(runner, so, prev_scheduled) == {4: 2, 5: 2}
+
+
+def test_the_fix_marks_the_exact_rows_and_reports_their_drafts_accepted(H, sess):
+    """The fix's two wrappers on the release's real runner: the worker's step notes what it scheduled, the next step
+    marks the rows whose count is already exact (as already_exact finds them), and the release's
+    _get_valid_sampled_token_count then reports every draft accepted there, the other rows as the release read them;
+    a marked row past the release's counts (none to read: no previous sampled tokens) is left out."""
+    import types
+
+    import torch
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from zb_patch.check.selftest.compat import EngineShape
+    from zb_patch.versions.fixes import exact_counts_after_early_output as exact_counts
+
+    shape = EngineShape(num_spec_tokens=2)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    # (runner's count at step N's start, drafts step N scheduled, previous row, count now): step N scheduled 1 + 2
+    cases = {"a": (20, 2, 0, 23), "b": (30, 2, 1, 31), "c": (40, 2, 2, 42)}
+    runner.requests.update({rid: _cached_request(rid, c[0], c[1]) for rid, c in cases.items()})
+    runner.input_batch.prev_req_id_to_index = {rid: c[2] for rid, c in cases.items()}
+
+    steps = []
+
+    def release_execute_model(worker, scheduler_output, *args, **kwargs):
+        steps.append((worker, scheduler_output, args, kwargs, dict(runner.__dict__[exact_counts.EXACT_ROWS])))
+        return f"output {len(steps)}"
+
+    execute_model = exact_counts.make_worker_execute_model(release_execute_model)
+    worker = types.SimpleNamespace(model_runner=runner)
+    step_n = SchedulerOutput.make_empty()
+    step_n.num_scheduled_tokens = {rid: 3 for rid in cases}
+    step_next = SchedulerOutput.make_empty()
+    step_next.scheduled_cached_reqs = CachedRequestData.make_empty()
+    step_next.scheduled_cached_reqs.req_ids = list(cases)
+    step_next.scheduled_cached_reqs.num_computed_tokens = [c[3] for c in cases.values()]
+    step_next.num_scheduled_tokens = {rid: 3 for rid in cases}
+
+    assert execute_model(worker, step_n) == "output 1"  # no step before it: nothing exact
+    assert execute_model(worker, step_next) == "output 2"
+    assert [(w, so, a, k, exact) for w, so, a, k, exact in steps] == [
+        (worker, step_n, (), {}, {}),
+        (worker, step_next, (), {}, {1: 2, 2: 2}),
+    ]
+
+    count = exact_counts.make_get_valid_sampled_token_count(GPUModelRunner._get_valid_sampled_token_count)
+    runner.input_batch.prev_sampled_token_ids = torch.zeros(3, 1, dtype=torch.int64)
+    runner.valid_sampled_token_count_event = types.SimpleNamespace(synchronize=lambda: None)  # the host copy is done
+    runner.valid_sampled_token_count_cpu = torch.tensor([3, 1, 2, 7])
+    assert count(runner) == [3, 3, 3]  # rows 1, 2: 1 + both drafts; row 0 the release's
+    runner.input_batch.prev_sampled_token_ids = None
+    runner.__dict__[exact_counts.EXACT_ROWS] = {0: 2}
+    assert count(runner) == []

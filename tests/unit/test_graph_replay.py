@@ -244,3 +244,31 @@ def test_full_spec_is_opt_in_and_requires_the_wrapper_it_acts_through():
     assert patch.id == "full-replay-ordered-on-device-mla-attn" and patch.group == "full-replay-ordered-on-device"
     assert patch.requires == ("piecewise-drain-once-per-step",) and patch.roles == ("worker",)
     assert patch.opt_in and "vllm-ascend#11915" in patch.upstream and "#11915" in patch.rests_on.evidence
+
+
+def _release_call_with_arguments(wrapper, *args, **kwargs):  # what the release's body is handed, and its `torch`
+    return wrapper, args, kwargs, torch  # noqa: F821
+
+
+def test_the_release_gets_the_call_s_arguments_on_every_path(forward_contexts):
+    """The model's arguments reach the release's body as they were passed, whether the wrapper leaves the call alone
+    (a synchronous configuration; a forward of another graph mode than the wrapper's: the release then runs the
+    piece eagerly, with its own ``torch``) or replays it with the stand-in ``torch``."""
+    torch = _fake_torch([])
+    original = FunctionType(_release_call_with_arguments.__code__, {"torch": torch})
+    call = GR.make_call(GR.OncePerForwardTorch)(original)
+    piecewise = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), vllm_config=_config(True, True))
+    piecewise_sync = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), vllm_config=_config(False, True))
+    assert call(piecewise_sync, 1, a=2) == (piecewise_sync, (1,), {"a": 2}, torch)
+    forward_contexts()
+    context = sys.modules["vllm.forward_context"].get_forward_context()
+    context.cudagraph_runtime_mode = SimpleNamespace(name="NONE")  # an eager forward (profile run, too large a batch)
+    assert call(piecewise, 1, a=2) == (piecewise, (1,), {"a": 2}, torch)
+    context.cudagraph_runtime_mode = SimpleNamespace(name="PIECEWISE")
+    wrapper, args, kwargs, stand_in = call(piecewise, 3, b=4)
+    assert (wrapper, args, kwargs) == (piecewise, (3,), {"b": 4}) and type(stand_in) is GR.OncePerForwardTorch
+    assert original.__globals__["torch"] is torch
+    # a piece replayed while the stand-in is in place (the module's torch already hooked): the release's as it is
+    original.__globals__["torch"] = stand_in
+    assert call(piecewise, 5, c=6) == (piecewise, (5,), {"c": 6}, stand_in)
+    assert original.__globals__["torch"] is stand_in
