@@ -186,3 +186,17 @@ def test_the_fix_hands_the_sampler_the_synchronous_ids(runs_with_fix, runs_witho
     # the same tokens, steps and schedules with and without the fix (the fake sampler ignores penalties)
     for name in ("classic", "zero-bubble"):
         assert runs_with_fix[name][0].streams == runs_without_fix[f"{name}, no fix"][0].streams
+
+
+def test_a_step_with_nothing_to_sample_passes_the_release_s_answer_through(H, sess):
+    """``sample_tokens`` without an ``execute_model`` state to sample from (a step whose ``execute_model`` returned
+    its output itself): the release's body answers None, and the wrapper hands that on, copying nothing."""
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    from zb_patch.check.selftest.compat import EngineShape
+
+    shape = EngineShape(num_spec_tokens=K)
+    vc = H.build_config(sess, shape)
+    runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
+    assert runner.use_async_scheduling and runner.execute_model_state is None
+    assert fix.make_sample_tokens(NPUModelRunner.sample_tokens)(runner, None) is None
