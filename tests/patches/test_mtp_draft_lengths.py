@@ -19,15 +19,19 @@ import torch  # noqa: E402
 
 from zb_patch.versions.fixes import mtp_draft_lengths  # noqa: E402
 
+keywords: list[dict] = []  # the keyword arguments each call of the stand-in got
+
 
 @pytest.fixture
 def entered():
     """The patch's wrapper around a stand-in for the release's context manager that records the metadata's lists as
     the model would read them inside the context."""
     seen = []
+    keywords.clear()
 
     @contextlib.contextmanager
     def set_ascend_forward_context(attn_metadata, vllm_config, **kwargs):
+        keywords.append(kwargs)
         seen.append(
             {n: (m.seq_lens_list, m.actual_seq_lengths_q) for n, m in (attn_metadata or {}).items()}
             if isinstance(attn_metadata, dict)
@@ -59,6 +63,19 @@ def _draft_steps(wrapped, metadata, k: int, mode=None) -> None:
             metadata.seq_lens = metadata.seq_lens + 1  # mtp_proposer.py:495
         with wrapped({"layer.0": metadata, "layer.1": metadata}, None, aclgraph_runtime_mode=mode, is_draft_model=True):
             pass
+
+
+def test_each_attention_group_s_metadata_follows(entered):
+    """Layers of two attention groups (two metadata objects): each group's lists follow its own lengths."""
+    wrapped, seen = entered
+    first, second = _dense([40, 17], [2, 2]), _dense([9, 30], [2, 2])
+    for step in range(2):
+        if step > 0:
+            first.seq_lens, second.seq_lens = first.seq_lens + 1, second.seq_lens + 1
+        with wrapped({"layer.0": first, "layer.1": second}, None, aclgraph_runtime_mode=None, is_draft_model=True):
+            pass
+    assert seen[1] == {"layer.0": ([41, 18], [1, 2]), "layer.1": ([10, 31], [1, 2])}
+    assert keywords == [dict(aclgraph_runtime_mode=None, is_draft_model=True)] * 2  # the call's own reach the release
 
 
 def test_later_draft_steps_get_one_query_token_per_request_and_the_moved_on_lengths(entered):
