@@ -75,6 +75,7 @@ def _batch_of(requests):
     return batch
 
 
+@pytest.mark.skipif(FAMILY != "0.13", reason="a fix of vllm-ascend 0.13 (its NPUInputBatch: 0.18's differs)")
 def test_write_readded_drafts_fills_every_readded_row_only(cpu_worker):
     """Rows with empty spec_token_ids and scheduled drafts get them after their tokens (token_ids_cpu, num_tokens,
     spec_token_ids); a row that stayed (drafts written by the release), a request with no drafts and one not in the
