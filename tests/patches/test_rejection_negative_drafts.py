@@ -87,6 +87,28 @@ def _sampling_metadata(temperature, *, all_greedy, all_random, generators):
     )
 
 
+def _sample_and_unpatch(release, drafts, counts, draft_probs, target, sampling):
+    """The output rows of ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the binding vLLM's sampler calls, as
+    patched now) on the release's torch path, requests of ``counts`` drafts each; the adapter is unpatched after."""
+    import torch
+    import vllm.v1.sample.rejection_sampler as vllm_rejection
+
+    try:
+        with _release_torch_path():
+            return vllm_rejection.rejection_sample(
+                drafts,
+                counts,
+                max(counts),
+                torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32),
+                draft_probs,
+                target,
+                torch.full((len(counts), 1), BONUS, dtype=torch.int32),
+                sampling,
+            ).tolist()
+    finally:
+        release.ADAPTER.patch_set.unpatch()
+
+
 def _applied(release, disabled):
     from zb_patch import registry as R
 
@@ -222,7 +244,6 @@ def test_mixed_batch(H, release, cpu_worker, k, fixed):
     handed back unchanged; without it the random row whose target favours the last token accepts its ``-1`` (and,
     in block verify, every draft after it) and gets the bonus token."""
     import torch
-    import vllm.v1.sample.rejection_sampler as vllm_rejection
 
     rows = _mixed_batch(k)
     drafts = torch.tensor([t for r in rows for t in r[0]], dtype=torch.int32)
@@ -239,21 +260,7 @@ def test_mixed_batch(H, release, cpu_worker, k, fixed):
     )
     disabled = _zero_bubble(H, release) + (() if fixed else (FIX,))
     verdicts = _applied(release, disabled)
-    try:
-        with _release_torch_path():
-            out = vllm_rejection.rejection_sample(
-                drafts,
-                [k] * len(rows),
-                k,
-                torch.tensor([k * (i + 1) for i in range(len(rows))], dtype=torch.int32),
-                None,
-                target,
-                torch.full((len(rows), 1), BONUS, dtype=torch.int32),
-                sampling,
-            )
-    finally:
-        release.ADAPTER.patch_set.unpatch()
-    got = out.tolist()
+    got = _sample_and_unpatch(release, drafts, [k] * len(rows), None, target, sampling)
     assert verdicts.get(FIX) == ("applied" if fixed else "disabled")
     if fixed:
         assert got == [r[3] for r in rows]
@@ -269,7 +276,6 @@ def _sampled(H, release, requests, *, all_greedy=False, draft_probs=None, genera
     of any count. The patched binding's output rows, with the fix (or, ``fixed=False``, without any patch: the
     release's own output) on the release's torch path; target_probs is checked to be handed back unchanged."""
     import torch
-    import vllm.v1.sample.rejection_sampler as vllm_rejection
 
     drafts = torch.tensor([t for r in requests for t in r[0]], dtype=torch.int32)
     target = torch.zeros(len(drafts), VOCAB)
@@ -288,22 +294,9 @@ def _sampled(H, release, requests, *, all_greedy=False, draft_probs=None, genera
     )
     if fixed:
         _applied(release, _zero_bubble(H, release))
-    try:
-        with _release_torch_path():
-            out = vllm_rejection.rejection_sample(
-                drafts,
-                counts,
-                max(counts),
-                torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32),
-                draft_probs,
-                target,
-                torch.full((len(requests), 1), BONUS, dtype=torch.int32),
-                sampling,
-            )
-    finally:
-        release.ADAPTER.patch_set.unpatch()
+    out = _sample_and_unpatch(release, drafts, counts, draft_probs, target, sampling)
     assert torch.equal(target, handed)
-    return out.tolist()
+    return out
 
 
 def test_all_greedy_batch_is_the_release_s_own_output(H, release, cpu_worker):
