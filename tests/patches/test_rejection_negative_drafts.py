@@ -87,6 +87,19 @@ def _sampling_metadata(temperature, *, all_greedy, all_random, generators):
     )
 
 
+def _drafts_and_target(requests):
+    """The flat drafts and the target probabilities [drafts, VOCAB] of ``requests``: (drafts, {token: probability}
+    per draft, ...) each."""
+    import torch
+
+    drafts = torch.tensor([t for r in requests for t in r[0]], dtype=torch.int32)
+    target = torch.zeros(len(drafts), VOCAB)
+    for i, dist in enumerate(dist for r in requests for dist in r[1]):
+        for token, prob in dist.items():
+            target[i, token] = prob
+    return drafts, target
+
+
 def _sample_and_unpatch(release, drafts, counts, draft_probs, target, sampling):
     """The output rows of ``vllm.v1.sample.rejection_sampler.rejection_sample`` (the binding vLLM's sampler calls, as
     patched now) on the release's torch path, requests of ``counts`` drafts each; the adapter is unpatched after."""
@@ -246,11 +259,7 @@ def test_mixed_batch(H, release, cpu_worker, k, fixed):
     import torch
 
     rows = _mixed_batch(k)
-    drafts = torch.tensor([t for r in rows for t in r[0]], dtype=torch.int32)
-    target = torch.zeros(len(drafts), VOCAB)
-    for i, dist in enumerate(dist for r in rows for dist in r[1]):
-        for token, prob in dist.items():
-            target[i, token] = prob
+    drafts, target = _drafts_and_target(rows)
     handed = target.clone()
     sampling = _sampling_metadata(
         torch.tensor([r[2] for r in rows]),
@@ -277,11 +286,7 @@ def _sampled(H, release, requests, *, all_greedy=False, draft_probs=None, genera
     release's own output) on the release's torch path; target_probs is checked to be handed back unchanged."""
     import torch
 
-    drafts = torch.tensor([t for r in requests for t in r[0]], dtype=torch.int32)
-    target = torch.zeros(len(drafts), VOCAB)
-    for i, dist in enumerate(dist for r in requests for dist in r[1]):
-        for token, prob in dist.items():
-            target[i, token] = prob
+    drafts, target = _drafts_and_target(requests)
     handed = target.clone()
     counts = [len(r[0]) for r in requests]
     # as vLLM's InputBatch makes it: no temperature tensor for an all-greedy batch
