@@ -87,12 +87,18 @@ def test_write_readded_drafts_fills_every_readded_row_only(cpu_worker):
     batch = _batch_of({"stayed": [1, 2, 3], "a": [4, 5], "none": [6], "b": [7, 8, 9, 10], "c": [11]})
     stayed = batch.req_id_to_index["stayed"]
     batch.spec_token_ids[stayed].extend([20, 21])  # the release's path of a row that stayed in the batch
-    runner = types.SimpleNamespace(input_batch=batch)
-    so = types.SimpleNamespace(
-        scheduled_spec_decode_tokens={"stayed": [20, 21], "gone": [30], "a": [40, 41], "none": [], "b": [50]}
-    )
-    fix.write_readded_drafts(runner, so)
-    fix.write_readded_drafts(runner, types.SimpleNamespace(scheduled_spec_decode_tokens={"c": [60, 61]}))
+    runner = types.SimpleNamespace(input_batch=batch)  # all the fix reads of the runner: its input batch
+
+    def scheduled(drafts):
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        so = SchedulerOutput.make_empty()
+        so.scheduled_spec_decode_tokens = drafts
+        return so
+
+    drafts = {"stayed": [20, 21], "gone": [30], "a": [40, 41], "none": [], "b": [50]}
+    fix.write_readded_drafts(runner, scheduled(drafts))
+    fix.write_readded_drafts(runner, scheduled({"c": [60, 61]}))
 
     def row(rid):
         i = batch.req_id_to_index[rid]
