@@ -278,6 +278,24 @@ def make_scheduler(vllm_config: Any, kvc: Any, shape: EngineShape, cls: Any = No
     )
 
 
+def request_state(
+    req_id: str, prompt_token_ids: list[int], num_computed_tokens: int, sampling_params: Any = None
+) -> Any:
+    """vLLM's ``CachedRequestState`` of a request the runner holds: its prompt, one KV block, no output yet."""
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    return CachedRequestState(
+        req_id=req_id,
+        prompt_token_ids=prompt_token_ids,
+        mm_features=[],
+        sampling_params=sampling_params,
+        generator=None,
+        block_ids=([0],),
+        num_computed_tokens=num_computed_tokens,
+        output_token_ids=[],
+    )
+
+
 def make_runner(vllm_config: Any, kvc: Any, *, reorder: bool = True) -> Any:
     import torch
     from vllm.config import set_current_vllm_config

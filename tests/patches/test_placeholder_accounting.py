@@ -507,19 +507,9 @@ def test_planted_discard_mask_ignores_resumed_rows(H, release, sess, monkeypatch
 # tests/patches/test_runner_parity.py; in the engine: tests/engine/test_engine.py)
 
 
-def _cached_request(req_id, num_computed_tokens, drafts):
-    from vllm.v1.worker.gpu_input_batch import CachedRequestState
-
-    state = CachedRequestState(
-        req_id=req_id,
-        prompt_token_ids=list(range(1, 9)),
-        mm_features=[],
-        sampling_params=None,
-        generator=None,
-        block_ids=([0],),
-        num_computed_tokens=num_computed_tokens,
-        output_token_ids=[],
-    )
+def _cached_request(H, req_id, num_computed_tokens, drafts):
+    """A request the runner holds, with the drafts the previous step scheduled for it."""
+    state = H.request_state(req_id, list(range(1, 9)), num_computed_tokens)
     state.prev_num_draft_len = drafts
     return state
 
@@ -543,7 +533,7 @@ def test_only_rows_whose_count_already_lost_the_rejected_drafts(H, sess):
         "rejected both drafts": (30, 2, 4, 3, 31),
         "rejected one draft": (40, 2, 5, 3, 42),
     }
-    runner.requests.update({rid: _cached_request(rid, start, drafts) for rid, (start, drafts, *_) in cases.items()})
+    runner.requests.update({rid: _cached_request(H, rid, start, drafts) for rid, (start, drafts, *_) in cases.items()})
     runner.input_batch.prev_req_id_to_index = {rid: c[2] for rid, c in cases.items() if c[2] is not None}
     prev_scheduled = {rid: c[3] for rid, c in cases.items() if c[3] is not None}
     so = SchedulerOutput.make_empty()
@@ -573,7 +563,7 @@ def test_the_fix_marks_the_exact_rows_and_reports_their_drafts_accepted(H, sess)
     runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
     # (runner's count at step N's start, drafts step N scheduled, previous row, count now): step N scheduled 1 + 2
     cases = {"a": (20, 2, 0, 23), "b": (30, 2, 1, 31), "c": (40, 2, 2, 42)}
-    runner.requests.update({rid: _cached_request(rid, c[0], c[1]) for rid, c in cases.items()})
+    runner.requests.update({rid: _cached_request(H, rid, c[0], c[1]) for rid, c in cases.items()})
     runner.input_batch.prev_req_id_to_index = {rid: c[2] for rid, c in cases.items()}
 
     steps = []

@@ -42,9 +42,9 @@ def test_readded_rows_get_their_scheduled_drafts_on_013(H, release, sess, monkey
 
 def _batch_of(requests):
     """The release's NPUInputBatch holding ``requests`` ({req_id: prompt}), as the runner adds them (no drafts)."""
+    import runner_harness
     import torch
     from vllm import SamplingParams
-    from vllm.v1.worker.gpu_input_batch import CachedRequestState
     from vllm_ascend.worker.npu_input_batch import NPUInputBatch
 
     batch = NPUInputBatch(
@@ -60,18 +60,7 @@ def _batch_of(requests):
         num_speculative_tokens=2,
     )
     for rid, prompt in requests.items():
-        batch.add_request(
-            CachedRequestState(
-                req_id=rid,
-                prompt_token_ids=prompt,
-                mm_features=[],
-                sampling_params=SamplingParams(temperature=0.0),
-                generator=None,
-                block_ids=([0],),
-                num_computed_tokens=0,
-                output_token_ids=[],
-            )
-        )
+        batch.add_request(runner_harness.request_state(rid, prompt, 0, SamplingParams(temperature=0.0)))
     return batch
 
 

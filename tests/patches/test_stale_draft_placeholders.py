@@ -205,22 +205,12 @@ def _runner_with_requests(H, sess, req_ids, num_spec_tokens=2):
     """A real runner whose persistent batch holds ``req_ids`` (rows in that order), each a real
     ``CachedRequestState`` in ``runner.requests``."""
     from vllm import SamplingParams
-    from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
     shape = EngineShape(num_spec_tokens=num_spec_tokens)
     vc = H.build_config(sess, shape)
     runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
     for req_id in req_ids:
-        state = CachedRequestState(
-            req_id=req_id,
-            prompt_token_ids=[1, 2, 3],
-            mm_features=[],
-            sampling_params=SamplingParams(temperature=0.0),
-            generator=None,
-            block_ids=([0],),
-            num_computed_tokens=3,
-            output_token_ids=[],
-        )
+        state = H.request_state(req_id, [1, 2, 3], 3, SamplingParams(temperature=0.0))
         runner.requests[req_id] = state
         runner.input_batch.add_request(state)
     assert list(runner.input_batch.req_id_to_index) == list(req_ids)
