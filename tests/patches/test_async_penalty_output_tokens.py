@@ -30,20 +30,19 @@ from zb_patch.versions.fixes import async_penalty_output_tokens as fix  # noqa: 
 K, SEED, ITERATIONS, BLOCKS = 3, 7, 160, 24
 
 
-def _make_request(req_id, prompt, *, max_tokens, stop_token_ids, arrival_time, block_size):
+def _make_request(req_id, prompt, *, max_tokens, stop_token_ids, arrival_time, block_size, penalties=True):
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
+    penalty_args = dict(repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.2) if penalties else {}
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0,
-        repetition_penalty=1.2,
-        presence_penalty=0.3,
-        frequency_penalty=0.2,
         ignore_eos=True,
         stop_token_ids=list(stop_token_ids),
+        **penalty_args,
     )
     return Request(
         request_id=req_id,
@@ -190,7 +189,8 @@ def test_the_fix_hands_the_sampler_the_synchronous_ids(runs_with_fix, runs_witho
 
 def test_a_step_with_nothing_to_sample_passes_the_release_s_answer_through(H, sess):
     """``sample_tokens`` without an ``execute_model`` state to sample from (a step whose ``execute_model`` returned
-    its output itself): the release's body answers None, and the wrapper hands that on, copying nothing."""
+    its output itself): the release's body answers None, and the wrapper hands that on, copying nothing; the drafts'
+    request ids an earlier step's copy left stay for the next step that samples (vLLM clears them only there)."""
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
     from zb_patch.check.selftest.compat import EngineShape
@@ -199,4 +199,59 @@ def test_a_step_with_nothing_to_sample_passes_the_release_s_answer_through(H, se
     vc = H.build_config(sess, shape)
     runner = H.make_runner(vc, H.kv_cache_config(vc, shape))
     assert runner.use_async_scheduling and runner.execute_model_state is None
+    runner._draft_token_req_ids = ["r0", "r1"]
     assert fix.make_sample_tokens(NPUModelRunner.sample_tokens)(runner, None) is None
+    assert runner._draft_token_req_ids == ["r0", "r1"]
+
+
+def _with_penalties_on_even_requests(req_id, prompt, **kwargs):
+    """The workload's request ``r<n>``, with penalties where ``n`` is even (a batch of odd ones needs no output ids:
+    the release makes no draft copy at its step)."""
+    return _make_request(req_id, prompt, penalties=int(req_id.lstrip("r")) % 2 == 0, **kwargs)
+
+
+def test_the_draft_copy_is_waited_on_only_after_a_step_that_made_it(H, release, sess):
+    """The wrapper's one host wait on the drafts' copy, per step: exactly at the steps that sample a batch with drafts
+    after a step whose release body made the copy (a batch with output ids), and at no other step; half the requests
+    with penalties, so the run has steps that make no copy, steps with drafts after them, and steps without drafts
+    after a copy (the workload's prefill-only steps after a drain)."""
+    from zb_patch.check.selftest import compat
+    from zb_patch.check.selftest.compat import EngineShape
+    from zb_patch.check.selftest.workload import make_workload
+
+    steps = []  # per sample_tokens call: (samples, drafts in the batch, copy made, waits on the draft copy)
+    sample_tokens = release.Driver.sample_tokens
+
+    def sample(driver, so):
+        runner, batch = driver.runner, driver.runner.input_batch
+        samples = runner.execute_model_state is not None
+        drafts = samples and any(batch.spec_token_ids[: batch.num_reqs])
+        before = driver.copy_waits[("draft_ids", "sample")]
+        out = sample_tokens(driver, so)
+        copied = bool(runner._draft_token_req_ids)  # the release's copy sets its request ids; nothing else does
+        steps.append((samples, drafts, copied, driver.copy_waits[("draft_ids", "sample")] - before))
+        return out
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(compat, "make_request", _with_penalties_on_even_requests)
+    mp.setattr(release.Driver, "sample_tokens", sample)
+    shape = EngineShape(num_spec_tokens=K, num_blocks=BLOCKS)
+    try:
+        with H.reference_kernels():
+            res = H.run_mode(
+                sess, shape, make_workload(SEED, shape, ITERATIONS), ITERATIONS, release=release, seed=SEED, patched=True
+            )
+    finally:
+        mp.undo()
+    assert res.zb.get("active"), res.zb
+    kinds = {"wait": 0, "drafts, no copy before": 0, "copy before, no drafts": 0, "no copy": 0}
+    for call, (samples, drafts, copied, waits) in enumerate(steps):
+        copied_before = call > 0 and steps[call - 1][2]
+        expected = int(samples and drafts and copied_before)
+        assert waits == expected, (call, samples, drafts, copied_before, waits)
+        kinds["wait"] += expected
+        kinds["drafts, no copy before"] += samples and drafts and not copied_before
+        kinds["copy before, no drafts"] += samples and copied_before and not drafts
+        kinds["no copy"] += samples and not copied
+    print(f"\n{len(steps)} sampling calls: {kinds}")
+    assert min(kinds.values()) > 0, kinds
