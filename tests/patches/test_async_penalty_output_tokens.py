@@ -239,7 +239,13 @@ def test_the_draft_copy_is_waited_on_only_after_a_step_that_made_it(H, release, 
     try:
         with H.reference_kernels():
             res = H.run_mode(
-                sess, shape, make_workload(SEED, shape, ITERATIONS), ITERATIONS, release=release, seed=SEED, patched=True
+                sess,
+                shape,
+                make_workload(SEED, shape, ITERATIONS),
+                ITERATIONS,
+                release=release,
+                seed=SEED,
+                patched=True,
             )
     finally:
         mp.undo()
