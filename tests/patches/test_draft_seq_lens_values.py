@@ -229,7 +229,7 @@ def test_the_internal_host_copy_gets_10112_s_lengths_too(target):
     patch, original, applies = target
     if not applies and FAMILY == "0.18":
         # the releases/v0.18.0 head's native fix masks seq_lens / seq_lens_cpu and carries _seq_lens_cpu over as
-        # handed; on 0.18 the draft path never sets it (vLLM sets it only for local-attention and KV-sharing batches)
+        # handed; nothing on 0.18's draft path sets it (the proposer overrides the vLLM methods that do)
         assert not re.search(r"\b_seq_lens_cpu\b", inspect.getsource(inspect.getmodule(original)))
         pytest.skip(f"vllm-ascend {RELEASE}: its proposer neither sets nor reads _seq_lens_cpu")
     fn = patch.make(original) if applies else original
